@@ -1,0 +1,189 @@
+"""The ``quicksilver`` command: a thin layer over the library. Errors print one line and exit 2."""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+from typing import Any, Callable
+
+from .cli_util import add_dataclass_args, dataclass_from_args, fail
+from .errors import QuicksilverError
+
+SAMPLER_RENAME = {"max_new_tokens": "max-tokens"}
+SAMPLER_SKIP = frozenset({"record_canvas"})
+SAMPLER_HELP = {
+    "max_new_tokens": "canvas length: most tokens to generate",
+    "policy": "unmasking policy: low_confidence, threshold, margin, entropy, random",
+    "threshold": "confidence bound of the threshold policy, in (0, 1]",
+    "steps": "refinement steps in all (schedule policies; a cap for threshold)",
+    "block_length": "semi-autoregressive block length",
+    "revise_threshold": "re-mask committed tokens whose confidence falls below this (revision; off if unset)",
+    "max_revisions": "how often one position may be re-masked",
+    "stop_at_eos": "stop once a stop token and everything before it are committed",
+}
+
+COMMANDS: dict[str, Callable[[argparse.Namespace], int]] = {}
+
+
+def command(name: str) -> Callable[[Callable[[argparse.Namespace], int]], Callable[[argparse.Namespace], int]]:
+    def deco(fn: Callable[[argparse.Namespace], int]) -> Callable[[argparse.Namespace], int]:
+        COMMANDS[name] = fn
+        return fn
+    return deco
+
+
+def resolve_model(path: str | None) -> Path:
+    """The --model argument, or the embedded model shipped in the package."""
+    if path:
+        return Path(path)
+    from .assets import embedded_model_path
+
+    emb = embedded_model_path()
+    if emb is None:
+        raise QuicksilverError("no --model given and no embedded model is installed in this package")
+    return emb
+
+
+def sampler_from_args(args: argparse.Namespace) -> Any:
+    from .sampling import SamplerConfig
+
+    return dataclass_from_args(SamplerConfig, args)
+
+
+@command("generate")
+def cmd_generate(args: argparse.Namespace) -> int:
+    import quicksilver
+
+    pipe = quicksilver.load(resolve_model(args.model))
+    cfg = sampler_from_args(args)
+    opts = {f: getattr(cfg, f) for f in cfg.__dataclass_fields__}
+    chat = not args.raw and pipe.tokenizer.chat_template is not None
+    prompt: Any = args.prompt
+    if chat:
+        prompt = ([{"role": "system", "content": args.system}] if args.system else []) + [
+            {"role": "user", "content": args.prompt}]
+    if args.show:
+        from .live import show
+
+        opts["record_canvas"] = True
+        res = show(pipe.stream(prompt, chat=chat, **opts), pipe.tokenizer, pipe.config.mask_token_id,
+                   delay=args.show_delay)
+    else:
+        res = pipe.generate(prompt, chat=chat, **opts)
+    if args.json:
+        print(json.dumps({k: res.to_json()[k] for k in ("text", "tokens", "nfe", "steps", "tpf", "seconds",
+                                                          "finish_reason", "prompt_tokens")}))
+    elif not args.show:
+        print(res.text)
+    else:
+        print(f"[{len(res.tokens)} tokens, {res.nfe} forward passes, TPF {res.tpf:.2f}, {res.seconds:.2f}s, "
+              f"finish: {res.finish_reason}]")
+    return 0
+
+
+@command("init-model")
+def cmd_init_model(args: argparse.Namespace) -> int:
+    from .models.init import init_model
+
+    overrides = {k: getattr(args, k) for k in ("attention", "block_size") if getattr(args, k) is not None}
+    out = Path(args.out)
+    if out.exists() and any(out.iterdir()) and not args.force:
+        raise QuicksilverError(f"{out} exists and is not empty (use --force to overwrite)")
+    init_model(out, args.preset, seed=args.seed, dtype=args.dtype, **overrides)
+    print(f"wrote a randomly initialised '{args.preset}' checkpoint to {out}")
+    return 0
+
+
+@command("info")
+def cmd_info(args: argparse.Namespace) -> int:
+    import quicksilver
+
+    path = resolve_model(args.path)
+    pipe = quicksilver.load(path)
+    tok, cfg = pipe.tokenizer, pipe.config
+    size = sum(f.stat().st_size for f in path.iterdir() if f.is_file())
+    info = {
+        "path": str(path), "architecture": cfg.architecture, "parameters": pipe.model.num_params(),
+        "attention": cfg.attention, "block_size": cfg.block_size if cfg.attention == "block_causal" else None,
+        "d_model": cfg.d_model, "n_layers": cfg.n_layers, "n_heads": cfg.n_heads, "n_kv_heads": cfg.n_kv_heads,
+        "vocab_size": cfg.vocab_size, "max_seq_len": cfg.max_seq_len, "logit_shift": cfg.logit_shift,
+        "mask_token_id": cfg.mask_token_id, "stop_token_ids": pipe.stop_ids,
+        "chat_template": tok.chat_template is not None, "bytes_on_disk": size,
+    }
+    if args.json:
+        print(json.dumps(info))
+    else:
+        for k, v in info.items():
+            print(f"{k:>16}: {v}")
+    return 0
+
+
+@command("bench")
+def cmd_bench(args: argparse.Namespace) -> int:
+    if args.bench == "decode":
+        from .bench.decode import run_decode_bench
+
+        return run_decode_bench(resolve_model(args.model), args)
+    raise QuicksilverError(f"unknown benchmark {args.bench!r}")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    from .sampling import SamplerConfig
+
+    p = argparse.ArgumentParser(prog="quicksilver", description="Reasoning diffusion LLM engine and server.")
+    sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    g = sub.add_parser("generate", help="generate text from a prompt by parallel refinement")
+    g.add_argument("prompt", help="the prompt (a user message when the model has a chat template)")
+    g.add_argument("--model", help="checkpoint directory (default: the embedded model)")
+    add_dataclass_args(g, SamplerConfig, rename=SAMPLER_RENAME, skip=SAMPLER_SKIP, help=SAMPLER_HELP)
+    g.add_argument("--json", action="store_true", help="print one JSON object with text, tokens, nfe, steps, tpf, seconds")
+    g.add_argument("--show", action="store_true", help="live view of the canvas being refined")
+    g.add_argument("--show-delay", type=float, default=0.0, help="seconds to pause per step in --show")
+    g.add_argument("--raw", action="store_true", help="plain completion: do not apply the chat template")
+    g.add_argument("--system", help="a system message (chat models)")
+
+    i = sub.add_parser("init-model", help="write a randomly initialised checkpoint")
+    i.add_argument("out", help="output directory")
+    i.add_argument("--preset", default="small", help="tiny, small or base (default: small)")
+    i.add_argument("--seed", type=int, default=0)
+    i.add_argument("--attention", choices=["bidirectional", "block_causal", "causal"])
+    i.add_argument("--block-size", type=int, dest="block_size")
+    i.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"])
+    i.add_argument("--force", action="store_true", help="overwrite a non-empty directory")
+
+    n = sub.add_parser("info", help="describe a checkpoint")
+    n.add_argument("path", nargs="?", help="checkpoint directory (default: the embedded model)")
+    n.add_argument("--json", action="store_true")
+
+    b = sub.add_parser("bench", help="benchmarks (end with one line of JSON)")
+    bsub = b.add_subparsers(dest="bench", required=True, metavar="BENCH")
+    bd = bsub.add_parser("decode", help="one-token-per-step vs threshold vs the reference decoder")
+    bd.add_argument("--model", help="checkpoint directory (default: the embedded model)")
+    bd.add_argument("--max-tokens", type=int, default=64, dest="max_tokens")
+    bd.add_argument("--threshold", type=float, default=0.9)
+    bd.add_argument("--block-length", type=int, default=None, dest="block_length")
+    bd.add_argument("--prompts", type=int, default=8, help="number of prompts")
+    bd.add_argument("--repeats", type=int, default=3, help="timed repeats per prompt (median reported)")
+    bd.add_argument("--out", default="runs/bench_decode", help="directory for the table and PNG plot")
+    bd.add_argument("--json", action="store_true", help="(the JSON line is always printed last)")
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    try:
+        return COMMANDS[args.command](args)
+    except QuicksilverError as e:
+        fail(str(e))
+    except KeyboardInterrupt:
+        print("interrupted", file=sys.stderr)
+        return 130
+    except MemoryError:
+        fail("out of memory: use a shorter canvas or a smaller batch")
+
+
+if __name__ == "__main__":
+    sys.exit(main())

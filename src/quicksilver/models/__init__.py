@@ -1,0 +1,5 @@
+"""Networks, configs, checkpoint loading and KV caches."""
+from .config import ModelConfig, PRESETS, preset
+from .transformer import DiffusionLM, KVCache, build_attention_mask
+
+__all__ = ["ModelConfig", "PRESETS", "preset", "DiffusionLM", "KVCache", "build_attention_mask"]

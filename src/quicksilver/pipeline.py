@@ -1,0 +1,107 @@
+"""``quicksilver.load(path)``: a loaded model with its tokenizer and a one-call ``generate``."""
+from __future__ import annotations
+
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any, Generator, Sequence
+
+import torch
+
+from .errors import CheckpointError, ConfigError
+from .models.checkpoint import load_checkpoint
+from .models.config import ModelConfig
+from .models.transformer import DiffusionLM
+from .sampling import Decoder, SamplerConfig
+from .sampling.decoder import RowEvent
+from .tokenizer import Tokenizer
+
+Messages = list[dict[str, Any]]
+
+
+@dataclass
+class GenerationResult:
+    text: str
+    tokens: list[int]
+    finish_reason: str
+    nfe: int
+    steps: int
+    tpf: float
+    seconds: float
+    prompt_tokens: int
+    revisions: int = 0
+
+    def to_json(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+class Pipeline:
+    """A model, its tokenizer and the decoder; what ``quicksilver.load`` returns."""
+
+    def __init__(self, model: DiffusionLM, tokenizer: Tokenizer, path: str | Path | None = None) -> None:
+        self.model = model
+        self.tokenizer = tokenizer
+        self.config: ModelConfig = model.config
+        self.path = Path(path) if path is not None else None
+        mask_id = self.config.mask_token_id
+        if tokenizer.mask_id is not None and tokenizer.mask_id != mask_id:
+            raise CheckpointError(f"tokenizer mask id {tokenizer.mask_id} differs from config {mask_id}")
+        self.stop_ids = sorted(set(self.config.eos_token_ids) | set(tokenizer.stop_ids))
+        pad = tokenizer.pad_id if tokenizer.pad_id is not None else self.config.eos_token_ids[0]
+        self.decoder = Decoder(model, mask_id, self.stop_ids, pad_id=pad)
+
+    def encode_prompt(self, prompt: str | Messages, chat: bool | None = None, **template_kwargs: Any) -> list[int]:
+        """Token ids of a plain prompt, or of messages rendered through the chat template."""
+        if isinstance(prompt, str):
+            if chat:
+                prompt = [{"role": "user", "content": prompt}]
+            else:
+                ids = self.tokenizer.encode(prompt)
+                if not ids:
+                    raise ConfigError("the prompt is empty")
+                return ids
+        if not isinstance(prompt, list) or not all(isinstance(m, dict) and "role" in m for m in prompt):
+            raise ConfigError("messages must be a list of {'role': ..., 'content': ...} objects")
+        return self.tokenizer.encode(self.tokenizer.apply_chat_template(prompt, **template_kwargs))
+
+    def sampler_config(self, **options: Any) -> SamplerConfig:
+        return SamplerConfig().replace(**options)
+
+    def stream(self, prompt: str | Messages, chat: bool | None = None, **options: Any
+               ) -> Generator[RowEvent, None, GenerationResult]:
+        """Yield every step's event for one prompt; return the GenerationResult."""
+        ids = self.encode_prompt(prompt, chat)
+        cfg = self.sampler_config(**options)
+        t0 = time.perf_counter()
+        row = self.decoder.new_row(ids, cfg)
+        while not row.done:
+            for ev in self.decoder.step([row]):
+                yield ev
+        res = row.result()
+        return GenerationResult(self.tokenizer.decode(res.tokens), res.tokens, res.finish_reason, res.nfe,
+                                res.steps, res.tpf, time.perf_counter() - t0, len(ids), res.revisions)
+
+    def generate(self, prompt: str | Messages, chat: bool | None = None, **options: Any) -> GenerationResult:
+        gen = self.stream(prompt, chat, **options)
+        while True:
+            try:
+                next(gen)
+            except StopIteration as stop:
+                return stop.value
+
+    def generate_batch(self, prompts: Sequence[str | Messages], chat: bool | None = None, **options: Any
+                       ) -> list[GenerationResult]:
+        """Decode several prompts in one batch (one forward per step for all of them)."""
+        ids = [self.encode_prompt(p, chat) for p in prompts]
+        cfg = self.sampler_config(**options)
+        t0 = time.perf_counter()
+        results = self.decoder.generate(ids, cfg)
+        dt = time.perf_counter() - t0
+        return [GenerationResult(self.tokenizer.decode(r.tokens), r.tokens, r.finish_reason, r.nfe, r.steps, r.tpf,
+                                 dt, len(i), r.revisions) for r, i in zip(results, ids)]
+
+
+def load(path: str | Path, dtype: torch.dtype | None = None) -> Pipeline:
+    """Load a checkpoint directory (never touches the network)."""
+    model, tok = load_checkpoint(path, dtype)
+    return Pipeline(model, tok, path)

@@ -1,0 +1,60 @@
+"""SamplerConfig: every decoding option, validated in one place. CLI flags map 1:1 onto fields."""
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from typing import Any
+
+from ..errors import ConfigError
+
+
+@dataclass
+class SamplerConfig:
+    max_new_tokens: int = 128  # canvas length (CLI --max-tokens)
+    policy: str = "threshold"  # a name from sampling.policies.POLICIES
+    threshold: float = 0.9  # confidence bound of the `threshold` policy, in (0, 1]
+    steps: int | None = None  # total refinement steps (schedule policies; a cap for `threshold`)
+    block_length: int | None = None  # semi-AR block; default: the model's block size or 32
+    temperature: float = 0.0
+    top_p: float = 1.0
+    seed: int | None = None
+    revise_threshold: float | None = None  # re-mask committed tokens whose confidence falls below
+    max_revisions: int = 1  # per position: bounds revision so decoding always terminates
+    stop_at_eos: bool = True  # honest length: stop once a stop token and all before it are committed
+    record_canvas: bool = False  # put the whole canvas in every step event (live views)
+
+    def validate(self, max_context: int | None = None, prompt_len: int = 0) -> "SamplerConfig":
+        from .policies import POLICIES
+
+        if self.policy not in POLICIES:
+            raise ConfigError(f"unknown policy {self.policy!r}; choose one of {sorted(POLICIES)}")
+        if not isinstance(self.max_new_tokens, int) or self.max_new_tokens <= 0:
+            raise ConfigError(f"max_new_tokens must be a positive integer, got {self.max_new_tokens}")
+        if not (0.0 < float(self.threshold) <= 1.0):
+            raise ConfigError(f"threshold must be in (0, 1], got {self.threshold}")
+        if self.steps is not None and self.steps <= 0:
+            raise ConfigError(f"steps must be positive, got {self.steps}")
+        if self.block_length is not None and self.block_length <= 0:
+            raise ConfigError(f"block_length must be positive, got {self.block_length}")
+        if not (0.0 <= float(self.temperature) <= 100.0):
+            raise ConfigError(f"temperature must be in [0, 100], got {self.temperature}")
+        if not (0.0 < float(self.top_p) <= 1.0):
+            raise ConfigError(f"top_p must be in (0, 1], got {self.top_p}")
+        if self.revise_threshold is not None and not (0.0 < self.revise_threshold < 1.0):
+            raise ConfigError(f"revise_threshold must be in (0, 1), got {self.revise_threshold}")
+        if not (0 <= self.max_revisions <= 8):
+            raise ConfigError(f"max_revisions must be in [0, 8], got {self.max_revisions}")
+        if max_context is not None:
+            if prompt_len >= max_context:
+                raise ConfigError(f"prompt of {prompt_len} tokens does not fit the context of {max_context}")
+            if prompt_len + self.max_new_tokens > max_context:
+                raise ConfigError(
+                    f"max_new_tokens={self.max_new_tokens} plus a prompt of {prompt_len} tokens exceeds "
+                    f"the context of {max_context}; at most {max_context - prompt_len} new tokens fit")
+        return self
+
+    def replace(self, **changes: Any) -> "SamplerConfig":
+        unknown = set(changes) - {f.name for f in dataclasses.fields(self)}
+        if unknown:
+            raise ConfigError(f"unknown sampler options: {sorted(unknown)}")
+        return dataclasses.replace(self, **changes)

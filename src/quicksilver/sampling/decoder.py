@@ -1,0 +1,287 @@
+"""The fast parallel-refinement decoder.
+
+Each request is a ``Row``: a prompt and a canvas of ``max_new_tokens`` masked positions after it.
+One ``step`` runs one forward pass over all rows together and lets every row commit tokens in its
+current semi-autoregressive block by its policy (a fixed count per step, or every position whose
+confidence reaches a threshold), optionally re-mask committed tokens whose confidence has fallen
+(revision), and stop as soon as a stop token is committed with everything before it (honest
+length: positions after it are dropped from the input and never returned).
+
+Rows are independent: their own sampler settings, seeded generator, canvas length and block
+position, and the attention mask keeps them apart, so a row's output does not depend on what else
+is in the batch. Rows may join and leave between steps (``step`` takes any list of live rows).
+"""
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import dataclass, field
+from typing import Generator, Sequence
+
+import torch
+
+from ..models.transformer import DiffusionLM
+from .config import SamplerConfig
+from .noise import sample_tokens
+from .policies import POLICIES
+
+
+@dataclass
+class RowEvent:
+    """What one step did to one row. Positions are canvas indices (0 = first generated token)."""
+
+    row: "Row"
+    step: int
+    committed: list[tuple[int, int]]  # (position, token) committed this step
+    remasked: list[int]  # positions re-masked by revision this step
+    stable: int  # canvas[:stable] is final: committed and never to change
+    end: int  # output length bound: positions >= end are gone (stop token or canvas end)
+    done: bool
+    finish_reason: str | None = None  # "stop" (stop token) | "length" (canvas full)
+    canvas: list[int] | None = None  # canvas[:end] (mask id where masked) when record_canvas
+
+
+@dataclass
+class DecodeResult:
+    tokens: list[int]  # the output, stop token excluded
+    finish_reason: str
+    nfe: int  # forward passes this row took part in
+    steps: int
+    revisions: int
+    seconds: float = 0.0
+
+    @property
+    def tpf(self) -> float:
+        return len(self.tokens) / max(self.nfe, 1)
+
+
+@dataclass
+class Row:
+    """One sequence being decoded."""
+
+    prompt: torch.Tensor  # (P,) long
+    cfg: SamplerConfig
+    mask_id: int
+    stop_ids: frozenset[int]
+    block_length: int
+    aligned: bool  # blocks at absolute multiples of block_length (block-causal models)
+    model_block: int | None  # the model's attention block size if block_causal, else None
+    generator: torch.Generator | None = None
+    canvas: torch.Tensor = field(init=False)  # (N,) long
+    committed: torch.Tensor = field(init=False)  # (N,) bool
+    revisions: torch.Tensor = field(init=False)  # (N,) int
+    tag: object = None  # owner's handle (the engine's request)
+
+    def __post_init__(self) -> None:
+        n = self.cfg.max_new_tokens
+        self.P = int(self.prompt.shape[0])
+        self.N = n
+        self.canvas = torch.full((n,), self.mask_id, dtype=torch.long, device=self.prompt.device)
+        self.committed = torch.zeros(n, dtype=torch.bool, device=self.prompt.device)
+        self.revisions = torch.zeros(n, dtype=torch.int32, device=self.prompt.device)
+        self.end = n  # canvas[:end] is live (stop token at end-1 once found)
+        self.stop_pos: int | None = None
+        self.offset = self.P % self.block_length if self.aligned else 0
+        self.n_blocks = math.ceil((n + self.offset) / self.block_length)
+        self.block = 0
+        steps = self.cfg.steps
+        if steps is None and POLICIES[self.cfg.policy].rule == "schedule":
+            steps = n  # one token per step unless told otherwise
+        self.steps_per_block = None if steps is None else max(1, math.ceil(steps / self.n_blocks))
+        self.block_steps = 0
+        self.nfe = 0
+        self.steps = 0
+        self.n_revisions = 0
+        self.done = False
+        self.finish_reason: str | None = None
+        self.t0 = time.perf_counter()
+        self.seconds = 0.0
+        self._advance()
+
+    # ---- geometry -----------------------------------------------------------------------------
+    def block_bounds(self, b: int) -> tuple[int, int]:
+        lo = max(0, b * self.block_length - self.offset)
+        hi = min(self.end, (b + 1) * self.block_length - self.offset)
+        return lo, max(lo, hi)
+
+    def window(self) -> tuple[int, int]:
+        return self.block_bounds(self.block)
+
+    def input_len(self) -> int:
+        """Tokens of prompt + canvas this row feeds to the next forward pass."""
+        if self.model_block is None:  # bidirectional/causal: the whole live canvas
+            return self.P + self.end
+        _, hi = self.window()  # block-causal: nothing after the model block holding the window
+        abs_hi = self.P + hi
+        return min(self.P + self.end, math.ceil(abs_hi / self.model_block) * self.model_block)
+
+    def sequence(self, length: int) -> torch.Tensor:
+        return torch.cat((self.prompt, self.canvas[: length - self.P]))  # (length,)
+
+    def _advance(self) -> None:
+        """Move to the first block with a masked position; finish if there is none."""
+        while True:
+            lo, hi = self.window()
+            if lo >= self.end:
+                self._finish()
+                return
+            if not bool(self.committed[lo:hi].all()):
+                return
+            self.block += 1
+            self.block_steps = 0
+
+    def _finish(self) -> None:
+        self.done = True
+        self.finish_reason = "stop" if self.stop_pos is not None else "length"
+        self.seconds = time.perf_counter() - self.t0
+
+    def stable(self) -> int:
+        if self.done:
+            return self.stop_pos if self.stop_pos is not None else self.end
+        revisable = self.cfg.revise_threshold is not None and self.cfg.max_revisions > 0
+        if revisable:
+            return self.window()[0]
+        masked = (~self.committed[: self.end]).nonzero()
+        return int(masked[0]) if masked.numel() else self.end
+
+    # ---- one refinement step ------------------------------------------------------------------
+    def update(self, logits: torch.Tensor, step: int) -> RowEvent:
+        """Apply one step given the logits (hi - lo, V) of the current window."""
+        cfg = self.cfg
+        policy = POLICIES[cfg.policy]
+        lo, hi = self.window()
+        self.nfe += 1
+        self.steps += 1
+        self.block_steps += 1
+        logits = logits.float()
+        logits[:, self.mask_id] = float("-inf")  # the mask is never a prediction
+        probs = logits.softmax(-1)  # (n, V)
+        x0 = sample_tokens(logits, cfg.temperature, cfg.top_p, self.generator)  # (n,)
+        masked = ~self.committed[lo:hi]  # (n,)
+
+        remasked: list[int] = []
+        if cfg.revise_threshold is not None and cfg.max_revisions > 0:
+            cur = self.canvas[lo:hi]
+            p_cur = probs.gather(-1, cur.clamp_max(probs.shape[-1] - 1)[:, None]).squeeze(-1)
+            is_stop = torch.tensor([int(t) in self.stop_ids for t in cur.tolist()], dtype=torch.bool)
+            bad = (~masked) & (p_cur < cfg.revise_threshold) & (self.revisions[lo:hi] < cfg.max_revisions) & ~is_stop
+            if bool(bad.any()):
+                idx = bad.nonzero().squeeze(-1) + lo
+                self.canvas[idx] = self.mask_id
+                self.committed[idx] = False
+                self.revisions[idx] += 1
+                self.n_revisions += int(idx.numel())
+                remasked = idx.tolist()
+
+        n_masked = int(masked.sum())
+        noise = None
+        if policy.needs_noise:
+            noise = torch.rand(hi - lo, generator=self.generator, device=logits.device)
+        score = policy.score(probs, x0, noise).float().masked_fill(~masked, float("-inf"))  # (n,)
+        if self.steps_per_block is not None:
+            left = max(1, self.steps_per_block - self.block_steps + 1)
+            k = math.ceil(n_masked / left)
+        else:
+            k = 1
+        k = min(max(k, 1), n_masked)
+        order = score.argsort(descending=True, stable=True)
+        take = torch.zeros_like(masked)
+        take[order[:k]] = True
+        if policy.rule == "threshold":
+            take |= score >= cfg.threshold
+        take &= masked
+        idx = take.nonzero().squeeze(-1)
+        toks = x0[idx]
+        self.canvas[idx + lo] = toks
+        self.committed[idx + lo] = True
+        committed = list(zip((idx + lo).tolist(), toks.tolist()))
+
+        if cfg.stop_at_eos and committed:
+            stops = [p for p, t in committed if t in self.stop_ids]
+            if stops and (self.stop_pos is None or min(stops) < self.stop_pos):
+                self.stop_pos = min(stops)
+                self.end = self.stop_pos + 1
+                self.canvas[self.end:] = self.mask_id
+                self.committed[self.end:] = False
+                committed = [(p, t) for p, t in committed if p < self.end]
+        self._advance()
+        return RowEvent(
+            row=self, step=step, committed=committed, remasked=remasked, stable=self.stable(), end=self.output_end(),
+            done=self.done, finish_reason=self.finish_reason,
+            canvas=self.canvas[: self.end].tolist() if cfg.record_canvas else None)
+
+    def output_end(self) -> int:
+        return self.stop_pos if self.stop_pos is not None else self.end
+
+    def result(self) -> DecodeResult:
+        out = self.canvas[: self.output_end()].tolist()
+        return DecodeResult(out, self.finish_reason or "length", self.nfe, self.steps, self.n_revisions, self.seconds)
+
+
+class Decoder:
+    """Builds rows for a model and runs batched refinement steps over them."""
+
+    def __init__(self, model: DiffusionLM, mask_id: int, stop_ids: Sequence[int], pad_id: int = 0) -> None:
+        self.model = model
+        self.mask_id = mask_id
+        self.stop_ids = frozenset(int(t) for t in stop_ids)
+        self.pad_id = pad_id
+        self.step_count = 0
+
+    @property
+    def device(self) -> torch.device:
+        return next(self.model.parameters()).device
+
+    def new_row(self, prompt_ids: Sequence[int], cfg: SamplerConfig, tag: object = None) -> Row:
+        mcfg = self.model.config
+        cfg.validate(mcfg.max_seq_len, len(prompt_ids))
+        block_causal = mcfg.attention == "block_causal"
+        bl = cfg.block_length or (mcfg.block_size if block_causal else min(32, cfg.max_new_tokens))
+        gen = None
+        if cfg.temperature > 0 or POLICIES[cfg.policy].needs_noise:
+            gen = torch.Generator(device=self.device)
+            gen.manual_seed(cfg.seed if cfg.seed is not None else int(torch.randint(0, 2**62, ()).item()))
+        prompt = torch.tensor(list(prompt_ids), dtype=torch.long, device=self.device)
+        return Row(prompt, cfg, self.mask_id, self.stop_ids, bl, aligned=block_causal,
+                   model_block=mcfg.block_size if block_causal else None, generator=gen, tag=tag)
+
+    @torch.no_grad()
+    def step(self, rows: Sequence[Row]) -> list[RowEvent]:
+        """One forward pass over the live rows; every row advances one refinement step."""
+        rows = [r for r in rows if not r.done]
+        if not rows:
+            return []
+        self.step_count += 1
+        lens = [r.input_len() for r in rows]
+        L, B = max(lens), len(rows)
+        ids = torch.full((B, L), self.pad_id, dtype=torch.long, device=self.device)
+        valid = torch.zeros((B, L), dtype=torch.bool, device=self.device)
+        for i, (r, n) in enumerate(zip(rows, lens)):
+            ids[i, :n] = r.sequence(n)
+            valid[i, :n] = True
+        positions = torch.arange(L, device=self.device).expand(B, L)
+        logits = self.model(ids, positions=positions, valid=None if all(n == L for n in lens) else valid)
+        events = []
+        for i, r in enumerate(rows):
+            lo, hi = r.window()
+            events.append(r.update(logits[i, r.P + lo: r.P + hi], self.step_count))  # (hi-lo, V)
+        return events
+
+    def run(self, prompts: Sequence[Sequence[int]], cfgs: SamplerConfig | Sequence[SamplerConfig]
+            ) -> Generator[list[RowEvent], None, list[DecodeResult]]:
+        """Decode a fixed batch to the end, yielding each step's events; returns one result per prompt."""
+        if isinstance(cfgs, SamplerConfig):
+            cfgs = [cfgs] * len(prompts)
+        rows = [self.new_row(p, c) for p, c in zip(prompts, cfgs)]
+        while any(not r.done for r in rows):
+            yield self.step(rows)
+        return [r.result() for r in rows]
+
+    def generate(self, prompts: Sequence[Sequence[int]], cfgs: SamplerConfig | Sequence[SamplerConfig]
+                 ) -> list[DecodeResult]:
+        gen = self.run(prompts, cfgs)
+        while True:
+            try:
+                next(gen)
+            except StopIteration as stop:
+                return stop.value
