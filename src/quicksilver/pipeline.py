@@ -48,7 +48,7 @@ class Pipeline:
             raise CheckpointError(f"tokenizer mask id {tokenizer.mask_id} differs from config {mask_id}")
         self.stop_ids = sorted(set(self.config.eos_token_ids) | set(tokenizer.stop_ids))
         pad = tokenizer.pad_id if tokenizer.pad_id is not None else self.config.eos_token_ids[0]
-        self.decoder = Decoder(model, mask_id, self.stop_ids, pad_id=pad)
+        self.decoder = Decoder(model, mask_id, self.stop_ids, pad_id=pad, vocab_limit=tokenizer.vocab_size)
 
     def encode_prompt(self, prompt: str | Messages, chat: bool | None = None, **template_kwargs: Any) -> list[int]:
         """Token ids of a plain prompt, or of messages rendered through the chat template."""

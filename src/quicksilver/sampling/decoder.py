@@ -16,14 +16,28 @@ from __future__ import annotations
 import math
 import time
 from dataclasses import dataclass, field
-from typing import Generator, Sequence
+from typing import Generator, Protocol, Sequence
 
 import torch
 
+from ..errors import ConfigError
 from ..models.transformer import DiffusionLM
 from .config import SamplerConfig
 from .noise import sample_tokens
 from .policies import POLICIES
+
+
+class Constraint(Protocol):
+    """Restricts what a row may commit (structured output, tool arguments).
+
+    ``mask_logits`` gets the window's logits (hi - lo, V) and returns them with forbidden tokens at
+    -inf; ``allow`` is asked before each commit, in score order, with the canvas as committed so
+    far. At the leftmost masked position some token must be allowed, so decoding always progresses.
+    """
+
+    def mask_logits(self, row: "Row", lo: int, logits: torch.Tensor) -> torch.Tensor: ...
+
+    def allow(self, row: "Row", pos: int, token: int) -> bool: ...
 
 
 @dataclass
@@ -66,7 +80,11 @@ class Row:
     block_length: int
     aligned: bool  # blocks at absolute multiples of block_length (block-causal models)
     model_block: int | None  # the model's attention block size if block_causal, else None
+    vocab_limit: int | None = None
     generator: torch.Generator | None = None
+    prefill: dict[int, int] | None = None  # canvas position -> token fixed before decoding (skeletons)
+    suffix: torch.Tensor | None = None  # (S,) tokens after the canvas (infilling, bidirectional models)
+    constraint: Constraint | None = None
     canvas: torch.Tensor = field(init=False)  # (N,) long
     committed: torch.Tensor = field(init=False)  # (N,) bool
     revisions: torch.Tensor = field(init=False)  # (N,) int
@@ -79,6 +97,10 @@ class Row:
         self.canvas = torch.full((n,), self.mask_id, dtype=torch.long, device=self.prompt.device)
         self.committed = torch.zeros(n, dtype=torch.bool, device=self.prompt.device)
         self.revisions = torch.zeros(n, dtype=torch.int32, device=self.prompt.device)
+        self.fixed = torch.zeros(n, dtype=torch.bool, device=self.prompt.device)  # prefilled: never revised
+        for pos, tok in (self.prefill or {}).items():
+            self.canvas[pos], self.committed[pos], self.fixed[pos] = tok, True, True
+        self.S = 0 if self.suffix is None else int(self.suffix.shape[0])
         self.end = n  # canvas[:end] is live (stop token at end-1 once found)
         self.stop_pos: int | None = None
         self.offset = self.P % self.block_length if self.aligned else 0
@@ -109,13 +131,15 @@ class Row:
 
     def input_len(self) -> int:
         """Tokens of prompt + canvas this row feeds to the next forward pass."""
-        if self.model_block is None:  # bidirectional/causal: the whole live canvas
-            return self.P + self.end
+        if self.model_block is None:  # bidirectional/causal: the whole live canvas (+ suffix)
+            return self.P + self.end + self.S
         _, hi = self.window()  # block-causal: nothing after the model block holding the window
         abs_hi = self.P + hi
         return min(self.P + self.end, math.ceil(abs_hi / self.model_block) * self.model_block)
 
     def sequence(self, length: int) -> torch.Tensor:
+        if self.S:
+            return torch.cat((self.prompt, self.canvas[: self.end], self.suffix))  # (P + end + S,)
         return torch.cat((self.prompt, self.canvas[: length - self.P]))  # (length,)
 
     def _advance(self) -> None:
@@ -155,6 +179,10 @@ class Row:
         self.block_steps += 1
         logits = logits.float()
         logits[:, self.mask_id] = float("-inf")  # the mask is never a prediction
+        if self.vocab_limit is not None:
+            logits[:, self.vocab_limit:] = float("-inf")
+        if self.constraint is not None:
+            logits = self.constraint.mask_logits(self, lo, logits)
         probs = logits.softmax(-1)  # (n, V)
         x0 = sample_tokens(logits, cfg.temperature, cfg.top_p, self.generator)  # (n,)
         masked = ~self.committed[lo:hi]  # (n,)
@@ -164,7 +192,8 @@ class Row:
             cur = self.canvas[lo:hi]
             p_cur = probs.gather(-1, cur.clamp_max(probs.shape[-1] - 1)[:, None]).squeeze(-1)
             is_stop = torch.tensor([int(t) in self.stop_ids for t in cur.tolist()], dtype=torch.bool)
-            bad = (~masked) & (p_cur < cfg.revise_threshold) & (self.revisions[lo:hi] < cfg.max_revisions) & ~is_stop
+            bad = ((~masked) & (p_cur < cfg.revise_threshold) & (self.revisions[lo:hi] < cfg.max_revisions)
+                   & ~is_stop & ~self.fixed[lo:hi])
             if bool(bad.any()):
                 idx = bad.nonzero().squeeze(-1) + lo
                 self.canvas[idx] = self.mask_id
@@ -190,11 +219,14 @@ class Row:
         if policy.rule == "threshold":
             take |= score >= cfg.threshold
         take &= masked
-        idx = take.nonzero().squeeze(-1)
-        toks = x0[idx]
-        self.canvas[idx + lo] = toks
-        self.committed[idx + lo] = True
-        committed = list(zip((idx + lo).tolist(), toks.tolist()))
+        if self.constraint is None:
+            idx = take.nonzero().squeeze(-1)
+            toks = x0[idx]
+            self.canvas[idx + lo] = toks
+            self.committed[idx + lo] = True
+            committed = list(zip((idx + lo).tolist(), toks.tolist()))
+        else:
+            committed = self._commit_constrained(lo, order, take, x0, logits, masked)
 
         if cfg.stop_at_eos and committed:
             stops = [p for p, t in committed if t in self.stop_ids]
@@ -210,6 +242,29 @@ class Row:
             done=self.done, finish_reason=self.finish_reason,
             canvas=self.canvas[: self.end].tolist() if cfg.record_canvas else None)
 
+    def _commit_constrained(self, lo: int, order: torch.Tensor, take: torch.Tensor, x0: torch.Tensor,
+                            logits: torch.Tensor, masked: torch.Tensor) -> list[tuple[int, int]]:
+        """Commit the chosen positions in score order, each only if the constraint allows it."""
+        assert self.constraint is not None
+        committed: list[tuple[int, int]] = []
+        for i in order.tolist():
+            if not bool(take[i]):
+                continue
+            pos, tok = lo + i, int(x0[i])
+            if self.constraint.allow(self, pos, tok):
+                self.canvas[pos], self.committed[pos] = tok, True
+                committed.append((pos, tok))
+        if committed or not bool(masked.any()):
+            return committed
+        i = int(masked.nonzero()[0])  # nothing allowed: the leftmost masked position, best allowed token
+        for tok in logits[i].argsort(descending=True).tolist():
+            if logits[i, tok] == float("-inf"):
+                break
+            if self.constraint.allow(self, lo + i, tok):
+                self.canvas[lo + i], self.committed[lo + i] = tok, True
+                return [(lo + i, tok)]
+        raise RuntimeError(f"constraint allows no token at canvas position {lo + i}")
+
     def output_end(self) -> int:
         return self.stop_pos if self.stop_pos is not None else self.end
 
@@ -221,8 +276,10 @@ class Row:
 class Decoder:
     """Builds rows for a model and runs batched refinement steps over them."""
 
-    def __init__(self, model: DiffusionLM, mask_id: int, stop_ids: Sequence[int], pad_id: int = 0) -> None:
+    def __init__(self, model: DiffusionLM, mask_id: int, stop_ids: Sequence[int], pad_id: int = 0,
+                 vocab_limit: int | None = None) -> None:
         self.model = model
+        self.vocab_limit = vocab_limit  # ids >= this are padding rows of the embedding: never sampled
         self.mask_id = mask_id
         self.stop_ids = frozenset(int(t) for t in stop_ids)
         self.pad_id = pad_id
@@ -232,9 +289,16 @@ class Decoder:
     def device(self) -> torch.device:
         return next(self.model.parameters()).device
 
-    def new_row(self, prompt_ids: Sequence[int], cfg: SamplerConfig, tag: object = None) -> Row:
+    def new_row(self, prompt_ids: Sequence[int], cfg: SamplerConfig, tag: object = None,
+                prefill: dict[int, int] | None = None, suffix: Sequence[int] | None = None,
+                constraint: Constraint | None = None) -> Row:
         mcfg = self.model.config
-        cfg.validate(mcfg.max_seq_len, len(prompt_ids))
+        cfg.validate(mcfg.max_seq_len, len(prompt_ids) + len(suffix or ()))
+        if suffix and mcfg.attention != "bidirectional":
+            raise ConfigError("a suffix after the canvas needs a bidirectional model; "
+                              "use the fill-in-the-middle prompt format for this one")
+        if prefill and any(not 0 <= p < cfg.max_new_tokens for p in prefill):
+            raise ConfigError("prefilled positions must lie inside the canvas")
         block_causal = mcfg.attention == "block_causal"
         bl = cfg.block_length or (mcfg.block_size if block_causal else min(32, cfg.max_new_tokens))
         gen = None
@@ -242,8 +306,10 @@ class Decoder:
             gen = torch.Generator(device=self.device)
             gen.manual_seed(cfg.seed if cfg.seed is not None else int(torch.randint(0, 2**62, ()).item()))
         prompt = torch.tensor(list(prompt_ids), dtype=torch.long, device=self.device)
+        sfx = torch.tensor(list(suffix), dtype=torch.long, device=self.device) if suffix else None
         return Row(prompt, cfg, self.mask_id, self.stop_ids, bl, aligned=block_causal,
-                   model_block=mcfg.block_size if block_causal else None, generator=gen, tag=tag)
+                   model_block=mcfg.block_size if block_causal else None, generator=gen, tag=tag,
+                   prefill=prefill, suffix=sfx, constraint=constraint, vocab_limit=self.vocab_limit)
 
     @torch.no_grad()
     def step(self, rows: Sequence[Row]) -> list[RowEvent]:
