@@ -18,8 +18,10 @@ $(STAMP): pyproject.toml Makefile
 
 install: $(STAMP)
 
+# Until the embedded model and the server land: a live generation on a fresh random checkpoint.
 run: $(STAMP)
-	$(BIN)/quicksilver demo
+	test -f runs/demo-model/config.json || $(BIN)/quicksilver init-model runs/demo-model --preset small --force
+	$(BIN)/quicksilver generate "Hello! What can you do?" --model runs/demo-model --show --max-tokens 64
 
 test: $(STAMP)
 	$(BIN)/python -m pytest

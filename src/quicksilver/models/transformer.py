@@ -98,6 +98,22 @@ class KVCache:
             self.valid = self.valid[:, :length] if self.valid is not None else None
 
 
+@dataclass
+class Segment:
+    """One sequence's share of a packed forward pass.
+
+    ``ids``/``positions`` (T,) are the tokens after whatever ``cache`` already holds; the first
+    ``append`` of them are added to the cache; logits are returned for tokens ``[lo, hi)``.
+    """
+
+    ids: torch.Tensor  # (T,) long
+    positions: torch.Tensor  # (T,) long
+    lo: int
+    hi: int
+    cache: KVCache | None = None
+    append: int = 0
+
+
 def build_attention_mask(
     pattern: str, block_size: int, q_pos: torch.Tensor, k_pos: torch.Tensor, k_valid: torch.Tensor | None
 ) -> torch.Tensor:
@@ -133,6 +149,24 @@ class Attention(nn.Module):
         self.q_norm = RMSNorm(hd, cfg.norm_eps) if cfg.qk_norm else None
         self.k_norm = RMSNorm(hd, cfg.norm_eps) if cfg.qk_norm else None
 
+    def project(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor
+                ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        B, T, _ = x.shape  # (B, T, C)
+        q = self.q_proj(x).view(B, T, self.n_heads, self.hd).transpose(1, 2)  # (B, H, T, hd)
+        k = self.k_proj(x).view(B, T, self.n_kv, self.hd).transpose(1, 2)  # (B, Hkv, T, hd)
+        v = self.v_proj(x).view(B, T, self.n_kv, self.hd).transpose(1, 2)  # (B, Hkv, T, hd)
+        if self.q_norm is not None and self.k_norm is not None:
+            q, k = self.q_norm(q), self.k_norm(k)
+        return apply_rotary(q, cos, sin), apply_rotary(k, cos, sin), v
+
+    def attend(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
+        y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, enable_gqa=self.n_kv != self.n_heads)
+        return y  # (B, H, Tq, hd)
+
+    def output(self, y: torch.Tensor) -> torch.Tensor:
+        B, _, T, _ = y.shape
+        return self.o_proj(y.transpose(1, 2).reshape(B, T, self.n_heads * self.hd))  # (B, T, C)
+
     def forward(
         self,
         x: torch.Tensor,
@@ -141,22 +175,31 @@ class Attention(nn.Module):
         mask: torch.Tensor | None,
         past: tuple[torch.Tensor, torch.Tensor] | None,
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        B, T, _ = x.shape  # (B, T, C)
-        q = self.q_proj(x).view(B, T, self.n_heads, self.hd).transpose(1, 2)  # (B, H, T, hd)
-        k = self.k_proj(x).view(B, T, self.n_kv, self.hd).transpose(1, 2)  # (B, Hkv, T, hd)
-        v = self.v_proj(x).view(B, T, self.n_kv, self.hd).transpose(1, 2)  # (B, Hkv, T, hd)
-        if self.q_norm is not None and self.k_norm is not None:
-            q, k = self.q_norm(q), self.k_norm(k)
-        q, k = apply_rotary(q, cos, sin), apply_rotary(k, cos, sin)
+        """Padded batch: (B, T, C) with an optional cached prefix shared in shape by all rows."""
+        q, k, v = self.project(x, cos, sin)
         new_k, new_v = k, v
         if past is not None:
             k = torch.cat((past[0], k), dim=2)  # (B, Hkv, L+T, hd)
             v = torch.cat((past[1], v), dim=2)
-        y = F.scaled_dot_product_attention(
-            q, k, v, attn_mask=mask, enable_gqa=self.n_kv != self.n_heads
-        )  # (B, H, T, hd)
-        y = y.transpose(1, 2).reshape(B, T, self.n_heads * self.hd)  # (B, T, H*hd)
-        return self.o_proj(y), new_k, new_v
+        return self.output(self.attend(q, k, v, mask)), new_k, new_v
+
+    def forward_packed(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, spans: list[tuple[int, int]],
+                       pasts: list[tuple[torch.Tensor, torch.Tensor] | None], masks: list[torch.Tensor | None]
+                       ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """Packed sequences (1, sum T_i, C): projections batched, attention per sequence with its own cache.
+
+        Each sequence's attention sees exactly the tensors it would see alone, so a row's result does
+        not depend on its batch-mates (batch invariance).
+        """
+        q, k, v = self.project(x, cos, sin)  # (1, H, Ttot, hd)
+        ys = []
+        for (s, e), past, m in zip(spans, pasts, masks):
+            ki, vi = k[:, :, s:e], v[:, :, s:e]
+            if past is not None:
+                ki = torch.cat((past[0], ki), dim=2)  # (1, Hkv, L+T_i, hd)
+                vi = torch.cat((past[1], vi), dim=2)
+            ys.append(self.attend(q[:, :, s:e], ki, vi, m))
+        return self.output(torch.cat(ys, dim=2)), k, v
 
 
 class MLP(nn.Module):
@@ -178,8 +221,12 @@ class Block(nn.Module):
         self.post_attention_layernorm = RMSNorm(cfg.d_model, cfg.norm_eps)
         self.mlp = MLP(cfg)
 
-    def forward(self, x, cos, sin, mask, past):  # type: ignore[no-untyped-def]
-        a, k, v = self.self_attn(self.input_layernorm(x), cos, sin, mask, past)
+    def forward(self, x, cos, sin, mask, past, packed=None):  # type: ignore[no-untyped-def]
+        h = self.input_layernorm(x)
+        if packed is None:
+            a, k, v = self.self_attn(h, cos, sin, mask, past)
+        else:
+            a, k, v = self.self_attn.forward_packed(h, cos, sin, *packed)
         x = x + a  # (B, T, C)
         x = x + self.mlp(self.post_attention_layernorm(x))
         return x, k, v
@@ -284,3 +331,67 @@ class DiffusionLM(nn.Module):
                 cache.valid = valid if valid is not None else torch.ones_like(positions, dtype=torch.bool)
             cache.last_logits = raw_last
         return logits
+
+    def _segment_mask(self, seg: Segment) -> torch.Tensor | None:
+        cfg = self.config
+        cached = seg.cache is not None and seg.cache.length > 0
+        if cfg.attention == "bidirectional":
+            return None  # a whole sequence, no padding: every key is visible
+        k_pos = seg.positions
+        if cached:
+            assert seg.cache is not None and seg.cache.positions is not None
+            k_pos = torch.cat((seg.cache.positions[0], seg.positions))  # (L+T,)
+        return build_attention_mask(cfg.attention, cfg.block_size, seg.positions[None], k_pos[None], None)
+
+    def forward_segments(self, segments: list[Segment]) -> list[torch.Tensor]:
+        """Packed inference forward: one pass for several sequences, each with its own KV cache.
+
+        Returns per segment the logits (hi - lo, V) of its tokens [lo, hi), aligned (shift applied).
+        """
+        cfg = self.config
+        ids = torch.cat([s.ids for s in segments])[None]  # (1, Ttot)
+        pos = torch.cat([s.positions for s in segments])[None]  # (1, Ttot)
+        spans, start = [], 0
+        for s in segments:
+            spans.append((start, start + int(s.ids.shape[0])))
+            start = spans[-1][1]
+        masks = [self._segment_mask(s) for s in segments]
+        cos, sin = self.rotary(pos)
+        x = self.model.embed_tokens(ids)  # (1, Ttot, C)
+        appended: list[tuple[list[torch.Tensor], list[torch.Tensor]]] = [([], []) for _ in segments]
+        for li, layer in enumerate(self.model.layers):
+            pasts = [(s.cache.k[li], s.cache.v[li]) if s.cache is not None and s.cache.length else None
+                     for s in segments]
+            x, k, v = layer(x, cos, sin, None, None, packed=(spans, pasts, masks))
+            for j, (s, (a, _)) in enumerate(zip(segments, spans)):
+                if s.append:
+                    appended[j][0].append(k[:, :, a:a + s.append])  # (1, Hkv, A, hd)
+                    appended[j][1].append(v[:, :, a:a + s.append])
+        h = self.model.norm(x)[0]  # (Ttot, C)
+        out = []
+        for s, (a, _), (ks, vs) in zip(segments, spans, appended):
+            if cfg.logit_shift:
+                src_lo = a + s.lo - 1
+                if src_lo < a:  # the first wanted token's predictor is the last cached one (or itself)
+                    first = (s.cache.last_logits if s.cache is not None and s.cache.last_logits is not None
+                             else self.lm_head(h[a:a + 1]))  # (1, V)
+                    rest = self.lm_head(h[a:a + s.hi - 1])  # (hi-1, V)
+                    out.append(torch.cat((first.reshape(1, -1), rest))[: s.hi - s.lo])
+                else:
+                    out.append(self.lm_head(h[src_lo:a + s.hi - 1]))  # (hi-lo, V)
+            else:
+                out.append(self.lm_head(h[a + s.lo:a + s.hi]))  # (hi-lo, V)
+            if s.append and s.cache is not None:
+                c = s.cache
+                new_pos = s.positions[: s.append][None]  # (1, A)
+                if c.length:
+                    c.k = [torch.cat((o, n), dim=2) for o, n in zip(c.k, ks)]
+                    c.v = [torch.cat((o, n), dim=2) for o, n in zip(c.v, vs)]
+                    assert c.positions is not None
+                    c.positions = torch.cat((c.positions, new_pos), dim=1)
+                else:
+                    c.k, c.v, c.positions = ks, vs, new_pos
+                c.valid = None
+                if cfg.logit_shift:
+                    c.last_logits = self.lm_head(h[a + s.append - 1])[None]  # (1, V) raw
+        return out

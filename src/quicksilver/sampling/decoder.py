@@ -21,7 +21,7 @@ from typing import Generator, Protocol, Sequence
 import torch
 
 from ..errors import ConfigError
-from ..models.transformer import DiffusionLM
+from ..models.transformer import DiffusionLM, KVCache, Segment
 from .config import SamplerConfig
 from .noise import sample_tokens
 from .policies import POLICIES
@@ -81,6 +81,7 @@ class Row:
     aligned: bool  # blocks at absolute multiples of block_length (block-causal models)
     model_block: int | None  # the model's attention block size if block_causal, else None
     vocab_limit: int | None = None
+    cache: KVCache | None = None  # exact KV cache of completed blocks (block-causal models)
     generator: torch.Generator | None = None
     prefill: dict[int, int] | None = None  # canvas position -> token fixed before decoding (skeletons)
     suffix: torch.Tensor | None = None  # (S,) tokens after the canvas (infilling, bidirectional models)
@@ -106,6 +107,7 @@ class Row:
         self.offset = self.P % self.block_length if self.aligned else 0
         self.n_blocks = math.ceil((n + self.offset) / self.block_length)
         self.block = 0
+        self.verified_block = -1
         steps = self.cfg.steps
         if steps is None and POLICIES[self.cfg.policy].rule == "schedule":
             steps = n  # one token per step unless told otherwise
@@ -142,14 +144,39 @@ class Row:
             return torch.cat((self.prompt, self.canvas[: self.end], self.suffix))  # (P + end + S,)
         return torch.cat((self.prompt, self.canvas[: length - self.P]))  # (length,)
 
+    def segment(self) -> Segment:
+        """This row's share of the next forward pass: the tokens after its cache, which of them to
+        append to the cache (complete model blocks before the current window), which logits to return."""
+        n = self.input_len()
+        lo, hi = self.window()
+        seq = self.sequence(n)  # (n,)
+        start, append = 0, 0
+        if self.cache is not None:
+            assert self.model_block is not None
+            start = self.cache.length
+            freeze = (self.P + lo) // self.model_block * self.model_block  # start of the window's model block
+            append = max(0, freeze - start)
+        ids = seq[start:]
+        positions = torch.arange(start, start + int(ids.shape[0]), device=ids.device)
+        return Segment(ids, positions, self.P + lo - start, self.P + hi - start, self.cache, append)
+
+    @property
+    def revising(self) -> bool:
+        return self.cfg.revise_threshold is not None and self.cfg.max_revisions > 0
+
     def _advance(self) -> None:
-        """Move to the first block with a masked position; finish if there is none."""
+        """Move to the first block with a masked position; finish if there is none.
+
+        With revision on, a filled block gets one more pass that checks its tokens before the
+        decoder moves on (it moves on once a check re-masks nothing)."""
         while True:
             lo, hi = self.window()
             if lo >= self.end:
                 self._finish()
                 return
             if not bool(self.committed[lo:hi].all()):
+                return
+            if self.revising and self.verified_block != self.block:
                 return
             self.block += 1
             self.block_steps = 0
@@ -162,8 +189,7 @@ class Row:
     def stable(self) -> int:
         if self.done:
             return self.stop_pos if self.stop_pos is not None else self.end
-        revisable = self.cfg.revise_threshold is not None and self.cfg.max_revisions > 0
-        if revisable:
+        if self.revising:
             return self.window()[0]
         masked = (~self.committed[: self.end]).nonzero()
         return int(masked[0]) if masked.numel() else self.end
@@ -203,6 +229,11 @@ class Row:
                 remasked = idx.tolist()
 
         n_masked = int(masked.sum())
+        if n_masked == 0:  # a check pass over a filled block (revision)
+            if not remasked:
+                self.verified_block = self.block
+            self._advance()
+            return self._event(step, [], remasked)
         noise = None
         if policy.needs_noise:
             noise = torch.rand(hi - lo, generator=self.generator, device=logits.device)
@@ -237,10 +268,13 @@ class Row:
                 self.committed[self.end:] = False
                 committed = [(p, t) for p, t in committed if p < self.end]
         self._advance()
+        return self._event(step, committed, remasked)
+
+    def _event(self, step: int, committed: list[tuple[int, int]], remasked: list[int]) -> RowEvent:
         return RowEvent(
             row=self, step=step, committed=committed, remasked=remasked, stable=self.stable(), end=self.output_end(),
             done=self.done, finish_reason=self.finish_reason,
-            canvas=self.canvas[: self.end].tolist() if cfg.record_canvas else None)
+            canvas=self.canvas[: self.end].tolist() if self.cfg.record_canvas else None)
 
     def _commit_constrained(self, lo: int, order: torch.Tensor, take: torch.Tensor, x0: torch.Tensor,
                             logits: torch.Tensor, masked: torch.Tensor) -> list[tuple[int, int]]:
@@ -277,8 +311,9 @@ class Decoder:
     """Builds rows for a model and runs batched refinement steps over them."""
 
     def __init__(self, model: DiffusionLM, mask_id: int, stop_ids: Sequence[int], pad_id: int = 0,
-                 vocab_limit: int | None = None) -> None:
+                 vocab_limit: int | None = None, use_cache: bool = True) -> None:
         self.model = model
+        self.use_cache = use_cache  # exact block cache for block-causal models
         self.vocab_limit = vocab_limit  # ids >= this are padding rows of the embedding: never sampled
         self.mask_id = mask_id
         self.stop_ids = frozenset(int(t) for t in stop_ids)
@@ -309,7 +344,8 @@ class Decoder:
         sfx = torch.tensor(list(suffix), dtype=torch.long, device=self.device) if suffix else None
         return Row(prompt, cfg, self.mask_id, self.stop_ids, bl, aligned=block_causal,
                    model_block=mcfg.block_size if block_causal else None, generator=gen, tag=tag,
-                   prefill=prefill, suffix=sfx, constraint=constraint, vocab_limit=self.vocab_limit)
+                   prefill=prefill, suffix=sfx, constraint=constraint, vocab_limit=self.vocab_limit,
+                   cache=KVCache() if (self.use_cache and block_causal) else None)
 
     @torch.no_grad()
     def step(self, rows: Sequence[Row]) -> list[RowEvent]:
@@ -318,20 +354,8 @@ class Decoder:
         if not rows:
             return []
         self.step_count += 1
-        lens = [r.input_len() for r in rows]
-        L, B = max(lens), len(rows)
-        ids = torch.full((B, L), self.pad_id, dtype=torch.long, device=self.device)
-        valid = torch.zeros((B, L), dtype=torch.bool, device=self.device)
-        for i, (r, n) in enumerate(zip(rows, lens)):
-            ids[i, :n] = r.sequence(n)
-            valid[i, :n] = True
-        positions = torch.arange(L, device=self.device).expand(B, L)
-        logits = self.model(ids, positions=positions, valid=None if all(n == L for n in lens) else valid)
-        events = []
-        for i, r in enumerate(rows):
-            lo, hi = r.window()
-            events.append(r.update(logits[i, r.P + lo: r.P + hi], self.step_count))  # (hi-lo, V)
-        return events
+        logits = self.model.forward_segments([r.segment() for r in rows])
+        return [r.update(lg, self.step_count) for r, lg in zip(rows, logits)]  # lg: (hi-lo, V)
 
     def run(self, prompts: Sequence[Sequence[int]], cfgs: SamplerConfig | Sequence[SamplerConfig]
             ) -> Generator[list[RowEvent], None, list[DecodeResult]]:

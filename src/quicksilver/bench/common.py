@@ -1,0 +1,69 @@
+"""Shared benchmark plumbing: medians, a rich table, the final JSON line, PNG bar plots."""
+from __future__ import annotations
+
+import json
+import platform
+import statistics
+from pathlib import Path
+from typing import Any, Sequence
+
+import torch
+
+
+def median(xs: Sequence[float]) -> float:
+    return float(statistics.median(xs)) if xs else float("nan")
+
+
+def hardware() -> dict[str, Any]:
+    import os
+
+    info: dict[str, Any] = {"cpu_count": os.cpu_count(), "torch_threads": torch.get_num_threads(),
+                            "machine": platform.machine(), "python": platform.python_version(),
+                            "torch": torch.__version__}
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                info["cpu"] = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    if torch.cuda.is_available():
+        info["gpu"] = torch.cuda.get_device_name(0)
+    return info
+
+
+def print_table(title: str, columns: list[str], rows: list[list[Any]]) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    t = Table(title=title)
+    for c in columns:
+        t.add_column(c, justify="right" if c not in ("method", "config") else "left")
+    for r in rows:
+        t.add_row(*[f"{v:.2f}" if isinstance(v, float) else str(v) for v in r])
+    Console(stderr=False).print(t)
+
+
+def bar_plot(path: Path, labels: list[str], series: dict[str, list[float]], title: str) -> Path:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1, len(series), figsize=(4.2 * len(series), 3.6))
+    axes = [axes] if len(series) == 1 else list(axes)
+    for ax, (name, vals) in zip(axes, series.items()):
+        ax.bar(labels, vals, color=["#888888", "#4c72b0", "#dd8452", "#55a868", "#c44e52"][: len(vals)])
+        ax.set_title(name)
+        ax.tick_params(axis="x", rotation=20)
+    fig.suptitle(title)
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
+def emit_json(obj: dict[str, Any]) -> None:
+    """The benchmark's last line: one JSON object."""
+    print(json.dumps(obj, separators=(",", ":")), flush=True)

@@ -1,0 +1,31 @@
+"""Shared fixtures: tiny random checkpoints in the real on-disk format."""
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+
+torch.set_num_threads(max(1, min(2, torch.get_num_threads())))
+
+
+@pytest.fixture(scope="session")
+def tiny_ckpt(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    from quicksilver.models.init import init_model
+
+    return init_model(tmp_path_factory.mktemp("ckpt") / "tiny-bidir", "tiny", seed=0)
+
+
+@pytest.fixture(scope="session")
+def tiny_block_ckpt(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    from quicksilver.models.init import init_model
+
+    return init_model(tmp_path_factory.mktemp("ckpt") / "tiny-block", "tiny", seed=1, attention="block_causal",
+                      block_size=8)
+
+
+@pytest.fixture(scope="session")
+def tiny_pipe(tiny_ckpt: Path):  # type: ignore[no-untyped-def]
+    import quicksilver
+
+    return quicksilver.load(tiny_ckpt)
