@@ -1,0 +1,219 @@
+"""The engine: owns requests, admits them into a running batch, steps the batch, emits events.
+
+Synchronous and unit-testable: ``add`` and ``cancel`` may be called from any thread (they only
+queue commands); ``step`` runs one batched refinement step over the running requests (continuous
+batching: requests join and leave between steps, each with its own sampler settings, canvas and
+cache) and returns one ``EngineEvent`` per request touched. The server wraps it in a thread and
+asyncio; benchmarks and the CLI drive it directly. The engine speaks token ids only.
+"""
+from __future__ import annotations
+
+import collections
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import Any, Iterator
+
+from ..errors import ConfigError, QuicksilverError
+from ..sampling import Decoder, Row, SamplerConfig
+from ..sampling.decoder import Constraint, DecodeResult
+
+
+class EngineOverloaded(QuicksilverError):
+    """The waiting queue is full; try again later (HTTP 503/429)."""
+
+
+@dataclass
+class EngineConfig:
+    max_batch: int = 16  # requests in one forward pass
+    max_batch_tokens: int = 8192  # tokens in one forward pass (bounds step latency and memory)
+    max_waiting: int = 256  # queued requests before add() refuses
+
+
+@dataclass
+class EngineRequest:
+    request_id: str
+    prompt_ids: list[int]
+    sampler: SamplerConfig
+    prefill: dict[int, int] | None = None  # canvas skeleton (structured output)
+    suffix: list[int] | None = None  # tokens after the canvas (infilling)
+    constraint: Constraint | None = None
+    arrival: float = field(default_factory=time.perf_counter)
+
+
+@dataclass
+class RequestStats:
+    arrival: float
+    admitted: float | None = None
+    first_token: float | None = None
+    finished: float | None = None
+    token_times: list[float] = field(default_factory=list)  # when each stable chunk was emitted
+
+    @property
+    def queue_time(self) -> float:
+        return (self.admitted or self.arrival) - self.arrival
+
+    @property
+    def ttft(self) -> float | None:
+        return None if self.first_token is None else self.first_token - self.arrival
+
+    @property
+    def e2e(self) -> float | None:
+        return None if self.finished is None else self.finished - self.arrival
+
+
+@dataclass
+class EngineEvent:
+    """What one step did for one request."""
+
+    request_id: str
+    step: int
+    new_tokens: list[int]  # tokens that became final this step (the append-only stream)
+    stable: int  # tokens final so far
+    committed: list[tuple[int, int]]  # (position, token) committed this step (diffusing views)
+    remasked: list[int]
+    canvas: list[int] | None  # whole live canvas (mask id where masked) when record_canvas
+    done: bool
+    finish_reason: str | None  # stop | length | cancelled | error
+    nfe: int
+    prompt_tokens: int
+    stats: RequestStats
+    error: str | None = None
+    result: DecodeResult | None = None
+
+
+@dataclass
+class _Live:
+    req: EngineRequest
+    row: Row
+    stats: RequestStats
+    emitted: int = 0
+
+
+class Engine:
+    """Continuous batching over the decoder's rows."""
+
+    def __init__(self, decoder: Decoder, config: EngineConfig | None = None) -> None:
+        self.decoder = decoder
+        self.config = config or EngineConfig()
+        self._commands: collections.deque[tuple[str, Any]] = collections.deque()
+        self._lock = threading.Lock()
+        self._waiting: collections.OrderedDict[str, _Live] = collections.OrderedDict()
+        self._running: dict[str, _Live] = {}
+        self._pending_ids: set[str] = set()
+        self.step_count = 0
+        self.totals = collections.Counter[str]()
+
+    # ---- thread-safe commands -------------------------------------------------------------------
+    def add(self, req: EngineRequest) -> None:
+        """Validate and queue a request. Raises ConfigError on bad input, EngineOverloaded when full."""
+        row = self.decoder.new_row(req.prompt_ids, req.sampler, tag=req.request_id, prefill=req.prefill,
+                                   suffix=req.suffix, constraint=req.constraint)
+        with self._lock:
+            if req.request_id in self._pending_ids:
+                raise ConfigError(f"duplicate request id {req.request_id!r}")
+            if len(self._waiting) + sum(1 for c, _ in self._commands if c == "add") >= self.config.max_waiting:
+                raise EngineOverloaded(f"{self.config.max_waiting} requests are already waiting")
+            self._pending_ids.add(req.request_id)
+            self._commands.append(("add", _Live(req, row, RequestStats(req.arrival))))
+
+    def cancel(self, request_id: str) -> None:
+        """Drop a request before the next step (its canvas and cache are freed)."""
+        self._commands.append(("cancel", request_id))
+
+    # ---- state --------------------------------------------------------------------------------
+    @property
+    def has_work(self) -> bool:
+        return bool(self._commands or self._waiting or self._running)
+
+    @property
+    def num_running(self) -> int:
+        return len(self._running)
+
+    @property
+    def num_waiting(self) -> int:
+        return len(self._waiting)
+
+    def cache_bytes(self) -> int:
+        return sum(lv.row.cache.nbytes() for lv in self._running.values() if lv.row.cache is not None)
+
+    # ---- one step -----------------------------------------------------------------------------
+    def _drain(self, now: float) -> list[EngineEvent]:
+        events = []
+        while self._commands:
+            kind, arg = self._commands.popleft()
+            if kind == "add":
+                self._waiting[arg.req.request_id] = arg
+            else:
+                lv = self._waiting.pop(arg, None) or self._running.pop(arg, None)
+                if lv is not None:
+                    events.append(self._final(lv, "cancelled", now))
+        return events
+
+    def _admit(self, now: float) -> None:
+        budget = self.config.max_batch_tokens - sum(lv.row.input_len() for lv in self._running.values())
+        while self._waiting and len(self._running) < self.config.max_batch:
+            rid, lv = next(iter(self._waiting.items()))
+            need = lv.row.input_len()
+            if need > budget and self._running:
+                break  # wait for room; a lone request is always admitted
+            self._waiting.popitem(last=False)
+            lv.stats.admitted = now
+            self._running[rid] = lv
+            budget -= need
+
+    def _final(self, lv: _Live, reason: str, now: float, error: str | None = None) -> EngineEvent:
+        with self._lock:
+            self._pending_ids.discard(lv.req.request_id)
+        lv.stats.finished = now
+        self.totals["requests_" + reason] += 1
+        res = lv.row.result()
+        if reason in ("cancelled", "error"):
+            res.finish_reason = reason
+        return EngineEvent(lv.req.request_id, self.step_count, [], lv.emitted, [], [], None, True, reason,
+                           lv.row.nfe, lv.row.P, lv.stats, error, res)
+
+    def step(self) -> list[EngineEvent]:
+        now = time.perf_counter()
+        events = self._drain(now)
+        self._admit(now)
+        if not self._running:
+            return events
+        self.step_count += 1
+        live = list(self._running.values())
+        try:
+            row_events = self.decoder.step([lv.row for lv in live])
+        except Exception as e:  # a failed step fails its requests, never the engine
+            now = time.perf_counter()
+            for lv in live:
+                del self._running[lv.req.request_id]
+                events.append(self._final(lv, "error", now, f"{type(e).__name__}: {e}"))
+            return events
+        now = time.perf_counter()
+        self.totals["steps"] += 1
+        self.totals["forward_passes"] += 1
+        for lv, ev in zip(live, row_events):
+            row = lv.row
+            self.totals["committed_tokens"] += len(ev.committed)
+            new = row.canvas[lv.emitted: ev.stable].tolist() if ev.stable > lv.emitted else []
+            if new:
+                lv.emitted = ev.stable
+                if lv.stats.first_token is None:
+                    lv.stats.first_token = now
+                lv.stats.token_times.append(now)
+            if ev.done:
+                del self._running[lv.req.request_id]
+                with self._lock:
+                    self._pending_ids.discard(lv.req.request_id)
+                lv.stats.finished = now
+                self.totals["requests_" + (ev.finish_reason or "length")] += 1
+                self.totals["generated_tokens"] += ev.end
+            events.append(EngineEvent(
+                lv.req.request_id, self.step_count, new, lv.emitted, ev.committed, ev.remasked, ev.canvas, ev.done,
+                ev.finish_reason, row.nfe, row.P, lv.stats, None, row.result() if ev.done else None))
+        return events
+
+    def run_until_idle(self) -> Iterator[EngineEvent]:
+        """Step until nothing is left (offline use: CLI, benchmarks, tests)."""
+        while self.has_work:
+            yield from self.step()
