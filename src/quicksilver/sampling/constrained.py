@@ -1,0 +1,419 @@
+"""Structured output for diffusion decoding: a JSON schema becomes a canvas skeleton plus value slots.
+
+A diffusion canvas has a fixed length, and the decoder may commit positions in any order. So
+instead of steering a left-to-right parser (what AR engines do), we lay the answer out up front:
+
+* **Skeleton.** Everything the schema fixes — braces, keys, quotes, commas, constants — is
+  tokenized and *prefilled* on the canvas (the decoder never masks or revises those positions).
+  Objects with ``properties`` expand recursively into skeleton (every property, in schema order).
+* **Slots.** Each free value (string body, number, boolean, enum, array, free-form object, a
+  union) gets a run of masked positions: its *budget*. The slot's language is ``VALUE PAD*``:
+  the model writes the value, then fills the rest with the tokenizer's pad token, which the
+  detokenizer drops (a too-long value is impossible: the budget bounds it; a short one ends early).
+* **Grammar-checked unmasking.** Each slot's value language is a small byte-level NFA built from
+  combinators (literals, sequences, alternatives, bounded repetition, JSON strings and numbers).
+  Because positions are committed out of order, a token may be committed only if the slot's
+  partial assignment — committed tokens, masked holes, this token — can still be completed to a
+  word of the language within the budget (additive infilling, as in Mündler et al. 2025,
+  arXiv:2508.10111, reduced here to set propagation over a regular language in the spirit of
+  DINGO's mask-token transitions, arXiv:2505.23061). ``mask_logits`` removes every token that
+  fails that test at each masked slot position; ``allow`` re-checks each commit in order, so
+  several commits in one step stay jointly consistent. The assignment is always completable, so
+  decoding always progresses and the output always parses and validates — no retries.
+
+Supported schema subset (anything else raises ``SchemaError`` when ``strict``; when not strict
+the unsupported keywords are ignored): ``type`` (one or a list), ``properties``/``required``/
+``additionalProperties`` (false, true or a schema), ``items``/``minItems``/``maxItems``,
+``enum``, ``const``, ``anyOf``/``oneOf`` (as anyOf), ``minLength``/``maxLength``, local ``$ref``
+into ``$defs``/``definitions``; annotations (``title``, ``description``, ``default``, ``format``,
+...) are ignored. Strings allow the escapes ``\\" \\\\ \\/ \\b \\f \\n \\r \\t`` and no raw control characters.
+"""
+from __future__ import annotations
+
+import json
+from collections import OrderedDict
+from dataclasses import dataclass, field
+from typing import Any, Iterable, Sequence, Union
+
+import torch
+
+from ..errors import ConfigError
+from .grammar import (MANY, MAX_MASK_STATES, SEP_COLON, SEP_COMMA, Alt, Lit, Machine, Number, Rep, Seq, SlotGrammar,
+                      State, StrBody, TokenTrie, any_json, json_object, opt, token_trie)
+
+ANNOTATIONS = frozenset({"title", "description", "default", "examples", "$schema", "$id", "$comment", "format",
+                         "readOnly", "writeOnly", "deprecated", "$defs", "definitions", "strict", "nullable"})
+SUPPORTED = frozenset({"type", "properties", "required", "additionalProperties", "items", "minItems", "maxItems",
+                       "enum", "const", "anyOf", "oneOf", "minLength", "maxLength", "$ref"}) | ANNOTATIONS
+
+
+class SchemaError(ConfigError):
+    """The schema uses something structured output cannot guarantee (HTTP 400)."""
+
+
+
+# ---- schema -> layout ------------------------------------------------------------------------------
+@dataclass
+class Slot:
+    machine: Machine
+    budget: int
+    _grammars: dict[tuple[int, int], "SlotGrammar"] = field(default_factory=dict, repr=False)
+
+    def grammar(self, trie: "TokenTrie", pad_id: int) -> "SlotGrammar":
+        """The token-level grammar, kept on the slot so cached layouts keep their memoized transitions."""
+        key = (id(trie), pad_id)
+        if key not in self._grammars:
+            self._grammars[key] = SlotGrammar(self.machine, trie, pad_id)
+        return self._grammars[key]
+
+
+Piece = Union[str, list[int], Slot]
+
+
+@dataclass
+class Budgets:
+    """Token budgets of free value slots (the canvas is fixed-length; PAD fills what a value leaves)."""
+
+    string: int = 24
+    number: int = 12
+    integer: int = 10
+    free_object: int = 64
+    array_items: int = 4  # items budgeted for an array without maxItems
+    max_depth: int = 8
+    max_slots: int = 64
+
+
+@dataclass
+class _Ctx:
+    root: dict[str, Any]
+    strict: bool
+    budgets: Budgets
+    encode: Any
+    depth: int = 0
+    refs: set[str] = field(default_factory=set)
+
+
+def _resolve(schema: Any, ctx: _Ctx) -> dict[str, Any]:
+    if schema is True or schema == {}:
+        return {}
+    if not isinstance(schema, dict):
+        raise SchemaError(f"a schema must be an object, got {json.dumps(schema)[:60]}")
+    if "$ref" in schema:
+        ref = schema["$ref"]
+        parts = ref.split("/") if isinstance(ref, str) else []
+        if len(parts) != 3 or parts[0] != "#" or parts[1] not in ("$defs", "definitions"):
+            raise SchemaError(f"only local $ref into #/$defs or #/definitions is supported, got {ref!r}")
+        target = ctx.root.get(parts[1], {}).get(parts[2])
+        if target is None:
+            raise SchemaError(f"$ref {ref!r} does not resolve")
+        if ref in ctx.refs:
+            raise SchemaError(f"recursive $ref {ref!r} is not supported")
+        return _resolve(target, ctx)
+    if ctx.strict:
+        bad = sorted(set(schema) - SUPPORTED)
+        if bad:
+            raise SchemaError(f"schema keyword(s) {bad} cannot be enforced; drop them or set strict to false")
+    return schema
+
+
+def _types(s: dict[str, Any]) -> list[str]:
+    t = s.get("type")
+    if t is None:
+        if "properties" in s or "additionalProperties" in s:
+            return ["object"]
+        if "items" in s:
+            return ["array"]
+        return []
+    ts = t if isinstance(t, list) else [t]
+    for x in ts:
+        if x not in ("object", "array", "string", "number", "integer", "boolean", "null"):
+            raise SchemaError(f"unknown type {x!r}")
+    return ts
+
+
+def _dump(v: Any) -> str:
+    return json.dumps(v, ensure_ascii=False)
+
+
+def _choice(values: list[Any]) -> Machine:
+    if not values:
+        raise SchemaError("enum must list at least one value")
+    return Alt([Lit(_dump(v)) for v in values])
+
+
+def _machine(schema: Any, ctx: _Ctx) -> tuple[Machine, int]:
+    """A machine for a whole value of ``schema`` and its token budget."""
+    s = _resolve(schema, ctx)
+    if ctx.depth > ctx.budgets.max_depth:
+        raise SchemaError(f"schema nests deeper than {ctx.budgets.max_depth} levels")
+    sub = _Ctx(ctx.root, ctx.strict, ctx.budgets, ctx.encode, ctx.depth + 1, ctx.refs)
+    tok = lambda text: max(1, len(ctx.encode(text)))  # noqa: E731
+    if "const" in s:
+        return Lit(_dump(s["const"])), tok(_dump(s["const"]))
+    if "enum" in s:
+        return _choice(list(s["enum"])), max(tok(_dump(v)) for v in s["enum"])
+    alts = s.get("anyOf") or s.get("oneOf")
+    if alts:
+        ms = [_machine(a, sub) for a in alts]
+        return Alt([m for m, _ in ms]), max(b for _, b in ms)
+    types = _types(s)
+    if not types:
+        return any_json(2), ctx.budgets.free_object
+    if len(types) > 1:
+        ms = [_machine({**s, "type": t}, sub) for t in types]
+        return Alt([m for m, _ in ms]), max(b for _, b in ms)
+    t = types[0]
+    if t == "string":
+        lo, hi = int(s.get("minLength", 0)), s.get("maxLength")
+        budget = ctx.budgets.string if hi is None else min(ctx.budgets.string, int(hi) + 1) + 1
+        return Seq([Lit('"'), StrBody(lo, None if hi is None else int(hi))]), max(budget, lo + 2)
+    if t in ("number", "integer"):
+        return Number(t == "integer"), ctx.budgets.integer if t == "integer" else ctx.budgets.number
+    if t == "boolean":
+        return _choice([True, False]), tok("false")
+    if t == "null":
+        return Lit("null"), tok("null")
+    if t == "array":
+        item, ib = _machine(s.get("items", {}), sub)
+        lo, hi = int(s.get("minItems", 0)), s.get("maxItems")
+        n = int(hi) if hi is not None else max(lo, ctx.budgets.array_items)
+        body = Rep(item, SEP_COMMA, lo=max(lo, 1), hi=None if hi is None else int(hi))
+        return Seq([Lit("["), body if lo > 0 else opt(body), Lit("]")]), 2 + n * (ib + 1)
+    # object
+    props: dict[str, Any] = s.get("properties") or {}
+    _check_required(s, props, ctx)
+    if props:
+        parts: list[Machine] = [Lit("{")]
+        budget = 2
+        for i, (k, v) in enumerate(props.items()):
+            if i:
+                parts.append(SEP_COMMA)
+            m, b = _machine(v, sub)
+            parts += [Lit(_dump(k)), SEP_COLON, m]
+            budget += tok(_dump(k)) + 3 + b
+        parts.append(Lit("}"))
+        return Seq(parts), budget
+    extra = s.get("additionalProperties", True)
+    if extra is False:
+        return Lit("{}"), tok("{}")
+    if extra is True or extra == {}:
+        return json_object(Seq([Lit('"'), StrBody(), SEP_COLON, any_json(1)])), ctx.budgets.free_object
+    vm, vb = _machine(extra, sub)
+    return (json_object(Seq([Lit('"'), StrBody(), SEP_COLON, vm])),
+            min(ctx.budgets.free_object, 2 + ctx.budgets.array_items * (vb + 8)))
+
+
+def _check_required(s: dict[str, Any], props: dict[str, Any], ctx: _Ctx) -> None:
+    missing = [r for r in s.get("required", []) if r not in props]
+    if missing and (not props and s.get("additionalProperties", True) is not False):
+        return  # free-form object: we cannot promise keys, but strict schemas always list them
+    if missing:
+        raise SchemaError(f"required properties {missing} are not in properties")
+
+
+def _pieces(schema: Any, ctx: _Ctx) -> list[Piece]:
+    """Skeleton expansion: objects with properties become literal text around their values."""
+    s = _resolve(schema, ctx)
+    if ctx.depth > ctx.budgets.max_depth:
+        raise SchemaError(f"schema nests deeper than {ctx.budgets.max_depth} levels")
+    types = _types(s)
+    plain = not any(k in s for k in ("const", "enum", "anyOf", "oneOf"))
+    sub = _Ctx(ctx.root, ctx.strict, ctx.budgets, ctx.encode, ctx.depth + 1, ctx.refs)
+    if plain and types == ["object"] and s.get("properties"):
+        props = s["properties"]
+        _check_required(s, props, ctx)
+        out: list[Piece] = ["{"]
+        for i, (k, v) in enumerate(props.items()):
+            out.append(("," if i else "") + _dump(k) + ": ")
+            out += _pieces(v, sub)
+        out.append("}")
+        return out
+    if "const" in s:
+        return [_dump(s["const"])]
+    if plain and types == ["null"]:
+        return ["null"]
+    if plain and types == ["string"]:
+        m, b = _machine(s, ctx)
+        assert isinstance(m, Seq)
+        return ['"', Slot(m.parts[1], b - 1)]  # the opening quote is skeleton
+    m, b = _machine(s, ctx)
+    return [Slot(m, b)]
+
+
+def schema_pieces(schema: Any, strict: bool, encode: Any, budgets: Budgets | None = None) -> list[Piece]:
+    """Compile a JSON schema into skeleton text and slots (raises SchemaError)."""
+    if schema is None or schema == {}:
+        schema = {"type": "object"}
+    root = schema if isinstance(schema, dict) else {}
+    return _pieces(schema, _Ctx(root, strict, budgets or Budgets(), encode))
+
+
+# ---- the canvas ------------------------------------------------------------------------------------
+@dataclass
+class StructuredCanvas:
+    """A canvas layout: its length, the prefilled skeleton, and the constraint over the slots."""
+
+    length: int
+    prefill: dict[int, int]
+    constraint: "SlotConstraint"
+
+
+def build_canvas(pieces: Sequence[Piece], tokenizer: Any, pad_id: int) -> StructuredCanvas:
+    """Tokenize the skeleton (adjacent literal text merged) and place the slots after it."""
+    trie = token_trie(tokenizer)
+    prefill: dict[int, int] = {}
+    slots: list[tuple[int, int, SlotGrammar]] = []
+    pos, text = 0, ""
+
+    def flush() -> None:
+        nonlocal pos, text
+        for t in tokenizer.encode(text) if text else []:
+            prefill[pos] = t
+            pos += 1
+        text = ""
+
+    n_slots = 0
+    for p in pieces:
+        if isinstance(p, str):
+            text += p
+            continue
+        flush()
+        if isinstance(p, list):
+            for t in p:
+                prefill[pos] = int(t)
+                pos += 1
+        else:
+            n_slots += 1
+            slots.append((pos, p.budget, p.grammar(trie, pad_id)))
+            pos += p.budget
+    flush()
+    if n_slots > Budgets.max_slots:
+        raise SchemaError(f"the schema has {n_slots} value slots; at most {Budgets.max_slots} are supported")
+    return StructuredCanvas(pos, prefill, SlotConstraint(slots, pos))
+
+
+class SlotConstraint:
+    """The decoder's ``Constraint``: grammar-checked unmasking over independent slots."""
+
+    def __init__(self, slots: list[tuple[int, int, SlotGrammar]], length: int) -> None:
+        self.slots = slots
+        self.slot_of = [-1] * length
+        for k, (start, budget, _) in enumerate(slots):
+            for p in range(start, start + budget):
+                self.slot_of[p] = k
+
+    def _tokens(self, row: Any, k: int) -> list[int | None]:
+        start, budget, _ = self.slots[k]
+        canvas, committed = row.canvas[start:start + budget].tolist(), row.committed[start:start + budget].tolist()
+        return [t if c else None for t, c in zip(canvas, committed)]
+
+    @staticmethod
+    def _completable(g: SlotGrammar, toks: list[int | None]) -> Any:
+        """co(j, s): can state ``s`` before offset j be completed given the slot's tokens from j on?"""
+        memo: dict[tuple[int, State], bool] = {}
+        free_from = len(toks)  # toks[free_from:] are all masked
+        while free_from > 0 and toks[free_from - 1] is None:
+            free_from -= 1
+
+        def co(j: int, s: State) -> bool:
+            if j >= free_from:
+                return g.dist(s) <= len(toks) - j
+            key = (j, s)
+            if key not in memo:
+                t = toks[j]
+                nxt = g.bot(s) if t is None else g.next(s, t)
+                memo[key] = any(co(j + 1, n) for n in nxt)
+            return memo[key]
+        return co
+
+    def allow(self, row: Any, pos: int, token: int) -> bool:
+        k = self.slot_of[pos] if 0 <= pos < len(self.slot_of) else -1
+        if k < 0:
+            return False  # skeleton positions are prefilled; nothing else lies on this canvas
+        start, _, g = self.slots[k]
+        toks = self._tokens(row, k)
+        toks[pos - start] = int(token)
+        co = self._completable(g, toks)
+        return any(co(0, s) for s in g.starts())
+
+    def mask_logits(self, row: Any, lo: int, logits: torch.Tensor) -> torch.Tensor:
+        n, V = logits.shape  # (hi - lo, V)
+        allowed = torch.ones(n, V, dtype=torch.bool)
+        done: dict[int, tuple[list[int | None], list[frozenset[State]], Any]] = {}
+        committed = row.committed[lo:lo + n].tolist()
+        for i in range(n):
+            pos = lo + i
+            k = self.slot_of[pos] if pos < len(self.slot_of) else -1
+            if k < 0 or committed[i]:
+                continue  # skeleton (prefilled) or already committed: not sampled from
+            start, budget, g = self.slots[k]
+            if k not in done:
+                toks = self._tokens(row, k)
+                done[k] = (toks, self._forward(g, toks), self._completable(g, toks))
+            toks, fwd, co = done[k]
+            j = pos - start
+            if len(fwd[j]) > MAX_MASK_STATES or MANY in fwd[j]:
+                continue  # too many reachable states to enumerate cheaply; allow() checks each commit
+            ids: list[int] = []
+            if all(t is None for t in toks[j + 1:]):
+                for s in fwd[j]:
+                    ids += g.allowed_free(s, budget - j - 1)
+            else:
+                for s in fwd[j]:
+                    for nxt, group in g.groups(s):
+                        if any(co(j + 1, t) for t in nxt):
+                            ids += group
+            row_ok = torch.zeros(V, dtype=torch.bool)
+            if ids:
+                idx = torch.tensor(ids, dtype=torch.long)
+                row_ok[idx[idx < V]] = True
+            allowed[i] = row_ok
+        return logits.masked_fill(~allowed.to(logits.device), float("-inf"))
+
+    @staticmethod
+    def _forward(g: SlotGrammar, toks: list[int | None]) -> list[frozenset[State]]:
+        """Sets of states before each slot offset (index j: after toks[:j]); stops growing past a cap."""
+        sets = [g.starts()]
+        for t in toks:
+            cur: set[State] = set()
+            prev = sets[-1]
+            if len(prev) > MAX_MASK_STATES and t is None:
+                sets.append(frozenset((MANY,)))  # unknown from here on: mask_logits skips it
+                continue
+            for s in prev:
+                if s == MANY:
+                    cur.add(s)
+                    continue
+                cur |= g.bot(s) if t is None else g.next(s, t)
+            sets.append(frozenset(cur))
+        return sets
+
+
+class BanTokens:
+    """A constraint that forbids some tokens everywhere (e.g. ``<tool_call>`` with tool_choice none)."""
+
+    def __init__(self, banned: Iterable[int]) -> None:
+        self.banned = sorted(set(int(t) for t in banned))
+
+    def allow(self, row: Any, pos: int, token: int) -> bool:
+        return int(token) not in self.banned
+
+    def mask_logits(self, row: Any, lo: int, logits: torch.Tensor) -> torch.Tensor:
+        if self.banned:
+            logits[:, self.banned] = float("-inf")
+        return logits
+
+
+_CACHE: "OrderedDict[str, list[Piece]]" = OrderedDict()
+
+
+def compile_cached(key: str, build: Any, size: int = 64) -> list[Piece]:
+    """A bounded LRU of compiled layouts (machines keep their memoized transitions between requests)."""
+    if key in _CACHE:
+        _CACHE.move_to_end(key)
+        return _CACHE[key]
+    pieces: list[Piece] = build()
+    _CACHE[key] = pieces
+    while len(_CACHE) > size:
+        _CACHE.popitem(last=False)
+    return pieces
