@@ -128,6 +128,14 @@ def cmd_bench(args: argparse.Namespace) -> int:
     raise QuicksilverError(f"unknown benchmark {args.bench!r}")
 
 
+@command("serve")
+def cmd_serve(args: argparse.Namespace) -> int:
+    from .server.config import ServerConfig
+    from .server.launch import serve
+
+    return serve(dataclass_from_args(ServerConfig, args), mock_step_delay=args.mock_step_delay)
+
+
 def build_parser() -> argparse.ArgumentParser:
     from .sampling import SamplerConfig
 
@@ -152,6 +160,13 @@ def build_parser() -> argparse.ArgumentParser:
     i.add_argument("--block-size", type=int, dest="block_size")
     i.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"])
     i.add_argument("--force", action="store_true", help="overwrite a non-empty directory")
+
+    from .server.config import SERVER_HELP, ServerConfig
+
+    sv = sub.add_parser("serve", help="the OpenAI-compatible HTTP server (default: the embedded model)")
+    add_dataclass_args(sv, ServerConfig, help=SERVER_HELP)
+    sv.add_argument("--mock-step-delay", type=float, default=0.0, dest="mock_step_delay",
+                    help="seconds per step of the mock engine (tests of streaming and disconnects)")
 
     n = sub.add_parser("info", help="describe a checkpoint")
     n.add_argument("path", nargs="?", help="checkpoint directory (default: the embedded model)")

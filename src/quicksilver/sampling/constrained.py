@@ -224,7 +224,7 @@ def _pieces(schema: Any, ctx: _Ctx) -> list[Piece]:
         _check_required(s, props, ctx)
         out: list[Piece] = ["{"]
         for i, (k, v) in enumerate(props.items()):
-            out.append(("," if i else "") + _dump(k) + ": ")
+            out.append((", " if i else "") + _dump(k) + ": ")
             out += _pieces(v, sub)
         out.append("}")
         return out

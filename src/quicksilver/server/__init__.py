@@ -1,0 +1,7 @@
+"""The OpenAI-compatible server: ``build_app(backend, config)``, ``ServerConfig``, the mock engine."""
+from .app import build_app
+from .config import ServerConfig
+from .launch import build_backend, serve
+from .mock_engine import MockEngine
+
+__all__ = ["build_app", "build_backend", "serve", "ServerConfig", "MockEngine"]

@@ -1,0 +1,211 @@
+"""The FastAPI app: routes, the guard middleware (API key, body size, open-request bound), and the
+error handlers that put every failure in the OpenAI envelope with its status — never a traceback."""
+from __future__ import annotations
+
+import hmac
+import logging
+import time
+from contextlib import asynccontextmanager
+from typing import Any, AsyncGenerator
+
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse, PlainTextResponse, Response, StreamingResponse
+from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+from .config import ServerConfig
+from .errors import APIError, error_body, error_response, overloaded, too_many
+from .generation import Backend
+from .metrics import Metrics
+from .protocol import ErrorResponse, ModelCard, ModelList
+from .protocol_chat import ChatCompletionRequest, ChatCompletionResponse
+from .protocol_completion import CompletionRequest, CompletionResponse, FimCompletionRequest
+from .serving_chat import OpenAIServingChat
+from .serving_completion import OpenAIServingCompletion
+from .serving_engine import sse_guard, until_disconnect
+
+log = logging.getLogger("quicksilver.server")
+OPEN_PATHS = ("/health",)
+ERRORS: dict[int | str, dict[str, Any]] = {c: {"model": ErrorResponse} for c in (400, 401, 404, 413, 429, 503)}
+
+
+class Guard:
+    """Pure ASGI middleware (streaming and disconnects pass through untouched)."""
+
+    def __init__(self, app: ASGIApp, config: ServerConfig, state: "ServerState") -> None:
+        self.app, self.cfg, self.state = app, config, state
+        self.key = config.resolved_api_key()
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        path = scope["path"]
+        headers = {k.decode("latin-1").lower(): v.decode("latin-1") for k, v in scope.get("headers", [])}
+        if self.key and path not in OPEN_PATHS:
+            auth = headers.get("authorization", "")
+            given = auth[7:].strip() if auth.lower().startswith("bearer ") else ""
+            if not hmac.compare_digest(given.encode(), self.key.encode()):
+                self.state.metrics.inc("requests_rejected_total", reason="auth")
+                await error_response(APIError(401, "invalid or missing API key (send 'Authorization: Bearer KEY')",
+                                              "invalid_request_error", None, "invalid_api_key"))(scope, receive, send)
+                return
+        limit = self.cfg.max_body_bytes
+        try:
+            declared = int(headers.get("content-length", "0") or 0)
+        except ValueError:
+            declared = 0
+        if declared > limit:
+            await error_response(_too_large(limit))(scope, receive, send)
+            return
+        seen = 0
+
+        async def counted() -> Message:
+            nonlocal seen
+            msg = await receive()
+            if msg["type"] == "http.request":
+                seen += len(msg.get("body", b""))
+                if seen > limit:
+                    raise _too_large(limit)
+            return msg
+
+        generating = scope["method"] == "POST" and path.startswith("/v1/")
+        if generating:
+            if self.state.open >= self.cfg.max_concurrent:
+                self.state.metrics.inc("requests_rejected_total", reason="too_many")
+                await error_response(too_many(f"{self.state.open} requests are open; the limit is "
+                                              f"{self.cfg.max_concurrent}"))(scope, receive, send)
+                return
+            self.state.open += 1
+        try:
+            await self.app(scope, counted, send)
+        finally:
+            if generating:
+                self.state.open -= 1
+
+
+def _too_large(limit: int) -> APIError:
+    return APIError(413, f"the request body is larger than {limit} bytes", "invalid_request_error", None,
+                    "request_too_large")
+
+
+class ServerState:
+    def __init__(self, backend: Backend, config: ServerConfig) -> None:
+        self.backend, self.config = backend, config
+        self.metrics = Metrics(backend.name)
+        self.chat = OpenAIServingChat(backend, config, self.metrics)
+        self.completion = OpenAIServingCompletion(backend, config, self.metrics)
+        self.open = 0
+
+    def check_capacity(self) -> None:
+        eng = self.backend.engine.engine
+        if eng.num_waiting >= self.config.max_waiting:
+            self.metrics.inc("requests_rejected_total", reason="overloaded")
+            raise overloaded(f"{eng.num_waiting} requests are waiting; try again shortly")
+
+
+def _validation_message(exc: RequestValidationError) -> tuple[str, str | None]:
+    errs = exc.errors()
+    if not errs:
+        return "invalid request", None
+    e = errs[0]
+    loc = [str(x) for x in e.get("loc", ()) if x != "body"]
+    param = ".".join(loc) or None
+    msg = str(e.get("msg", "invalid value"))
+    return (f"{param}: {msg}" if param else msg), param
+
+
+def build_app(backend: Backend, config: ServerConfig) -> FastAPI:
+    state = ServerState(backend, config)
+
+    @asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncGenerator[None, None]:
+        backend.engine.start()
+        yield
+        await backend.engine.stop()
+
+    app = FastAPI(title="quicksilver", version="0.1.0", lifespan=lifespan, docs_url=None, redoc_url=None,
+                  description="OpenAI-compatible server for diffusion language models.")
+    app.state.qs = state
+    app.add_middleware(Guard, config=config, state=state)
+
+    @app.exception_handler(APIError)
+    async def _api_error(request: Request, exc: APIError) -> Response:
+        if exc.status == 400:
+            state.metrics.inc("requests_rejected_total", reason="invalid")
+        return error_response(exc)
+
+    @app.exception_handler(RequestValidationError)
+    async def _validation(request: Request, exc: RequestValidationError) -> Response:
+        msg, param = _validation_message(exc)
+        state.metrics.inc("requests_rejected_total", reason="invalid")
+        return JSONResponse(error_body(msg, "invalid_request_error", param, None), status_code=400)
+
+    @app.exception_handler(StarletteHTTPException)
+    async def _http(request: Request, exc: StarletteHTTPException) -> Response:
+        kind = "not_found_error" if exc.status_code == 404 else "invalid_request_error"
+        msg = f"no route {request.method} {request.url.path}" if exc.status_code in (404, 405) else str(exc.detail)
+        return JSONResponse(error_body(msg, kind, None, None), status_code=exc.status_code)
+
+    @app.exception_handler(Exception)
+    async def _internal(request: Request, exc: Exception) -> Response:
+        log.exception("unhandled error on %s", request.url.path)
+        return JSONResponse(error_body(f"internal error: {type(exc).__name__}", "server_error", None,
+                                       "internal_error"), status_code=500)
+
+    def sse_response(gen: AsyncGenerator[str, None]) -> StreamingResponse:
+        return StreamingResponse(sse_guard(gen, state.metrics, lambda: None), media_type="text/event-stream",
+                                 headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
+
+    @app.post("/v1/chat/completions", response_model=ChatCompletionResponse, responses=ERRORS)
+    async def chat(req: ChatCompletionRequest, request: Request) -> Any:
+        arrival = time.perf_counter()
+        state.metrics.inc("requests_total", endpoint="chat")
+        state.check_capacity()
+        if req.stream:
+            return sse_response(state.chat.stream(req, arrival))
+        return JSONResponse(await until_disconnect(request, state.chat.create(req, arrival), state.metrics))
+
+    @app.post("/v1/completions", response_model=CompletionResponse, responses=ERRORS)
+    async def completions(req: CompletionRequest, request: Request) -> Any:
+        return await _completion(req, request, fim=False)
+
+    @app.post("/v1/fim/completions", response_model=CompletionResponse, responses=ERRORS)
+    async def fim(req: FimCompletionRequest, request: Request) -> Any:
+        return await _completion(req, request, fim=True)
+
+    async def _completion(req: CompletionRequest, request: Request, fim: bool) -> Any:
+        arrival = time.perf_counter()
+        state.metrics.inc("requests_total", endpoint="fim" if fim else "completions")
+        state.check_capacity()
+        if req.stream:
+            return sse_response(state.completion.stream(req, arrival, fim))
+        return JSONResponse(await until_disconnect(request, state.completion.create(req, arrival, fim),
+                                                   state.metrics))
+
+    def card() -> ModelCard:
+        return ModelCard(id=backend.name, max_model_len=backend.max_context, attention=backend.attention)
+
+    @app.get("/v1/models", response_model=ModelList)
+    async def models() -> ModelList:
+        return ModelList(data=[card()])
+
+    @app.get("/v1/models/{model_id:path}", response_model=ModelCard, responses=ERRORS)
+    async def model(model_id: str) -> ModelCard:
+        if model_id != backend.name:
+            raise APIError(404, f"the model {model_id!r} does not exist", "invalid_request_error", "model",
+                           "model_not_found")
+        return card()
+
+    @app.get("/health")
+    async def health() -> Response:
+        ok = backend.engine.alive or not backend.engine.engine.has_work
+        return JSONResponse({"status": "ok" if ok else "engine stopped"}, status_code=200 if ok else 503)
+
+    @app.get("/metrics")
+    async def metrics() -> Response:
+        text = state.metrics.render(backend.engine.engine, state.open)
+        return PlainTextResponse(text, media_type="text/plain; version=0.0.4; charset=utf-8")
+
+    return app

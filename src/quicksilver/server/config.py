@@ -1,0 +1,71 @@
+"""``ServerConfig``: every server option, one CLI flag per field, with hard limits as named constants.
+
+Limits are checked before any work is queued, so one request can never ask for unbounded memory or
+time (body size, prompt tokens, ``max_tokens``, ``n``, messages, tools, stop strings); the engine's
+queue bound turns overload into 503 and the open-request bound into 429.
+"""
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+
+MAX_BODY_BYTES = 2 * 1024 * 1024  # request body (TGI's --payload-limit default is 2 MB)
+MAX_PROMPT_TOKENS = 8192  # further bounded by the model's context
+MAX_TOKENS = 4096  # upper bound for max_tokens / max_completion_tokens
+DEFAULT_MAX_TOKENS = 256  # when the request names none (bounded by what fits the context)
+MAX_N = 8
+MAX_MESSAGES = 256
+MAX_TOOLS = 64
+MAX_STOP = 8  # stop strings per request
+MAX_STOP_CHARS = 256  # characters per stop string
+MAX_CONCURRENT = 64  # open requests before 429
+MAX_WAITING = 256  # engine queue before 503
+MAX_REASONING_TOKENS = 1024  # the reasoning phase's budget never exceeds this
+API_KEY_ENV = "QUICKSILVER_API_KEY"
+
+
+@dataclass
+class ServerConfig:
+    model: str | None = None  # checkpoint directory (default: the embedded model)
+    served_model_name: str | None = None  # the id clients send as `model` (default: quicksilver or the dir name)
+    host: str = "127.0.0.1"
+    port: int = 8000
+    api_key: str | None = None  # protects every route but /health (also QUICKSILVER_API_KEY)
+    mock: bool = False  # serve the scripted mock engine (no weights; for demos and protocol tests)
+    device: str | None = None  # torch device for the model (default: where it loads, the CPU)
+    threads: int = 0  # torch intra-op threads (0: leave the default)
+    max_body_bytes: int = MAX_BODY_BYTES
+    max_prompt_tokens: int = MAX_PROMPT_TOKENS
+    max_tokens: int = MAX_TOKENS
+    default_max_tokens: int = DEFAULT_MAX_TOKENS
+    max_n: int = MAX_N
+    max_messages: int = MAX_MESSAGES
+    max_tools: int = MAX_TOOLS
+    max_stop: int = MAX_STOP
+    max_concurrent: int = MAX_CONCURRENT
+    max_waiting: int = MAX_WAITING
+    max_batch: int = 16  # requests stepped together in one forward pass
+    max_reasoning_tokens: int = MAX_REASONING_TOKENS
+    json_string_tokens: int = 24  # structured output: token budget of a free string value
+    json_number_tokens: int = 12  # ... of a number (integers get this minus 2)
+    json_object_tokens: int = 64  # ... of a free-form object nested in a schema
+    log_level: str = "warning"
+
+    def resolved_api_key(self) -> str | None:
+        return self.api_key or os.environ.get(API_KEY_ENV) or None
+
+
+SERVER_HELP = {
+    "model": "checkpoint directory (default: the embedded model)",
+    "served_model_name": "model id clients send and /v1/models lists",
+    "api_key": f"require 'Authorization: Bearer KEY' on every route but /health (env {API_KEY_ENV})",
+    "mock": "serve the scripted mock engine instead of a model (no weights)",
+    "max_body_bytes": "largest request body accepted (413 above)",
+    "max_prompt_tokens": "longest prompt accepted, in tokens (400 above)",
+    "max_tokens": "largest max_tokens a request may ask for (400 above)",
+    "default_max_tokens": "max_tokens when a request names none",
+    "max_n": "most choices per request",
+    "max_concurrent": "open requests before 429",
+    "max_waiting": "queued engine requests before 503",
+    "max_reasoning_tokens": "cap of the reasoning phase's own budget",
+}

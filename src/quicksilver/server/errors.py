@@ -1,0 +1,46 @@
+"""Errors in the OpenAI envelope ``{"error": {"message", "type", "param", "code"}}`` with their status."""
+from __future__ import annotations
+
+import re
+from typing import Any
+
+from fastapi.responses import JSONResponse
+
+_ADDR = re.compile(r" at 0x[0-9a-fA-F]+")
+
+
+class APIError(Exception):
+    """An error that becomes one HTTP response (or one SSE error event mid-stream)."""
+
+    def __init__(self, status: int, message: str, type: str = "invalid_request_error", param: str | None = None,
+                 code: str | None = None, headers: dict[str, str] | None = None) -> None:
+        super().__init__(message)
+        self.status, self.message, self.type, self.param, self.code = status, message, type, param, code
+        self.headers = headers
+
+    def body(self) -> dict[str, Any]:
+        return error_body(self.message, self.type, self.param, self.code)
+
+
+def error_body(message: str, type: str, param: str | None = None, code: str | None = None) -> dict[str, Any]:
+    return {"error": {"message": _ADDR.sub("", message), "type": type, "param": param, "code": code}}
+
+
+def error_response(err: APIError) -> JSONResponse:
+    return JSONResponse(err.body(), status_code=err.status, headers=err.headers)
+
+
+def bad_request(message: str, param: str | None = None, code: str | None = None) -> APIError:
+    return APIError(400, message, "invalid_request_error", param, code)
+
+
+def not_found(message: str, code: str = "not_found") -> APIError:
+    return APIError(404, message, "not_found_error" if code == "not_found" else "invalid_request_error", None, code)
+
+
+def overloaded(message: str) -> APIError:
+    return APIError(503, message, "server_error", None, "server_overloaded", {"Retry-After": "1"})
+
+
+def too_many(message: str) -> APIError:
+    return APIError(429, message, "rate_limit_error", None, "rate_limit_exceeded", {"Retry-After": "1"})

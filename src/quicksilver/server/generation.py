@@ -1,0 +1,327 @@
+"""From a parsed request to text: the backend, the per-choice plan, and the phases that run it.
+
+A choice runs in up to two engine requests (phases):
+
+1. **Reasoning** (when the effort asks for it): the prompt ends with the assistant header, the
+   canvas has ``<think>`` prefilled at position 0 and its own budget (``reasoning_budget``). The
+   phase ends when ``</think>`` becomes final (the request is cancelled there), when the model
+   stops, or when the budget runs out.
+2. **Answer**: the prompt plus ``<think>reasoning</think>``, with the full ``max_tokens`` (or a
+   structured canvas: skeleton + slots). Reasoning never eats the answer's budget: an empty
+   answer can only come from the model choosing to stop.
+
+Each phase streams ``Delta``s: append-only text that is final (a token is final once everything
+before it is committed and it can no longer change), and — with ``diffusing`` — the canvas state
+after every step. Stop strings cut the answer and cancel its request at once.
+"""
+from __future__ import annotations
+
+import contextlib
+import time
+import uuid
+from dataclasses import dataclass, field
+from typing import Any, AsyncGenerator, Literal
+
+from ..engine import EngineEvent, EngineRequest, IncrementalDetokenizer
+from ..sampling import SamplerConfig
+from ..sampling.constrained import BanTokens, Piece, build_canvas
+from ..tokenizer import Tokenizer
+from .async_engine import AsyncEngine
+from .errors import APIError
+from .metrics import Metrics
+
+MASK_GLYPH = "░"
+
+
+@dataclass
+class Backend:
+    """The served model as the server sees it: a name, a tokenizer, an engine, a few facts."""
+
+    name: str
+    tokenizer: Tokenizer
+    engine: AsyncEngine
+    max_context: int
+    attention: str  # bidirectional | block_causal | causal
+    stop_ids: list[int]
+    mask_id: int
+
+    def tid(self, text: str) -> int | None:
+        return self.tokenizer.token_to_id(text)
+
+    @property
+    def think_ids(self) -> tuple[int, int] | None:
+        a, b = self.tid("<think>"), self.tid("</think>")
+        return (a, b) if a is not None and b is not None else None
+
+    @property
+    def pad_id(self) -> int:
+        """The filler of unused structured-output slot positions: a pad token the detokenizer hides,
+        else a space (JSON allows whitespace between tokens)."""
+        pad = self.tokenizer.pad_id
+        if pad is not None and pad not in self.stop_ids and pad != self.mask_id:
+            return pad
+        return self.tokenizer.encode(" ")[0]
+
+
+@dataclass
+class Effort:
+    reasoning: int  # reasoning phase budget in tokens (0: answer at once)
+    threshold: float
+    revise_threshold: float | None = None
+    max_revisions: int = 0
+
+
+# reasoning_effort -> a real decoding budget: whether to think first and for how long, how sure a
+# position must be to commit (lower commits more per forward pass), and whether to revise.
+EFFORTS: dict[str, Effort] = {
+    "none": Effort(0, 0.9),
+    "instant": Effort(0, 0.7),
+    "minimal": Effort(0, 0.7),
+    "low": Effort(96, 0.85),
+    "medium": Effort(256, 0.9, 0.3, 1),
+    "high": Effort(640, 0.95, 0.5, 2),
+}
+MIN_REASONING = 8  # a reasoning budget smaller than this is skipped
+
+
+@dataclass
+class Plan:
+    """Everything one choice needs; built once per request (choices differ only in seed)."""
+
+    prompt_ids: list[int]
+    sampler: SamplerConfig  # everything but max_new_tokens
+    answer_tokens: int  # canvas of the answer phase (structured: the layout's length)
+    reasoning_budget: int = 0
+    suffix_ids: list[int] | None = None
+    pieces: list[Piece] | None = None  # structured answer layout
+    ban_ids: list[int] = field(default_factory=list)
+    stop: list[str] = field(default_factory=list)
+    diffusing: bool = False
+
+
+@dataclass
+class Delta:
+    kind: Literal["reasoning", "content", "canvas"]
+    text: str = ""
+    canvas: dict[str, Any] | None = None
+
+
+@dataclass
+class ChoiceResult:
+    index: int
+    text: str = ""
+    reasoning: str | None = None
+    finish_reason: str = "stop"
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+    reasoning_tokens: int = 0
+    nfe: int = 0
+    steps: int = 0
+    structured: bool = False
+
+
+class EngineFailure(APIError):
+    def __init__(self, message: str) -> None:
+        super().__init__(500, f"generation failed: {message}", "server_error", None, "engine_error")
+
+
+def render_canvas(tok: Tokenizer, canvas: list[int], mask_id: int, skip: int = 0) -> str:
+    """The canvas as text: committed runs decoded, each masked position shown as ``MASK_GLYPH``."""
+    out: list[str] = []
+    run: list[int] = []
+    for t in canvas[skip:]:
+        if t == mask_id:
+            if run:
+                out.append(tok.decode(run))
+                run = []
+            out.append(MASK_GLYPH)
+        else:
+            run.append(t)
+    if run:
+        out.append(tok.decode(run))
+    return "".join(out)
+
+
+class StopCutter:
+    """Cuts text at the first stop string; holds back a tail that could still become one."""
+
+    def __init__(self, stops: list[str]) -> None:
+        self.stops = [s for s in stops if s]
+        self.text = ""  # everything seen
+        self.sent = 0  # characters released
+        self.hit = False
+
+    def push(self, delta: str) -> str:
+        if self.hit:
+            return ""
+        self.text += delta
+        cut = min((i for i in (self.text.find(s) for s in self.stops) if i >= 0), default=-1)
+        if cut >= 0:
+            self.hit = True
+            out = self.text[self.sent:cut]
+            self.text, self.sent = self.text[:cut], cut
+            return out
+        hold = 0
+        for s in self.stops:
+            for k in range(min(len(s) - 1, len(self.text)), 0, -1):
+                if self.text.endswith(s[:k]):
+                    hold = max(hold, k)
+                    break
+        end = max(self.sent, len(self.text) - hold)
+        out, self.sent = self.text[self.sent:end], end
+        return out
+
+    def flush(self) -> str:
+        out, self.sent = self.text[self.sent:], len(self.text)
+        return out
+
+
+class ChoiceRunner:
+    """Runs one choice's phases against the engine and yields its deltas; fills ``result``."""
+
+    def __init__(self, backend: Backend, plan: Plan, index: int, metrics: Metrics, arrival: float,
+                 seed: int | None = None) -> None:
+        self.b, self.plan, self.metrics, self.arrival = backend, plan, metrics, arrival
+        self.sampler = plan.sampler if seed is None else plan.sampler.replace(seed=seed)
+        self.result = ChoiceResult(index, prompt_tokens=len(plan.prompt_ids))
+        self.rid = f"{uuid.uuid4().hex[:16]}-{index}"
+        self.first_token: float | None = None
+        self.last_token: float | None = None
+        self.queue_time: float | None = None
+        self._reasoning_ids: list[int] = []
+
+    async def _phase(self, name: str, prompt: list[int], sampler: SamplerConfig, prefill: dict[int, int] | None = None,
+                     constraint: Any = None, suffix: list[int] | None = None) -> AsyncGenerator[EngineEvent, None]:
+        rid = f"{self.rid}-{name}"
+        self.b.engine.submit(EngineRequest(rid, prompt, sampler, prefill=prefill, suffix=suffix,
+                                           constraint=constraint))
+        async with contextlib.aclosing(self.b.engine.events(rid)) as events:
+            async for ev in events:
+                if self.queue_time is None:
+                    self.queue_time = ev.stats.queue_time
+                self.metrics.inc("diffusion_remasked_tokens_total", len(ev.remasked))
+                if ev.finish_reason == "error":
+                    raise EngineFailure(ev.error or "unknown error")
+                yield ev
+
+    def _tick(self, has_text: bool) -> None:
+        if not has_text:
+            return
+        now = time.perf_counter()
+        if self.first_token is None:
+            self.first_token = now
+            self.metrics.observe("time_to_first_token_seconds", now - self.arrival)
+        elif self.last_token is not None:
+            self.metrics.observe("inter_token_latency_seconds", now - self.last_token)
+        self.last_token = now
+
+    def _canvas(self, phase: str, ev: EngineEvent, skip: int = 0) -> Delta:
+        canvas = ev.canvas or []
+        return Delta("canvas", canvas={
+            "phase": phase, "step": ev.step, "nfe": ev.nfe, "text": render_canvas(self.b.tokenizer, canvas,
+                                                                                   self.b.mask_id, skip),
+            "masked": sum(1 for t in canvas if t == self.b.mask_id), "committed": len(ev.committed),
+            "remasked": len(ev.remasked), "stable": max(0, ev.stable - skip), "done": ev.done})
+
+    async def run(self) -> AsyncGenerator[Delta, None]:
+        plan, res = self.plan, self.result
+        prompt = list(plan.prompt_ids)
+        think = self.b.think_ids
+        if plan.reasoning_budget and think is not None:
+            async for d in self._reason(prompt, think):
+                yield d
+            prompt = prompt + [think[0]] + self._reasoning_ids + [think[1]]
+        async for d in self._answer(prompt):
+            yield d
+        res.completion_tokens += res.reasoning_tokens
+        self._finish_metrics()
+
+    async def _reason(self, prompt: list[int], think: tuple[int, int]) -> AsyncGenerator[Delta, None]:
+        cfg = self.sampler.replace(max_new_tokens=self.plan.reasoning_budget, record_canvas=self.plan.diffusing,
+                                   stop_at_eos=True)
+        detok = IncrementalDetokenizer(self.b.tokenizer)
+        self._reasoning_ids = []
+        pos, ended, last = 0, False, None
+        async for ev in self._phase("think", prompt, cfg, prefill={0: think[0]}):
+            last = ev
+            fresh: list[int] = []
+            for t in ev.new_tokens:
+                pos += 1
+                if pos == 1:
+                    continue  # the prefilled <think>
+                if t == think[1]:
+                    ended = True
+                    break
+                fresh.append(t)
+            self._reasoning_ids += fresh
+            text = detok.push(fresh) if fresh else ""
+            self._tick(bool(text))
+            if text:
+                yield Delta("reasoning", text)
+            if self.plan.diffusing:
+                yield self._canvas("reasoning", ev, skip=1)
+            if ended or ev.done:
+                break  # leaving the phase cancels its request (the answer gets its own canvas)
+        tail = detok.flush()
+        if tail:
+            yield Delta("reasoning", tail)
+        self.result.reasoning = detok.text
+        self.result.reasoning_tokens = len(self._reasoning_ids)
+        self._account(last)
+
+    async def _answer(self, prompt: list[int]) -> AsyncGenerator[Delta, None]:
+        plan, res = self.plan, self.result
+        prefill: dict[int, int] | None = None
+        constraint: Any = None
+        length = plan.answer_tokens
+        if plan.pieces is not None:
+            canvas = build_canvas(plan.pieces, self.b.tokenizer, self.b.pad_id)
+            prefill, constraint, length = canvas.prefill, canvas.constraint, canvas.length
+            res.structured = True
+            self.metrics.inc("structured_requests_total")
+        elif plan.ban_ids:
+            constraint = BanTokens(plan.ban_ids)
+        cfg = self.sampler.replace(max_new_tokens=length, record_canvas=plan.diffusing)
+        detok = IncrementalDetokenizer(self.b.tokenizer)
+        cutter = StopCutter([] if plan.pieces is not None else plan.stop)
+        n_tokens, last = 0, None
+        async for ev in self._phase("answer", prompt, cfg, prefill, constraint, plan.suffix_ids):
+            last = ev
+            n_tokens += len(ev.new_tokens)
+            text = cutter.push(detok.push(ev.new_tokens)) if ev.new_tokens else ""
+            if ev.done and not cutter.hit:
+                text += cutter.push(detok.flush())
+                text += cutter.flush()
+            self._tick(bool(text))
+            if text:
+                res.text += text
+                yield Delta("content", text)
+            if plan.diffusing:
+                yield self._canvas("answer", ev)
+            if cutter.hit:
+                res.finish_reason = "stop"
+                break
+            if ev.done:
+                reason = ev.finish_reason or "stop"
+                res.finish_reason = "stop" if plan.pieces is not None and reason == "length" else reason
+                break
+        res.completion_tokens += n_tokens
+        self._account(last)
+
+    def _account(self, ev: EngineEvent | None) -> None:
+        if ev is not None:
+            self.result.nfe += ev.nfe
+            self.result.steps += ev.result.steps if ev.result is not None else ev.nfe
+
+    def _finish_metrics(self) -> None:
+        res, m = self.result, self.metrics
+        now = time.perf_counter()
+        m.inc("request_success_total", finished_reason=res.finish_reason)
+        m.inc("generation_tokens_total", res.completion_tokens)
+        m.inc("reasoning_tokens_total", res.reasoning_tokens)
+        m.observe("e2e_request_latency_seconds", now - self.arrival)
+        m.observe("request_generation_tokens", res.completion_tokens)
+        if self.queue_time is not None:
+            m.observe("request_queue_time_seconds", self.queue_time)
+        if res.nfe:
+            m.observe("diffusion_tokens_per_forward", res.completion_tokens / res.nfe)

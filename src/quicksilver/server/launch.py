@@ -1,0 +1,60 @@
+"""``quicksilver serve``: load the model (or the mock engine), build the app, run uvicorn."""
+from __future__ import annotations
+
+import logging
+import sys
+from pathlib import Path
+
+from ..engine import Engine, EngineConfig
+from ..errors import QuicksilverError
+from .async_engine import AsyncEngine
+from .config import ServerConfig
+from .generation import Backend
+
+
+def build_backend(cfg: ServerConfig, mock_step_delay: float = 0.0) -> Backend:
+    """The served model as a ``Backend`` (nothing is read from the network, ever)."""
+    ecfg = EngineConfig(max_batch=cfg.max_batch, max_waiting=cfg.max_waiting)
+    if cfg.mock:
+        from .mock_engine import MockEngine
+
+        mock = MockEngine(config=ecfg, step_delay=mock_step_delay)
+        tok = mock.tokenizer
+        assert tok.mask_id is not None
+        return Backend(cfg.served_model_name or "quicksilver-mock", tok, AsyncEngine(mock), mock.max_context,
+                       "bidirectional", list(tok.stop_ids), tok.mask_id)
+    import torch
+
+    import quicksilver
+
+    from ..cli import resolve_model
+
+    path = resolve_model(cfg.model)
+    if not (path / "config.json").is_file():
+        raise QuicksilverError(f"{path}: no such checkpoint (config.json missing)")
+    if cfg.threads:
+        torch.set_num_threads(cfg.threads)
+    pipe = quicksilver.load(path)
+    if cfg.device:
+        pipe.model.to(cfg.device)
+    pipe.model.eval()
+    from ..assets import embedded_model_path
+
+    name = cfg.served_model_name or ("quicksilver" if path == embedded_model_path() else Path(path).name)
+    return Backend(name, pipe.tokenizer, AsyncEngine(Engine(pipe.decoder, ecfg)), pipe.config.max_seq_len,
+                   pipe.config.attention, list(pipe.stop_ids), pipe.config.mask_token_id)
+
+
+def serve(cfg: ServerConfig, mock_step_delay: float = 0.0) -> int:
+    import uvicorn
+
+    from .app import build_app
+
+    logging.basicConfig(level=cfg.log_level.upper(), format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    backend = build_backend(cfg, mock_step_delay)
+    app = build_app(backend, cfg)
+    key = "on" if cfg.resolved_api_key() else "off"
+    print(f"quicksilver: serving {backend.name!r} ({backend.attention}, context {backend.max_context}) on "
+          f"http://{cfg.host}:{cfg.port} (API key {key})", file=sys.stderr, flush=True)
+    uvicorn.run(app, host=cfg.host, port=cfg.port, log_level=cfg.log_level, timeout_graceful_shutdown=5)
+    return 0

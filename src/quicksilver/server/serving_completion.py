@@ -1,0 +1,130 @@
+"""``POST /v1/completions`` and ``POST /v1/fim/completions``: plain text in, text out.
+
+Fill in the middle (``suffix`` given, or the FIM endpoint): the canvas is the gap between prompt
+and suffix. A bidirectional model sees the suffix itself, after the canvas (the decoder's
+``suffix`` rows); block-causal and causal models cannot look ahead, so they get the infilling
+prompt format ``<|fim_prefix|>{prompt}<|fim_suffix|>{suffix}<|fim_middle|>`` and write the middle.
+"""
+from __future__ import annotations
+
+import time
+import uuid
+from typing import Any, AsyncGenerator
+
+from .errors import bad_request
+from .generation import Delta, EFFORTS, Plan
+from .protocol import usage
+from .protocol_completion import CompletionRequest
+from .serving_engine import OpenAIServing, sse
+
+FIM_TOKENS = ("<|fim_prefix|>", "<|fim_suffix|>", "<|fim_middle|>")
+
+
+class OpenAIServingCompletion(OpenAIServing):
+    def _prompts(self, req: CompletionRequest) -> list[list[int]]:
+        p = req.prompt
+        tok = self.b.tokenizer
+        if isinstance(p, str):
+            return [tok.encode(p)]
+        if not p:
+            raise bad_request("the prompt is empty", "prompt")
+        if all(isinstance(x, int) for x in p):
+            ids = [int(x) for x in p]
+            if any(not 0 <= t < tok.vocab_size for t in ids):
+                raise bad_request(f"prompt token ids must lie in [0, {tok.vocab_size})", "prompt")
+            return [ids]
+        if len(p) > self.cfg.max_n:
+            raise bad_request(f"at most {self.cfg.max_n} prompts per request", "prompt")
+        return [tok.encode(str(x)) for x in p]
+
+    def plans(self, req: CompletionRequest, fim: bool) -> list[Plan]:
+        self.check_model(req.model)
+        stops = self.check_common(req.n, req.stop, req.logit_bias, (req.frequency_penalty, req.presence_penalty),
+                                  req.logprobs)
+        if (req.n or 1) * (len(req.prompt) if isinstance(req.prompt, list) and req.prompt
+                           and isinstance(req.prompt[0], str) else 1) > self.cfg.max_n:
+            raise bad_request(f"prompts times n is above this server's limit of {self.cfg.max_n}", "n")
+        if req.best_of not in (None, 1, req.n):
+            raise bad_request("best_of is not supported", "best_of")
+        effort = EFFORTS["instant" if req.realtime else "none"]
+        sampler = self.sampler(req, effort, req.temperature, req.top_p, req.seed)
+        plans = []
+        for ids in self._prompts(req):
+            suffix_ids = None
+            if fim or req.suffix is not None:
+                if not isinstance(req.prompt, str):
+                    raise bad_request("fill-in-the-middle takes one prompt string", "prompt")
+                ids, suffix_ids = self._fim(req.prompt, req.suffix or "")
+            self.check_prompt(ids + (suffix_ids or []))
+            answer, _ = self.budgets(len(ids) + len(suffix_ids or []), req.max_tokens, 0)
+            plans.append(Plan(ids, sampler, answer, 0, suffix_ids=suffix_ids, stop=stops,
+                              diffusing=bool(req.diffusing)))
+        return plans
+
+    def _fim(self, prefix: str, suffix: str) -> tuple[list[int], list[int] | None]:
+        tok = self.b.tokenizer
+        if self.b.attention == "bidirectional":
+            pre = tok.encode(prefix)
+            if not pre:
+                raise bad_request("fill-in-the-middle needs a non-empty prompt", "prompt")
+            return pre, tok.encode(suffix) or None
+        ids = [tok.token_to_id(t) for t in FIM_TOKENS]
+        if any(i is None for i in ids):
+            raise bad_request("this model is not bidirectional and has no fill-in-the-middle tokens", "suffix")
+        p, s, m = (int(i) for i in ids if i is not None)
+        return [p] + tok.encode(prefix) + [s] + tok.encode(suffix) + [m], None
+
+    def _result(self, req: CompletionRequest, plans: list[Plan]) -> tuple[str, int, int]:
+        return f"cmpl-{uuid.uuid4().hex}", int(time.time()), sum(len(p.prompt_ids) for p in plans)
+
+    async def create(self, req: CompletionRequest, arrival: float, fim: bool) -> dict[str, Any]:
+        plans = self.plans(req, fim)
+        results = await self.collect(self.runners(plans, req.n or 1, req.seed, arrival))
+        n = req.n or 1
+        choices = []
+        for r in results:
+            text = r.text
+            if req.echo and not fim and isinstance(req.prompt, (str, list)):
+                text = self.b.tokenizer.decode(plans[r.index // n].prompt_ids) + text
+            choices.append({"index": r.index, "text": text, "logprobs": None, "finish_reason": r.finish_reason})
+        cid, created, prompt_tokens = self._result(req, plans)
+        gen, nfe = sum(r.completion_tokens for r in results), sum(r.nfe for r in results)
+        return {"id": cid, "object": "text_completion", "created": created, "model": self.b.name,
+                "choices": choices, "usage": usage(prompt_tokens, gen),
+                "diffusion": {"nfe": nfe, "steps": sum(r.steps for r in results),
+                              "tpf": round(gen / nfe, 3) if nfe else 0.0}}
+
+    def stream(self, req: CompletionRequest, arrival: float, fim: bool) -> AsyncGenerator[str, None]:
+        plans = self.plans(req, fim)
+        runners = self.runners(plans, req.n or 1, req.seed, arrival)
+        return self._stream(req, plans, runners)
+
+    async def _stream(self, req: CompletionRequest, plans: list[Plan], runners: list[Any]) -> AsyncGenerator[str, None]:
+        cid, created, prompt_tokens = self._result(req, plans)
+        include_usage = bool(req.stream_options and req.stream_options.include_usage)
+
+        def chunk(index: int, text: str, finish: str | None = None, **extra: Any) -> str:
+            choice: dict[str, Any] = {"index": index, "text": text, "logprobs": None, "finish_reason": finish}
+            choice.update(extra)
+            obj: dict[str, Any] = {"id": cid, "object": "text_completion", "created": created,
+                                   "model": self.b.name, "choices": [choice]}
+            if include_usage:
+                obj["usage"] = None
+            return sse(obj)
+
+        gen = 0
+        async for i, item in self.merged(runners):
+            if isinstance(item, BaseException):
+                raise item
+            if isinstance(item, Delta):
+                if item.kind == "canvas":
+                    yield chunk(i, "", canvas=item.canvas)
+                elif item.text:
+                    yield chunk(i, item.text)
+                continue
+            gen += item.completion_tokens
+            yield chunk(i, "", item.finish_reason)
+        if include_usage:
+            yield sse({"id": cid, "object": "text_completion", "created": created, "model": self.b.name,
+                       "choices": [], "usage": usage(prompt_tokens, gen)})
+        yield "data: [DONE]\n\n"
