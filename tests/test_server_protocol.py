@@ -1,0 +1,302 @@
+"""The OpenAI protocol on the ASGI app with the mock engine (no weights): response shapes, streaming,
+tools, structured output, reasoning, diffusing, limits and the error envelope."""
+from __future__ import annotations
+
+import json
+from typing import Any, Iterator
+
+import jsonschema
+import pytest
+from fastapi.testclient import TestClient
+
+from quicksilver.server import ServerConfig, build_app, build_backend
+from quicksilver.server.mock_engine import MOCK_ANSWER, MOCK_REASONING
+
+USER = [{"role": "user", "content": "hi"}]
+TOOLS = [{"type": "function", "function": {"name": "get_weather", "description": "Weather in a city.",
+                                           "parameters": {"type": "object", "properties": {
+                                               "city": {"type": "string"}, "days": {"type": "integer"}},
+                                               "required": ["city", "days"], "additionalProperties": False}}},
+         {"type": "function", "function": {"name": "book_hotel", "parameters": {
+             "type": "object", "properties": {"city": {"type": "string"}, "nights": {"type": "integer"},
+                                              "luxury": {"type": "boolean"}},
+             "required": ["city", "nights", "luxury"], "additionalProperties": False}}}]
+
+
+def make_client(**overrides: Any) -> TestClient:
+    cfg = ServerConfig(mock=True, **overrides)
+    return TestClient(build_app(build_backend(cfg), cfg))
+
+
+@pytest.fixture(scope="module")
+def client() -> Iterator[TestClient]:
+    with make_client() as c:
+        yield c
+
+
+def chat(c: TestClient, **body: Any) -> dict[str, Any]:
+    body.setdefault("messages", USER)
+    r = c.post("/v1/chat/completions", json=body)
+    assert r.status_code == 200, r.text
+    return r.json()
+
+
+def events(c: TestClient, path: str, **body: Any) -> list[Any]:
+    body.setdefault("messages", USER) if path.endswith("chat/completions") else None
+    r = c.post(path, json={**body, "stream": True})
+    assert r.status_code == 200, r.text
+    assert r.headers["content-type"].startswith("text/event-stream")
+    out = []
+    for line in r.text.splitlines():
+        if line.startswith("data: "):
+            out.append("[DONE]" if line == "data: [DONE]" else json.loads(line[6:]))
+    return out
+
+
+def test_chat_response_shape_usage_and_reasoning(client: TestClient) -> None:
+    r = chat(client, model="quicksilver-mock", reasoning_effort="medium")
+    assert r["object"] == "chat.completion" and r["id"].startswith("chatcmpl-") and r["model"] == "quicksilver-mock"
+    (ch,) = r["choices"]
+    assert ch["finish_reason"] == "stop" and ch["message"]["role"] == "assistant"
+    assert ch["message"]["content"] == MOCK_ANSWER
+    assert ch["message"]["reasoning_content"] == ch["message"]["reasoning"] == MOCK_REASONING
+    u = r["usage"]
+    assert u["total_tokens"] == u["prompt_tokens"] + u["completion_tokens"]
+    assert u["completion_tokens_details"]["reasoning_tokens"] > 0
+    assert r["diffusion"]["nfe"] > 0 and r["diffusion"]["tpf"] > 0
+
+
+@pytest.mark.parametrize("effort", ["none", "instant"])
+def test_no_reasoning_efforts_answer_at_once(client: TestClient, effort: str) -> None:
+    msg = chat(client, reasoning_effort=effort)["choices"][0]["message"]
+    assert msg["content"] == MOCK_ANSWER and "reasoning_content" not in msg
+
+
+def test_reasoning_never_eats_the_answer_budget(client: TestClient) -> None:
+    """max_tokens smaller than the reasoning: the answer still gets all of its max_tokens."""
+    r = chat(client, reasoning_effort="high", max_tokens=12)
+    ch = r["choices"][0]
+    assert ch["message"]["reasoning_content"] == MOCK_REASONING
+    assert ch["message"]["content"] and ch["finish_reason"] == "length"
+    assert r["usage"]["completion_tokens"] - r["usage"]["completion_tokens_details"]["reasoning_tokens"] == 12
+
+
+def test_streaming_same_id_role_first_usage_and_done(client: TestClient) -> None:
+    ev = events(client, "/v1/chat/completions", reasoning_effort="low", stream_options={"include_usage": True})
+    assert ev[-1] == "[DONE]"
+    chunks = ev[:-1]
+    assert len({c["id"] for c in chunks}) == 1 and all(c["object"] == "chat.completion.chunk" for c in chunks)
+    assert chunks[0]["choices"][0]["delta"]["role"] == "assistant"
+    reasoning = "".join(c["choices"][0]["delta"].get("reasoning_content", "") for c in chunks if c["choices"])
+    content = "".join(c["choices"][0]["delta"].get("content", "") for c in chunks if c["choices"])
+    assert reasoning == MOCK_REASONING and content == MOCK_ANSWER
+    finals = [c for c in chunks if c["choices"] and c["choices"][0]["finish_reason"]]
+    assert len(finals) == 1 and finals[0]["choices"][0]["finish_reason"] == "stop"
+    assert chunks[-1]["choices"] == [] and chunks[-1]["usage"]["completion_tokens"] > 0
+    assert sum(1 for c in chunks if c["choices"] and c["choices"][0]["delta"].get("content")) > 2  # incremental
+
+
+def test_stop_strings_cut_and_finish_with_stop(client: TestClient) -> None:
+    r = chat(client, reasoning_effort="none", stop=["mock", "zzz"])
+    assert r["choices"][0]["message"]["content"] == MOCK_ANSWER.split("mock")[0]
+    assert r["choices"][0]["finish_reason"] == "stop"
+    ev = events(client, "/v1/chat/completions", reasoning_effort="none", stop="quick")
+    text = "".join(c["choices"][0]["delta"].get("content", "") for c in ev[:-1])
+    assert text == MOCK_ANSWER.split("quick")[0]
+
+
+def test_n_choices_and_seeds(client: TestClient) -> None:
+    r = chat(client, n=3, reasoning_effort="none", temperature=0.7, seed=5)
+    assert [c["index"] for c in r["choices"]] == [0, 1, 2]
+    ev = events(client, "/v1/chat/completions", n=2, reasoning_effort="none")
+    assert {c["choices"][0]["index"] for c in ev[:-1] if c["choices"]} == {0, 1}
+
+
+def test_tool_call_auto_is_parsed(client: TestClient) -> None:
+    r = chat(client, tools=TOOLS, reasoning_effort="none")
+    ch = r["choices"][0]
+    assert ch["finish_reason"] == "tool_calls" and ch["message"]["content"] is None
+    (call,) = ch["message"]["tool_calls"]
+    assert call["id"].startswith("call_") and call["type"] == "function"
+    assert call["function"]["name"] == "get_weather"
+    assert json.loads(call["function"]["arguments"]) == {"city": "Paris", "days": 3}
+
+
+def test_tool_loop_second_turn_answers_with_the_result(client: TestClient) -> None:
+    first = chat(client, tools=TOOLS, reasoning_effort="none")["choices"][0]["message"]
+    call = first["tool_calls"][0]
+    messages = USER + [first, {"role": "tool", "tool_call_id": call["id"], "content": '{"temp_c": 21}'}]
+    r = chat(client, messages=messages, tools=TOOLS, reasoning_effort="none")
+    ch = r["choices"][0]
+    assert ch["finish_reason"] == "stop" and "temp_c" in ch["message"]["content"]
+
+
+def test_streamed_tool_call(client: TestClient) -> None:
+    ev = events(client, "/v1/chat/completions", tools=TOOLS, reasoning_effort="none")
+    deltas = [c["choices"][0]["delta"] for c in ev[:-1]]
+    assert not "".join(d.get("content", "") for d in deltas)  # the call is not leaked as text
+    (tc,) = [d["tool_calls"] for d in deltas if "tool_calls" in d]
+    assert tc[0]["index"] == 0 and tc[0]["function"]["name"] == "get_weather"
+    assert ev[-2]["choices"][0]["finish_reason"] == "tool_calls"
+
+
+@pytest.mark.parametrize("choice", ["required", {"type": "function", "function": {"name": "book_hotel"}}])
+def test_forced_tool_choice_validates_against_the_schema(client: TestClient, choice: Any) -> None:
+    r = chat(client, tools=TOOLS, tool_choice=choice, reasoning_effort="none")
+    ch = r["choices"][0]
+    assert ch["finish_reason"] == "tool_calls"
+    (call,) = ch["message"]["tool_calls"]
+    tool = {t["function"]["name"]: t["function"] for t in TOOLS}[call["function"]["name"]]
+    if isinstance(choice, dict):
+        assert call["function"]["name"] == "book_hotel"
+    jsonschema.validate(json.loads(call["function"]["arguments"]), tool["parameters"])
+
+
+def test_tool_choice_none_never_calls(client: TestClient) -> None:
+    msg = chat(client, tools=TOOLS, tool_choice="none", reasoning_effort="none")["choices"][0]["message"]
+    assert "tool_calls" not in msg and "<tool_call>" not in msg["content"]
+
+
+SCHEMA = {"type": "object", "properties": {"name": {"type": "string", "maxLength": 12}, "age": {"type": "integer"},
+                                           "tags": {"type": "array", "items": {"enum": ["a", "b"]}, "maxItems": 2},
+                                           "ok": {"type": "boolean"}},
+          "required": ["name", "age", "tags", "ok"], "additionalProperties": False}
+
+
+@pytest.mark.parametrize("effort", ["none", "low"])
+def test_json_schema_strict_output_validates(client: TestClient, effort: str) -> None:
+    fmt = {"type": "json_schema", "json_schema": {"name": "person", "strict": True, "schema": SCHEMA}}
+    r = chat(client, response_format=fmt, reasoning_effort=effort)
+    ch = r["choices"][0]
+    jsonschema.validate(json.loads(ch["message"]["content"]), SCHEMA)
+    assert ch["finish_reason"] == "stop"
+    ev = events(client, "/v1/chat/completions", response_format=fmt, reasoning_effort=effort)
+    streamed = "".join(c["choices"][0]["delta"].get("content", "") for c in ev[:-1])
+    jsonschema.validate(json.loads(streamed), SCHEMA)
+
+
+def test_json_object_mode(client: TestClient) -> None:
+    r = chat(client, response_format={"type": "json_object"}, reasoning_effort="none", max_tokens=48)
+    assert isinstance(json.loads(r["choices"][0]["message"]["content"]), dict)
+
+
+def test_unenforceable_strict_schema_is_400(client: TestClient) -> None:
+    fmt = {"type": "json_schema", "json_schema": {"name": "x", "strict": True,
+                                                  "schema": {"type": "string", "pattern": "^a$"}}}
+    r = client.post("/v1/chat/completions", json={"messages": USER, "response_format": fmt})
+    assert r.status_code == 400 and "pattern" in r.json()["error"]["message"]
+
+
+def test_diffusing_stream_sends_canvas_states(client: TestClient) -> None:
+    ev = events(client, "/v1/chat/completions", diffusing=True, reasoning_effort="none", max_tokens=64)
+    canv = [c["choices"][0]["canvas"] for c in ev[:-1] if "canvas" in c["choices"][0]]
+    assert len(canv) >= 3 and all(k in canv[0] for k in ("phase", "step", "nfe", "text", "masked", "stable"))
+    assert canv[0]["masked"] > 0 and "░" in canv[0]["text"]
+    steps = [c["step"] for c in canv]
+    assert steps == sorted(steps)
+    assert canv[-1]["done"] and canv[-1]["text"].startswith(MOCK_ANSWER)
+    text = "".join(c["choices"][0]["delta"].get("content", "") for c in ev[:-1])  # deltas stay append-only
+    assert text == MOCK_ANSWER
+
+
+def test_completions_and_fim(client: TestClient) -> None:
+    r = client.post("/v1/completions", json={"prompt": ["Once upon a time", "Hi"], "max_tokens": 16}).json()
+    assert r["object"] == "text_completion" and [c["text"] for c in r["choices"]] == [" and so on."] * 2
+    r = client.post("/v1/completions", json={"prompt": "abc", "echo": True, "max_tokens": 16}).json()
+    assert r["choices"][0]["text"] == "abc and so on."
+    r = client.post("/v1/fim/completions", json={"prompt": "def f(", "suffix": "):\n    pass"}).json()
+    assert r["choices"][0]["text"] == "middle" and r["usage"]["prompt_tokens"] > 0
+    r = client.post("/v1/completions", json={"prompt": "def f(", "suffix": "): pass", "max_tokens": 8}).json()
+    assert r["choices"][0]["text"] == "middle"
+    ev = events(client, "/v1/fim/completions", prompt="a", suffix="b", stream_options={"include_usage": True})
+    assert "".join(c["choices"][0]["text"] for c in ev[:-2]) == "middle" and ev[-2]["usage"]["total_tokens"] > 0
+
+
+def test_models_health_metrics(client: TestClient) -> None:
+    m = client.get("/v1/models").json()
+    assert m["object"] == "list" and m["data"][0]["id"] == "quicksilver-mock"
+    assert client.get("/v1/models/quicksilver-mock").status_code == 200
+    assert client.get("/health").json() == {"status": "ok"}
+    text = client.get("/metrics").text
+    for name in ("requests_total", "prompt_tokens_total", "generation_tokens_total", "time_to_first_token_seconds",
+                 "inter_token_latency_seconds", "e2e_request_latency_seconds", "request_queue_time_seconds",
+                 "diffusion_denoising_steps_total", "diffusion_forward_passes_total",
+                 "diffusion_committed_tokens_total", "diffusion_tokens_per_forward_bucket", "num_requests_running"):
+        assert f"quicksilver:{name}" in text, name
+
+
+def err(r: Any, status: int, param: str | None = "") -> dict[str, Any]:
+    assert r.status_code == status, r.text
+    body = r.json()
+    assert set(body) == {"error"} and set(body["error"]) == {"message", "type", "param", "code"}
+    assert "Traceback" not in body["error"]["message"]
+    if param != "":
+        assert body["error"]["param"] == param
+    return dict(body["error"])
+
+
+@pytest.mark.parametrize("body,param", [
+    ({"messages": []}, "messages"),
+    ({"messages": [{"role": "wizard", "content": "x"}]}, None),
+    ({"messages": USER, "temperature": 5}, "temperature"),
+    ({"messages": USER, "max_tokens": 0}, "max_tokens"),
+    ({"messages": USER, "n": 99}, "n"),
+    ({"messages": USER, "stop": ["a"] * 20}, "stop"),
+    ({"messages": USER, "policy": "bogus"}, "policy"),
+    ({"messages": USER, "threshold": 1.5}, "threshold"),
+    ({"messages": USER, "max_tokens": 100000}, "max_tokens"),
+    ({"messages": USER, "tool_choice": "required"}, "tool_choice"),
+    ({"messages": USER, "logprobs": True}, "logprobs"),
+    ({"messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": "http://x"}}]}]},
+     "messages"),
+    ({"messages": USER, "response_format": {"type": "json_schema"}}, None),
+])
+def test_bad_fields_are_400_in_the_envelope(client: TestClient, body: dict[str, Any], param: str | None) -> None:
+    e = err(client.post("/v1/chat/completions", json=body), 400)
+    assert e["type"] == "invalid_request_error"
+    if param:
+        assert e["param"] and e["param"].startswith(param), e
+
+
+def test_not_json_unknown_model_and_route(client: TestClient) -> None:
+    err(client.post("/v1/chat/completions", content=b"{nope", headers={"content-type": "application/json"}), 400)
+    e = err(client.post("/v1/chat/completions", json={"model": "gpt-9", "messages": USER}), 404, "model")
+    assert e["code"] == "model_not_found"
+    err(client.get("/v1/models/gpt-9"), 404)
+    err(client.get("/v1/nothing"), 404, None)
+    err(client.get("/v1/chat/completions"), 405, None)
+
+
+def test_api_key_protects_everything_but_health() -> None:
+    with make_client(api_key="sekret") as c:
+        assert c.get("/health").status_code == 200
+        for method, path in [("get", "/v1/models"), ("get", "/metrics"), ("post", "/v1/chat/completions"),
+                             ("get", "/openapi.json")]:
+            e = err(getattr(c, method)(path), 401, None)
+            assert e["code"] == "invalid_api_key"
+            err(getattr(c, method)(path, headers={"Authorization": "Bearer wrong"}), 401, None)
+        ok = c.post("/v1/chat/completions", json={"messages": USER, "reasoning_effort": "none"},
+                    headers={"Authorization": "Bearer sekret"})
+        assert ok.status_code == 200
+
+
+def test_limits_body_messages_tools_prompt() -> None:
+    with make_client(max_body_bytes=2000, max_messages=3, max_tools=1, max_prompt_tokens=50) as c:
+        e = err(c.post("/v1/chat/completions", json={"messages": [{"role": "user", "content": "x" * 5000}]}), 413,
+                None)
+        assert e["code"] == "request_too_large"
+        err(c.post("/v1/chat/completions", json={"messages": USER * 4}), 400, "messages")
+        err(c.post("/v1/chat/completions", json={"messages": USER, "tools": TOOLS}), 400, "tools")
+        e = err(c.post("/v1/chat/completions", json={"messages": [{"role": "user", "content": "y" * 200}]}), 400)
+        assert e["code"] == "context_length_exceeded"
+
+
+def test_overload_is_503_and_too_many_open_is_429() -> None:
+    with make_client(max_waiting=0) as c:
+        e = err(c.post("/v1/chat/completions", json={"messages": USER}), 503, None)
+        assert e["code"] == "server_overloaded"
+    with make_client(max_concurrent=0) as c:
+        r = c.post("/v1/completions", json={"prompt": "x"})
+        err(r, 429, None)
+        assert r.headers["retry-after"] == "1"
+        assert "quicksilver:requests_rejected_total" in c.get("/metrics").text
