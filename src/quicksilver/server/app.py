@@ -8,6 +8,7 @@ import time
 from contextlib import asynccontextmanager
 from typing import Any, AsyncGenerator
 
+import anyio
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, PlainTextResponse, Response, StreamingResponse
@@ -85,6 +86,27 @@ class Guard:
                 self.state.open -= 1
 
 
+class SSEResponse(StreamingResponse):
+    """A streaming response that always listens for the client going away (Starlette only does so
+    for ASGI < 2.4; otherwise it notices on the next failed send, which may be many steps later when
+    steps commit no final text). On disconnect the body iterator is cancelled, which cancels the
+    engine requests."""
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        async with anyio.create_task_group() as tg:
+
+            async def stream() -> None:
+                try:
+                    await self.stream_response(send)
+                except OSError:
+                    pass
+                tg.cancel_scope.cancel()
+
+            tg.start_soon(stream)
+            await self.listen_for_disconnect(receive)
+            tg.cancel_scope.cancel()
+
+
 def _too_large(limit: int) -> APIError:
     return APIError(413, f"the request body is larger than {limit} bytes", "invalid_request_error", None,
                     "request_too_large")
@@ -155,7 +177,7 @@ def build_app(backend: Backend, config: ServerConfig) -> FastAPI:
                                        "internal_error"), status_code=500)
 
     def sse_response(gen: AsyncGenerator[str, None]) -> StreamingResponse:
-        return StreamingResponse(sse_guard(gen, state.metrics, lambda: None), media_type="text/event-stream",
+        return SSEResponse(sse_guard(gen, state.metrics, lambda: None), media_type="text/event-stream",
                                  headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
 
     @app.post("/v1/chat/completions", response_model=ChatCompletionResponse, responses=ERRORS)
