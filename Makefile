@@ -18,10 +18,10 @@ $(STAMP): pyproject.toml Makefile
 
 install: $(STAMP)
 
-# Until the embedded model and the server land: a live generation on a fresh random checkpoint.
+# The OpenAI-compatible server on the embedded model (MODEL=path to serve another checkpoint;
+# ARGS for more flags, e.g. ARGS="--api-key KEY").
 run: $(STAMP)
-	test -f runs/demo-model/config.json || $(BIN)/quicksilver init-model runs/demo-model --preset small --force
-	$(BIN)/quicksilver generate "Hello! What can you do?" --model runs/demo-model --show --max-tokens 64
+	$(BIN)/quicksilver serve --host $(HOST) --port $(PORT) $(if $(MODEL),--model $(MODEL)) $(ARGS)
 
 test: $(STAMP)
 	$(BIN)/python -m pytest

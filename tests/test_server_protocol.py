@@ -190,7 +190,7 @@ def test_unenforceable_strict_schema_is_400(client: TestClient) -> None:
 def test_diffusing_stream_sends_canvas_states(client: TestClient) -> None:
     ev = events(client, "/v1/chat/completions", diffusing=True, reasoning_effort="none", max_tokens=64)
     canv = [c["choices"][0]["canvas"] for c in ev[:-1] if "canvas" in c["choices"][0]]
-    assert len(canv) >= 3 and all(k in canv[0] for k in ("phase", "step", "nfe", "text", "masked", "stable"))
+    assert len(canv) >= 3 and all(k in canv[0] for k in ("phase", "step", "text", "masked", "committed", "remasked", "stable", "done"))
     assert canv[0]["masked"] > 0 and "░" in canv[0]["text"]
     steps = [c["step"] for c in canv]
     assert steps == sorted(steps)

@@ -218,7 +218,7 @@ class ChoiceRunner:
     def _canvas(self, phase: str, ev: EngineEvent, skip: int = 0) -> Delta:
         canvas = ev.canvas or []
         return Delta("canvas", canvas={
-            "phase": phase, "step": ev.step, "nfe": ev.nfe, "text": render_canvas(self.b.tokenizer, canvas,
+            "phase": phase, "step": ev.nfe, "text": render_canvas(self.b.tokenizer, canvas,
                                                                                    self.b.mask_id, skip),
             "masked": sum(1 for t in canvas if t == self.b.mask_id), "committed": len(ev.committed),
             "remasked": len(ev.remasked), "stable": max(0, ev.stable - skip), "done": ev.done})
