@@ -190,7 +190,8 @@ def test_unenforceable_strict_schema_is_400(client: TestClient) -> None:
 def test_diffusing_stream_sends_canvas_states(client: TestClient) -> None:
     ev = events(client, "/v1/chat/completions", diffusing=True, reasoning_effort="none", max_tokens=64)
     canv = [c["choices"][0]["canvas"] for c in ev[:-1] if "canvas" in c["choices"][0]]
-    assert len(canv) >= 3 and all(k in canv[0] for k in ("phase", "step", "text", "masked", "committed", "remasked", "stable", "done"))
+    keys = ("phase", "step", "text", "masked", "committed", "remasked", "stable", "done")
+    assert len(canv) >= 3 and all(k in canv[0] for k in keys)
     assert canv[0]["masked"] > 0 and "░" in canv[0]["text"]
     steps = [c["step"] for c in canv]
     assert steps == sorted(steps)
@@ -217,6 +218,7 @@ def test_models_health_metrics(client: TestClient) -> None:
     assert m["object"] == "list" and m["data"][0]["id"] == "quicksilver-mock"
     assert client.get("/v1/models/quicksilver-mock").status_code == 200
     assert client.get("/health").json() == {"status": "ok"}
+    assert "/v1/fim/completions" in client.get("/openapi.json").json()["paths"]
     text = client.get("/metrics").text
     for name in ("requests_total", "prompt_tokens_total", "generation_tokens_total", "time_to_first_token_seconds",
                  "inter_token_latency_seconds", "e2e_request_latency_seconds", "request_queue_time_seconds",
@@ -300,3 +302,36 @@ def test_overload_is_503_and_too_many_open_is_429() -> None:
         err(r, 429, None)
         assert r.headers["retry-after"] == "1"
         assert "quicksilver:requests_rejected_total" in c.get("/metrics").text
+
+
+def test_block_causal_fim_uses_the_infilling_prompt_and_realtime_skips_reasoning() -> None:
+    cfg = ServerConfig(mock=True)
+    backend = build_backend(cfg)
+    backend.attention = "block_causal"  # no look-ahead: the server must use <|fim_prefix|>…<|fim_middle|>
+    with TestClient(build_app(backend, cfg)) as c:
+        r = c.post("/v1/fim/completions", json={"prompt": "a, b, ", "suffix": ", e"}).json()
+        assert r["choices"][0]["text"] == "middle"
+        seen: list[str] = []
+        script = backend.engine.engine.decoder.script  # type: ignore[attr-defined]
+        backend.engine.engine.decoder.script = lambda p: (seen.append(p), script(p))[1]  # type: ignore[attr-defined]
+        c.post("/v1/fim/completions", json={"prompt": "a, b, ", "suffix": ", e"})
+        assert seen[-1].startswith("<|fim_prefix|>a, b, <|fim_suffix|>, e<|fim_middle|>")
+        msg = chat(c, realtime=True, max_completion_tokens=64)["choices"][0]["message"]
+        assert msg["content"] == MOCK_ANSWER and "reasoning_content" not in msg
+        assert seen[-1].endswith("<think></think>")  # the instant template: no reasoning phase
+
+
+def test_an_engine_failure_is_a_500_envelope_or_an_error_event() -> None:
+    cfg = ServerConfig(mock=True)
+    backend = build_backend(cfg)
+
+    def boom(rows: Any) -> Any:
+        raise RuntimeError("device lost")
+
+    backend.engine.engine.decoder.step = boom  # type: ignore[attr-defined, method-assign]
+    with TestClient(build_app(backend, cfg)) as c:
+        e = err(c.post("/v1/chat/completions", json={"messages": USER}), 500, None)
+        assert e["type"] == "server_error" and "device lost" in e["message"]
+        ev = events(c, "/v1/chat/completions", reasoning_effort="none")
+        assert ev[-1] == "[DONE]" and "device lost" in ev[-2]["error"]["message"]
+        assert c.get("/health").status_code == 200  # the engine itself goes on

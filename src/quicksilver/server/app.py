@@ -177,7 +177,7 @@ def build_app(backend: Backend, config: ServerConfig) -> FastAPI:
                                        "internal_error"), status_code=500)
 
     def sse_response(gen: AsyncGenerator[str, None]) -> StreamingResponse:
-        return SSEResponse(sse_guard(gen, state.metrics, lambda: None), media_type="text/event-stream",
+        return SSEResponse(sse_guard(gen, state.metrics), media_type="text/event-stream",
                                  headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
 
     @app.post("/v1/chat/completions", response_model=ChatCompletionResponse, responses=ERRORS)

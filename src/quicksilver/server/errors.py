@@ -34,10 +34,6 @@ def bad_request(message: str, param: str | None = None, code: str | None = None)
     return APIError(400, message, "invalid_request_error", param, code)
 
 
-def not_found(message: str, code: str = "not_found") -> APIError:
-    return APIError(404, message, "not_found_error" if code == "not_found" else "invalid_request_error", None, code)
-
-
 def overloaded(message: str) -> APIError:
     return APIError(503, message, "server_error", None, "server_overloaded", {"Retry-After": "1"})
 

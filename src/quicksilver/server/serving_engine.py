@@ -5,8 +5,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
-import time
-from typing import Any, AsyncGenerator, Awaitable, Callable, TypeVar
+from typing import Any, AsyncGenerator, Awaitable, TypeVar
 
 from fastapi import Request
 
@@ -14,7 +13,7 @@ from ..engine import EngineOverloaded
 from ..errors import ConfigError
 from ..sampling import SamplerConfig
 from .config import ServerConfig
-from .errors import APIError, bad_request, not_found, overloaded
+from .errors import APIError, bad_request, overloaded
 from .generation import EFFORTS, Backend, ChoiceResult, ChoiceRunner, Delta, Effort, Plan
 from .metrics import Metrics
 from .protocol import DiffusionExtras
@@ -161,7 +160,7 @@ def sse(obj: dict[str, Any]) -> str:
     return f"data: {json.dumps(obj, ensure_ascii=False)}\n\n"
 
 
-async def sse_guard(gen: AsyncGenerator[str, None], metrics: Metrics, on_close: Callable[[], None]) -> AsyncGenerator[str, None]:
+async def sse_guard(gen: AsyncGenerator[str, None], metrics: Metrics) -> AsyncGenerator[str, None]:
     """Wraps a stream: an error mid-stream becomes one error event; a client that goes away (the
     response task is cancelled) closes the inner generator, which cancels the engine requests."""
     finished = False
@@ -182,7 +181,6 @@ async def sse_guard(gen: AsyncGenerator[str, None], metrics: Metrics, on_close: 
     finally:
         if not finished:
             metrics.inc("requests_aborted_total")
-        on_close()
 
 
 async def until_disconnect(request: Request, work: Awaitable[T], metrics: Metrics) -> T:
@@ -211,7 +209,3 @@ async def until_disconnect(request: Request, work: Awaitable[T], metrics: Metric
         await task
     metrics.inc("requests_aborted_total")
     raise APIError(499, "client disconnected", "invalid_request_error", None, "client_closed_request")
-
-
-def now() -> float:
-    return time.perf_counter()
