@@ -243,19 +243,33 @@ def test_embedded_model_session() -> None:
         c = srv.client()
         model = c.models.list().data[0].id
         r = c.chat.completions.create(model=model, messages=[{"role": "user", "content": "Hello!"}], max_tokens=48)
-        assert r.choices[0].message.content
+        assert r.choices[0].finish_reason in ("stop", "length") and r.usage and r.usage.completion_tokens > 0
         tools: Any = [{"type": "function", "function": {
             "name": "get_weather", "description": "Get a weather.",
             "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}}}]
-        r = c.chat.completions.create(model=model, messages=[{"role": "user", "content": "Please get the weather "
-                                                                                         "in Paris."}],
-                                      tools=tools, reasoning_effort="none")
+        ask = [{"role": "user", "content": "Please get the weather in Paris."}]
+        r = c.chat.completions.create(model=model, messages=ask, tools=tools, tool_choice="required",
+                                      reasoning_effort="none")
         calls = r.choices[0].message.tool_calls
         assert calls and calls[0].function.name == "get_weather"
-        assert json.loads(calls[0].function.arguments)["city"]
+        jsonschema.validate(json.loads(calls[0].function.arguments), tools[0]["function"]["parameters"])
         r = c.chat.completions.create(model=model, messages=[{"role": "user", "content": "A person."}],
                                       response_format={"type": "json_schema", "json_schema": {
                                           "name": "p", "strict": True, "schema": SCHEMA}})
         jsonschema.validate(json.loads(r.choices[0].message.content or ""), SCHEMA)
+        stream = c.chat.completions.create(model=model, messages=ask, tools=tools, stream=True,
+                                           reasoning_effort="none")
+        assert list(stream)[-1].choices[0].finish_reason in ("stop", "length", "tool_calls")
     finally:
         srv.stop()
+
+
+def test_serve_errors_are_one_line(tmp_path: Any) -> None:
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    r = subprocess.run([sys.executable, "-m", "quicksilver.cli", "serve", "--model", str(tmp_path / "nope")],
+                       capture_output=True, text=True, timeout=120, env=env)
+    assert r.returncode == 2 and "Traceback" not in r.stderr and len(r.stderr.strip().splitlines()) == 1
+    if embedded_model_path() is None:
+        r = subprocess.run([sys.executable, "-m", "quicksilver.cli", "serve", "--port", str(free_port())],
+                           capture_output=True, text=True, timeout=120, env=env)
+        assert r.returncode == 2 and "no embedded model" in r.stderr and len(r.stderr.strip().splitlines()) == 1

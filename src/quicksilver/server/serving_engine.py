@@ -12,7 +12,7 @@ from fastapi import Request
 from ..engine import EngineOverloaded
 from ..errors import ConfigError
 from ..sampling import SamplerConfig
-from .config import ServerConfig
+from .config import MAX_STOP_CHARS, ServerConfig
 from .errors import APIError, bad_request, overloaded
 from .generation import EFFORTS, Backend, ChoiceResult, ChoiceRunner, Delta, Effort, Plan
 from .metrics import Metrics
@@ -39,8 +39,8 @@ class OpenAIServing:
         stops = [stop] if isinstance(stop, str) else list(stop or [])
         if len(stops) > self.cfg.max_stop:
             raise bad_request(f"at most {self.cfg.max_stop} stop strings are allowed, got {len(stops)}", "stop")
-        if any(len(s) > 256 for s in stops):
-            raise bad_request("a stop string may have at most 256 characters", "stop")
+        if any(len(s) > MAX_STOP_CHARS for s in stops):
+            raise bad_request(f"a stop string may have at most {MAX_STOP_CHARS} characters", "stop")
         if logit_bias:
             raise bad_request("logit_bias is not supported", "logit_bias")
         if any(p for p in penalties):
@@ -71,7 +71,7 @@ class OpenAIServing:
                                   f"of {self.b.max_context}; at most {room} fit", param, "context_length_exceeded")
             answer = max_tokens
         else:
-            answer = min(self.cfg.default_max_tokens, max(room - reasoning, room // 2), self.cfg.max_tokens)
+            answer = max(1, min(self.cfg.default_max_tokens, max(room - reasoning, room // 2), self.cfg.max_tokens))
         think = min(reasoning, self.cfg.max_reasoning_tokens, room - answer - 2)
         return answer, think if think >= 8 else 0
 
