@@ -125,6 +125,10 @@ def cmd_bench(args: argparse.Namespace) -> int:
         from .bench.decode import run_decode_bench
 
         return run_decode_bench(resolve_model(args.model), args)
+    if args.bench == "speed":
+        from .bench.speed import run_speed_bench
+
+        return run_speed_bench(args)
     raise QuicksilverError(f"unknown benchmark {args.bench!r}")
 
 
@@ -168,6 +172,21 @@ def build_parser() -> argparse.ArgumentParser:
     bd.add_argument("--repeats", type=int, default=3, help="timed repeats per prompt (median reported)")
     bd.add_argument("--out", default="runs/bench_decode", help="directory for the table and PNG plot")
     bd.add_argument("--json", action="store_true", help="(the JSON line is always printed last)")
+
+    from .bench.speed import DEFAULT_TASKS
+
+    bs = bsub.add_parser("speed", help="AR vs reference vs one-token-per-step vs default, single stream")
+    bs.add_argument("--model", help="diffusion checkpoint (default: the embedded model)")
+    bs.add_argument("--ar-model", dest="ar_model", help="equal-size AR checkpoint (default: the embedded baseline)")
+    bs.add_argument("--tasks", default=DEFAULT_TASKS, help=f"comma-separated tasks (default: {DEFAULT_TASKS})")
+    bs.add_argument("--limit", type=int, default=8, help="held-out items per task")
+    bs.add_argument("--seed", type=int, default=1234, help="test-split seed")
+    bs.add_argument("--repeats", type=int, default=3, help="timed repeats per item (median)")
+    bs.add_argument("--threshold", type=float, default=0.9, help="threshold of the default configuration")
+    bs.add_argument("--skip-reference", action="store_true", dest="skip_reference",
+                    help="leave out the slow reference decoder")
+    bs.add_argument("--out", default="runs/bench_speed", help="directory for the PNG plot")
+    bs.add_argument("--json", action="store_true", help="(the JSON line is always printed last)")
     return p
 
 
