@@ -56,7 +56,7 @@ def cmd_generate(args: argparse.Namespace) -> int:
     import quicksilver
 
     pipe = quicksilver.load(resolve_model(args.model))
-    cfg = sampler_from_args(args)
+    cfg = dataclass_from_args(type(pipe.sampler_config()), args, base=pipe.sampler_config())  # family defaults < flags
     opts = {f: getattr(cfg, f) for f in cfg.__dataclass_fields__}
     chat = not args.raw and pipe.tokenizer.chat_template is not None
     prompt: Any = args.prompt

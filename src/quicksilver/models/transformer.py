@@ -56,6 +56,10 @@ class Rotary(nn.Module):
 def apply_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
     dtype = x.dtype
     x = x.float()
+    rd = cos.shape[-1]
+    if rd < x.shape[-1]:  # partial rotary: rotate the leading rd dims, pass the rest through
+        xr, xp = x[..., :rd], x[..., rd:]  # (B, H, T, rd), (B, H, T, hd - rd)
+        return torch.cat((xr * cos + rotate_half(xr) * sin, xp), dim=-1).to(dtype)
     return (x * cos + rotate_half(x) * sin).to(dtype)  # (B, H, T, hd)
 
 
@@ -129,7 +133,8 @@ class Attention(nn.Module):
         self.q_proj = nn.Linear(cfg.d_model, cfg.n_heads * hd, bias=cfg.qkv_bias)
         self.k_proj = nn.Linear(cfg.d_model, cfg.n_kv_heads * hd, bias=cfg.qkv_bias)
         self.v_proj = nn.Linear(cfg.d_model, cfg.n_kv_heads * hd, bias=cfg.qkv_bias)
-        self.o_proj = nn.Linear(cfg.n_heads * hd, cfg.d_model, bias=False)
+        self.o_proj = nn.Linear(cfg.n_heads * hd, cfg.d_model, bias=cfg.o_bias)
+        self.clip = cfg.clip_qkv
         self.q_norm = RMSNorm(hd, cfg.norm_eps) if cfg.qk_norm else None
         self.k_norm = RMSNorm(hd, cfg.norm_eps) if cfg.qk_norm else None
 
@@ -147,6 +152,8 @@ class Attention(nn.Module):
         v = self.v_proj(x).view(B, T, self.n_kv, self.hd).transpose(1, 2)  # (B, Hkv, T, hd)
         if self.q_norm is not None and self.k_norm is not None:
             q, k = self.q_norm(q), self.k_norm(k)
+        if self.clip is not None:
+            q, k, v = (t.clamp(-self.clip, self.clip) for t in (q, k, v))
         q, k = apply_rotary(q, cos, sin), apply_rotary(k, cos, sin)
         new_k, new_v = k, v
         if past is not None:
@@ -171,12 +178,17 @@ class MLP(nn.Module):
 
 
 class Block(nn.Module):
-    def __init__(self, cfg: ModelConfig) -> None:
+    def __init__(self, cfg: ModelConfig, layer_idx: int = 0) -> None:
         super().__init__()
         self.input_layernorm = RMSNorm(cfg.d_model, cfg.norm_eps)
         self.self_attn = Attention(cfg)
         self.post_attention_layernorm = RMSNorm(cfg.d_model, cfg.norm_eps)
-        self.mlp = MLP(cfg)
+        if cfg.moe is not None and cfg.moe.is_moe_layer(layer_idx):
+            from .moe import MoE
+
+            self.mlp: nn.Module = MoE(cfg.d_model, cfg.moe)
+        else:
+            self.mlp = MLP(cfg)
 
     def forward(self, x, cos, sin, mask, past):  # type: ignore[no-untyped-def]
         a, k, v = self.self_attn(self.input_layernorm(x), cos, sin, mask, past)
@@ -189,7 +201,7 @@ class Backbone(nn.Module):
     def __init__(self, cfg: ModelConfig) -> None:
         super().__init__()
         self.embed_tokens = nn.Embedding(cfg.vocab_size, cfg.d_model)
-        self.layers = nn.ModuleList(Block(cfg) for _ in range(cfg.n_layers))
+        self.layers = nn.ModuleList(Block(cfg, i) for i in range(cfg.n_layers))
         self.norm = RMSNorm(cfg.d_model, cfg.norm_eps)
 
 
@@ -203,7 +215,7 @@ class DiffusionLM(nn.Module):
         self.lm_head = nn.Linear(cfg.d_model, cfg.vocab_size, bias=False)
         if cfg.tie_embeddings:
             self.lm_head.weight = self.model.embed_tokens.weight
-        self.rotary = Rotary(cfg.dim_head, cfg.rope_theta)
+        self.rotary = Rotary(cfg.rotary_dim, cfg.rope_theta)
         self.apply(self._init)
         for name, p in self.named_parameters():  # scaled init of residual outputs (GPT-2)
             if name.endswith("o_proj.weight") or name.endswith("down_proj.weight"):
