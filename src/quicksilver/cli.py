@@ -125,6 +125,10 @@ def cmd_bench(args: argparse.Namespace) -> int:
         from .bench.decode import run_decode_bench
 
         return run_decode_bench(resolve_model(args.model), args)
+    if args.bench == "families":
+        from .bench.gpu_families import run as run_families_bench
+
+        return run_families_bench(args)
     raise QuicksilverError(f"unknown benchmark {args.bench!r}")
 
 
@@ -168,6 +172,9 @@ def build_parser() -> argparse.ArgumentParser:
     bd.add_argument("--repeats", type=int, default=3, help="timed repeats per prompt (median reported)")
     bd.add_argument("--out", default="runs/bench_decode", help="directory for the table and PNG plot")
     bd.add_argument("--json", action="store_true", help="(the JSON line is always printed last)")
+    from .bench.gpu_families import add_arguments as families_bench_args
+
+    families_bench_args(bsub.add_parser("families", help="GPU speed of LLaDA-8B / Dream-7B shapes (random weights)"))
     return p
 
 
