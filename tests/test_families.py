@@ -202,3 +202,24 @@ def test_dream_without_tokenizer_files_is_clear(tmp_path: Path) -> None:
     (d / "merges.txt").unlink()
     with pytest.raises(CheckpointError, match="merges.txt"):
         quicksilver.load(d, device="cpu")
+
+
+def test_meta_device_build_keeps_native_checkpoints_and_tied_embeddings(tmp_path: Path) -> None:
+    """build_model now builds on the meta device and assigns the tensors: same logits, ties kept."""
+    from quicksilver.models.checkpoint import save_checkpoint
+    from quicksilver.models.config import preset
+    from quicksilver.models.transformer import DiffusionLM
+    from quicksilver.tokenizer import Tokenizer
+
+    tok = Tokenizer.byte_level()
+    cfg = preset("tiny", vocab_size=320, mask_token_id=tok.mask_id, tie_embeddings=True, attention="block_causal",
+                 block_size=4)
+    torch.manual_seed(0)
+    model = DiffusionLM(cfg).eval()
+    save_checkpoint(model, tok, tmp_path / "native")
+    loaded = quicksilver.load(tmp_path / "native", device="cpu").model
+    assert loaded.lm_head.weight is loaded.model.embed_tokens.weight
+    assert all(p.requires_grad for p in loaded.parameters())  # trainable after loading
+    ids = torch.randint(0, 300, (2, 10))
+    with torch.no_grad():
+        assert torch.equal(loaded(ids), model(ids))
