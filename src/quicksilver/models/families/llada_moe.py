@@ -122,7 +122,9 @@ def load_llada2(path: Path, cj: dict) -> tuple[ModelConfig, dict[str, torch.Tens
                     n_group=f.int("n_group", 1) or 1, topk_group=f.int("topk_group", 1) or 1,
                     expert_bias="select" if has_bias else None)
     cfg = make_config(path, **_common(path, cj, f), mlp_hidden=f.int("intermediate_size"),
-                      qkv_bias=bool(f.bool("use_qkv_bias", False)), o_bias=bool(f.bool("use_bias", True)),
+                      # biases as the checkpoint holds them (the config class defaults use_bias to True)
+                      qkv_bias=any(k.endswith("attention.query_key_value.bias") for k in state),
+                      o_bias=any(k.endswith("self_attn.o_proj.bias") for k in state),
                       qk_norm=bool(f.bool("use_qk_norm", False)), attention="block_causal",
                       block_size=f.int("block_size", LLADA2_BLOCK), logit_shift=False, moe=moe)
     return cfg, split_fused_qkv(state, cfg)
