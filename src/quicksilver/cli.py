@@ -56,7 +56,7 @@ def cmd_generate(args: argparse.Namespace) -> int:
     import quicksilver
 
     pipe = quicksilver.load(resolve_model(args.model))
-    cfg = sampler_from_args(args)
+    cfg = dataclass_from_args(type(pipe.sampler_config()), args, base=pipe.sampler_config())  # family defaults < flags
     opts = {f: getattr(cfg, f) for f in cfg.__dataclass_fields__}
     chat = not args.raw and pipe.tokenizer.chat_template is not None
     prompt: Any = args.prompt
@@ -129,6 +129,10 @@ def cmd_bench(args: argparse.Namespace) -> int:
         from .bench.speed import run_speed_bench
 
         return run_speed_bench(args)
+    if args.bench == "families":
+        from .bench.gpu_families import run as run_families_bench
+
+        return run_families_bench(args)
     raise QuicksilverError(f"unknown benchmark {args.bench!r}")
 
 
@@ -187,6 +191,10 @@ def build_parser() -> argparse.ArgumentParser:
                     help="leave out the slow reference decoder")
     bs.add_argument("--out", default="runs/bench_speed", help="directory for the PNG plot")
     bs.add_argument("--json", action="store_true", help="(the JSON line is always printed last)")
+
+    from .bench.gpu_families import add_arguments as families_bench_args
+
+    families_bench_args(bsub.add_parser("families", help="GPU speed of LLaDA-8B / Dream-7B shapes (random weights)"))
     return p
 
 

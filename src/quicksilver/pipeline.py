@@ -49,6 +49,11 @@ class Pipeline:
         self.stop_ids = sorted(set(self.config.eos_token_ids) | set(tokenizer.stop_ids))
         pad = tokenizer.pad_id if tokenizer.pad_id is not None else self.config.eos_token_ids[0]
         self.decoder = Decoder(model, mask_id, self.stop_ids, pad_id=pad, vocab_limit=tokenizer.vocab_size)
+        from .models.families import generation_defaults
+
+        # The family's published decoding settings (+ the checkpoint's sampler_config.json): the
+        # base that every request's options are applied on (CLI flags, API fields).
+        self.generation_defaults: dict[str, Any] = generation_defaults(self.config.architecture, self.path)
 
     def encode_prompt(self, prompt: str | Messages, chat: bool | None = None, **template_kwargs: Any) -> list[int]:
         """Token ids of a plain prompt, or of messages rendered through the chat template."""
@@ -65,7 +70,8 @@ class Pipeline:
         return self.tokenizer.encode(self.tokenizer.apply_chat_template(prompt, **template_kwargs))
 
     def sampler_config(self, **options: Any) -> SamplerConfig:
-        return SamplerConfig().replace(**options)
+        """The family's defaults with ``options`` applied on top."""
+        return SamplerConfig().replace(**{**self.generation_defaults, **options})
 
     def stream(self, prompt: str | Messages, chat: bool | None = None, **options: Any
                ) -> Generator[RowEvent, None, GenerationResult]:
@@ -101,7 +107,7 @@ class Pipeline:
                                  dt, len(i), r.revisions) for r, i in zip(results, ids)]
 
 
-def load(path: str | Path, dtype: torch.dtype | None = None) -> Pipeline:
-    """Load a checkpoint directory (never touches the network)."""
-    model, tok = load_checkpoint(path, dtype)
+def load(path: str | Path, dtype: torch.dtype | None = None, device: str | torch.device | None = None) -> Pipeline:
+    """Load a checkpoint directory (never touches the network). Default: CPU float32, CUDA bfloat16."""
+    model, tok = load_checkpoint(path, dtype, device)
     return Pipeline(model, tok, path)

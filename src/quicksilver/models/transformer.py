@@ -43,12 +43,12 @@ def rotate_half(x: torch.Tensor) -> torch.Tensor:
 class Rotary(nn.Module):
     """Half-split (NeoX / HF-Llama) rotary embedding; cos/sin tables in fp32, looked up by position."""
 
-    def __init__(self, head_dim: int, theta: float, max_len: int) -> None:
+    def __init__(self, head_dim: int, theta: float, max_len: int = 4096) -> None:
         super().__init__()
         inv = 1.0 / (theta ** (torch.arange(0, head_dim, 2, dtype=torch.float32) / head_dim))
         self.register_buffer("inv_freq", inv, persistent=False)
         self.max_len = max_len
-        self._build(max_len)
+        self._build(min(max_len, 4096))  # grows on demand
 
     def _build(self, n: int) -> None:
         freqs = torch.arange(n, dtype=torch.float32, device=self.inv_freq.device)[:, None] * self.inv_freq
@@ -63,6 +63,10 @@ class Rotary(nn.Module):
 
 
 def apply_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    rd = cos.shape[-1]
+    if rd < x.shape[-1]:  # partial rotary: rotate the leading rd dims, pass the rest through
+        xr, xp = x[..., :rd], x[..., rd:]  # (B, H, T, rd), (B, H, T, hd - rd)
+        return torch.cat((apply_rotary(xr, cos, sin), xp), dim=-1)
     if x.dtype == torch.float32:
         return x * cos + rotate_half(x) * sin  # (B, H, T, hd)
     dtype = x.dtype
@@ -118,7 +122,8 @@ class Attention(nn.Module):
         self.q_proj = nn.Linear(cfg.d_model, cfg.n_heads * hd, bias=cfg.qkv_bias)
         self.k_proj = nn.Linear(cfg.d_model, cfg.n_kv_heads * hd, bias=cfg.qkv_bias)
         self.v_proj = nn.Linear(cfg.d_model, cfg.n_kv_heads * hd, bias=cfg.qkv_bias)
-        self.o_proj = nn.Linear(cfg.n_heads * hd, cfg.d_model, bias=False)
+        self.o_proj = nn.Linear(cfg.n_heads * hd, cfg.d_model, bias=cfg.o_bias)
+        self.clip = cfg.clip_qkv
         self.q_norm = RMSNorm(hd, cfg.norm_eps) if cfg.qk_norm else None
         self.k_norm = RMSNorm(hd, cfg.norm_eps) if cfg.qk_norm else None
 
@@ -139,6 +144,8 @@ class Attention(nn.Module):
         v = v_.reshape(B, T, self.n_kv, self.hd).transpose(1, 2)  # (B, Hkv, T, hd)
         if self.q_norm is not None and self.k_norm is not None:
             q, k = self.q_norm(q), self.k_norm(k)
+        if self.clip is not None:
+            q, k, v = (t.clamp(-self.clip, self.clip) for t in (q, k, v))
         return apply_rotary(q, cos, sin), apply_rotary(k, cos, sin), v
 
     def attend(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
@@ -207,12 +214,17 @@ class MLP(nn.Module):
 
 
 class Block(nn.Module):
-    def __init__(self, cfg: ModelConfig) -> None:
+    def __init__(self, cfg: ModelConfig, layer_idx: int = 0) -> None:
         super().__init__()
         self.input_layernorm = RMSNorm(cfg.d_model, cfg.norm_eps)
         self.self_attn = Attention(cfg)
         self.post_attention_layernorm = RMSNorm(cfg.d_model, cfg.norm_eps)
-        self.mlp = MLP(cfg)
+        if cfg.moe is not None and cfg.moe.is_moe_layer(layer_idx):
+            from .moe import MoE
+
+            self.mlp: nn.Module = MoE(cfg.d_model, cfg.moe)
+        else:
+            self.mlp = MLP(cfg)
 
     def forward(self, x, cos, sin, mask, cache, layer, packed=None):  # type: ignore[no-untyped-def]
         h = self.input_layernorm(x)
@@ -228,7 +240,7 @@ class Backbone(nn.Module):
     def __init__(self, cfg: ModelConfig) -> None:
         super().__init__()
         self.embed_tokens = nn.Embedding(cfg.vocab_size, cfg.d_model)
-        self.layers = nn.ModuleList(Block(cfg) for _ in range(cfg.n_layers))
+        self.layers = nn.ModuleList(Block(cfg, i) for i in range(cfg.n_layers))
         self.norm = RMSNorm(cfg.d_model, cfg.norm_eps)
 
 
@@ -242,7 +254,7 @@ class DiffusionLM(nn.Module):
         self.lm_head = nn.Linear(cfg.d_model, cfg.vocab_size, bias=False)
         if cfg.tie_embeddings:
             self.lm_head.weight = self.model.embed_tokens.weight
-        self.rotary = Rotary(cfg.dim_head, cfg.rope_theta, cfg.max_seq_len)
+        self.rotary = Rotary(cfg.rotary_dim, cfg.rope_theta, cfg.max_seq_len)
         self.apply(self._init)
         for name, p in self.named_parameters():  # scaled init of residual outputs (GPT-2)
             if name.endswith("o_proj.weight") or name.endswith("down_proj.weight"):
