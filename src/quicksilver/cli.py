@@ -55,7 +55,7 @@ def sampler_from_args(args: argparse.Namespace) -> Any:
 def cmd_generate(args: argparse.Namespace) -> int:
     import quicksilver
 
-    pipe = quicksilver.load(resolve_model(args.model))
+    pipe = quicksilver.load(resolve_model(args.model), cache=args.cache, refresh_every=args.refresh_every)
     cfg = dataclass_from_args(type(pipe.sampler_config()), args, base=pipe.sampler_config())  # family defaults < flags
     opts = {f: getattr(cfg, f) for f in cfg.__dataclass_fields__}
     chat = not args.raw and pipe.tokenizer.chat_template is not None
@@ -136,6 +136,16 @@ def cmd_bench(args: argparse.Namespace) -> int:
     raise QuicksilverError(f"unknown benchmark {args.bench!r}")
 
 
+def add_cache_args(p: argparse.ArgumentParser) -> None:
+    from .sampling.decoder import CACHE_MODES
+
+    p.add_argument("--cache", default="auto", choices=CACHE_MODES,
+                   help="KV cache: auto (exact block cache for block-causal models), none, block, or the "
+                        "approximate prefix/dual caches for bidirectional models")
+    p.add_argument("--refresh-every", type=int, default=0, dest="refresh_every",
+                   help="approximate caches: also recompute everything every N steps (0: at block starts only)")
+
+
 def build_parser() -> argparse.ArgumentParser:
     from .sampling import SamplerConfig
 
@@ -151,6 +161,7 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--show-delay", type=float, default=0.0, help="seconds to pause per step in --show")
     g.add_argument("--raw", action="store_true", help="plain completion: do not apply the chat template")
     g.add_argument("--system", help="a system message (chat models)")
+    add_cache_args(g)
 
     i = sub.add_parser("init-model", help="write a randomly initialised checkpoint")
     i.add_argument("out", help="output directory")
