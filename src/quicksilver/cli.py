@@ -45,6 +45,16 @@ def resolve_model(path: str | None) -> Path:
     return emb
 
 
+def load_pipeline(args: argparse.Namespace) -> Any:
+    """quicksilver.load with the --model/--dtype/--cache/--refresh-every flags."""
+    import torch
+
+    import quicksilver
+
+    dtype = getattr(torch, DTYPES[args.dtype]) if DTYPES.get(args.dtype) else None
+    return quicksilver.load(resolve_model(args.model), dtype=dtype, cache=args.cache, refresh_every=args.refresh_every)
+
+
 def sampler_from_args(args: argparse.Namespace) -> Any:
     from .sampling import SamplerConfig
 
@@ -55,7 +65,7 @@ def sampler_from_args(args: argparse.Namespace) -> Any:
 def cmd_generate(args: argparse.Namespace) -> int:
     import quicksilver
 
-    pipe = quicksilver.load(resolve_model(args.model), cache=args.cache, refresh_every=args.refresh_every)
+    pipe = load_pipeline(args)
     cfg = dataclass_from_args(type(pipe.sampler_config()), args, base=pipe.sampler_config())  # family defaults < flags
     opts = {f: getattr(cfg, f) for f in cfg.__dataclass_fields__}
     chat = not args.raw and pipe.tokenizer.chat_template is not None
@@ -136,9 +146,14 @@ def cmd_bench(args: argparse.Namespace) -> int:
     raise QuicksilverError(f"unknown benchmark {args.bench!r}")
 
 
+DTYPES = {"float32": None, "bfloat16": "bfloat16", "float16": "float16"}
+
+
 def add_cache_args(p: argparse.ArgumentParser) -> None:
     from .sampling.decoder import CACHE_MODES
 
+    p.add_argument("--dtype", default="float32", choices=sorted(DTYPES),
+                   help="compute dtype (bfloat16 uses AMX on recent x86 CPUs and is the GPU default)")
     p.add_argument("--cache", default="auto", choices=CACHE_MODES,
                    help="KV cache: auto (exact block cache for block-causal models), none, block, or the "
                         "approximate prefix/dual caches for bidirectional models")
