@@ -86,3 +86,17 @@ def test_block_cache_is_exact(shift: bool) -> None:
     rest = m.forward_segments([Segment(x[8:], torch.arange(8, 14), 0, 6, cache, append=4)])[0]
     assert cache.length == 12 and torch.allclose(rest, full[8:], atol=1e-5)
     assert cache.nbytes() > 0
+
+
+@pytest.mark.slow
+@torch.no_grad()
+def test_compiled_equals_eager_at_temperature_zero() -> None:
+    from quicksilver.sampling import Decoder, SamplerConfig
+
+    eager = _model(attention="block_causal", block_size=8)
+    compiled = _model(attention="block_causal", block_size=8)
+    compiled.compile_blocks()
+    cfg = SamplerConfig(max_new_tokens=24, policy="threshold", threshold=0.3, stop_at_eos=False)
+    a = Decoder(eager, 2, [1], vocab_limit=96).generate([list(range(10, 30))], cfg)[0]
+    b = Decoder(compiled, 2, [1], vocab_limit=96).generate([list(range(10, 30))], cfg)[0]
+    assert a.tokens == b.tokens

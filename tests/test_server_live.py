@@ -273,3 +273,26 @@ def test_serve_errors_are_one_line(tmp_path: Any) -> None:
         r = subprocess.run([sys.executable, "-m", "quicksilver.cli", "serve", "--port", str(free_port())],
                            capture_output=True, text=True, timeout=120, env=env)
         assert r.returncode == 2 and "no embedded model" in r.stderr and len(r.stderr.strip().splitlines()) == 1
+
+
+def test_block_causal_server_fim_and_prefix_cache(tmp_path_factory: pytest.TempPathFactory) -> None:
+    """A block-causal checkpoint: FIM through the infilling tokens, and a resent conversation served
+    partly from the cross-request prefix cache (usage.prompt_tokens_details.cached_tokens, /metrics)."""
+    from quicksilver.models.init import init_model
+
+    ckpt = init_model(tmp_path_factory.mktemp("ckpt") / "tiny-block-2k", "tiny", seed=1, attention="block_causal",
+                      block_size=16, max_seq_len=2048)
+    srv = RemoteServer("--model", str(ckpt), "--served-model-name", "blk")
+    try:
+        c = srv.client()
+        r = c.completions.create(model="blk", prompt="1, 2, 3, ", suffix=", 6, 7", max_tokens=8)
+        assert r.choices[0].finish_reason in ("stop", "length")
+        convo = [{"role": "system", "content": "You are a careful assistant. " * 8},
+                 {"role": "user", "content": "Plan a trip to Oslo."}]
+        first = c.chat.completions.create(model="blk", messages=convo, max_tokens=8, reasoning_effort="none")
+        again = c.chat.completions.create(model="blk", messages=convo, max_tokens=8, reasoning_effort="none")
+        assert first.usage and again.usage and again.usage.prompt_tokens_details
+        assert (again.usage.prompt_tokens_details.cached_tokens or 0) >= 16
+        assert srv.metric("prefix_cache_hits_total") >= 16
+    finally:
+        srv.stop()

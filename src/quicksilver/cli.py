@@ -45,6 +45,16 @@ def resolve_model(path: str | None) -> Path:
     return emb
 
 
+def load_pipeline(args: argparse.Namespace) -> Any:
+    """quicksilver.load with the --model/--dtype/--cache/--refresh-every flags."""
+    import torch
+
+    import quicksilver
+
+    dtype = getattr(torch, DTYPES[args.dtype]) if DTYPES.get(args.dtype) else None
+    return quicksilver.load(resolve_model(args.model), dtype=dtype, cache=args.cache, refresh_every=args.refresh_every)
+
+
 def sampler_from_args(args: argparse.Namespace) -> Any:
     from .sampling import SamplerConfig
 
@@ -55,8 +65,8 @@ def sampler_from_args(args: argparse.Namespace) -> Any:
 def cmd_generate(args: argparse.Namespace) -> int:
     import quicksilver
 
-    pipe = quicksilver.load(resolve_model(args.model))
-    cfg = sampler_from_args(args)
+    pipe = load_pipeline(args)
+    cfg = dataclass_from_args(type(pipe.sampler_config()), args, base=pipe.sampler_config())  # family defaults < flags
     opts = {f: getattr(cfg, f) for f in cfg.__dataclass_fields__}
     chat = not args.raw and pipe.tokenizer.chat_template is not None
     prompt: Any = args.prompt
@@ -125,7 +135,30 @@ def cmd_bench(args: argparse.Namespace) -> int:
         from .bench.decode import run_decode_bench
 
         return run_decode_bench(resolve_model(args.model), args)
+    if args.bench == "speed":
+        from .bench.speed import run_speed_bench
+
+        return run_speed_bench(args)
+    if args.bench == "families":
+        from .bench.gpu_families import run as run_families_bench
+
+        return run_families_bench(args)
     raise QuicksilverError(f"unknown benchmark {args.bench!r}")
+
+
+DTYPES = {"float32": None, "bfloat16": "bfloat16", "float16": "float16"}
+
+
+def add_cache_args(p: argparse.ArgumentParser) -> None:
+    from .sampling.decoder import CACHE_MODES
+
+    p.add_argument("--dtype", default="float32", choices=sorted(DTYPES),
+                   help="compute dtype (bfloat16 uses AMX on recent x86 CPUs and is the GPU default)")
+    p.add_argument("--cache", default="auto", choices=CACHE_MODES,
+                   help="KV cache: auto (exact block cache for block-causal models), none, block, or the "
+                        "approximate prefix/dual caches for bidirectional models")
+    p.add_argument("--refresh-every", type=int, default=0, dest="refresh_every",
+                   help="approximate caches: also recompute everything every N steps (0: at block starts only)")
 
 
 @command("serve")
@@ -151,6 +184,7 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--show-delay", type=float, default=0.0, help="seconds to pause per step in --show")
     g.add_argument("--raw", action="store_true", help="plain completion: do not apply the chat template")
     g.add_argument("--system", help="a system message (chat models)")
+    add_cache_args(g)
 
     i = sub.add_parser("init-model", help="write a randomly initialised checkpoint")
     i.add_argument("out", help="output directory")
@@ -183,6 +217,25 @@ def build_parser() -> argparse.ArgumentParser:
     bd.add_argument("--repeats", type=int, default=3, help="timed repeats per prompt (median reported)")
     bd.add_argument("--out", default="runs/bench_decode", help="directory for the table and PNG plot")
     bd.add_argument("--json", action="store_true", help="(the JSON line is always printed last)")
+
+    from .bench.speed import DEFAULT_TASKS
+
+    bs = bsub.add_parser("speed", help="AR vs reference vs one-token-per-step vs default, single stream")
+    bs.add_argument("--model", help="diffusion checkpoint (default: the embedded model)")
+    bs.add_argument("--ar-model", dest="ar_model", help="equal-size AR checkpoint (default: the embedded baseline)")
+    bs.add_argument("--tasks", default=DEFAULT_TASKS, help=f"comma-separated tasks (default: {DEFAULT_TASKS})")
+    bs.add_argument("--limit", type=int, default=8, help="held-out items per task")
+    bs.add_argument("--seed", type=int, default=1234, help="test-split seed")
+    bs.add_argument("--repeats", type=int, default=3, help="timed repeats per item (median)")
+    bs.add_argument("--threshold", type=float, default=0.9, help="threshold of the default configuration")
+    bs.add_argument("--skip-reference", action="store_true", dest="skip_reference",
+                    help="leave out the slow reference decoder")
+    bs.add_argument("--out", default="runs/bench_speed", help="directory for the PNG plot")
+    bs.add_argument("--json", action="store_true", help="(the JSON line is always printed last)")
+
+    from .bench.gpu_families import add_arguments as families_bench_args
+
+    families_bench_args(bsub.add_parser("families", help="GPU speed of LLaDA-8B / Dream-7B shapes (random weights)"))
     return p
 
 

@@ -38,7 +38,8 @@ class GenerationResult:
 class Pipeline:
     """A model, its tokenizer and the decoder; what ``quicksilver.load`` returns."""
 
-    def __init__(self, model: DiffusionLM, tokenizer: Tokenizer, path: str | Path | None = None) -> None:
+    def __init__(self, model: DiffusionLM, tokenizer: Tokenizer, path: str | Path | None = None,
+                 cache: str = "auto", refresh_every: int = 0) -> None:
         self.model = model
         self.tokenizer = tokenizer
         self.config: ModelConfig = model.config
@@ -48,7 +49,13 @@ class Pipeline:
             raise CheckpointError(f"tokenizer mask id {tokenizer.mask_id} differs from config {mask_id}")
         self.stop_ids = sorted(set(self.config.eos_token_ids) | set(tokenizer.stop_ids))
         pad = tokenizer.pad_id if tokenizer.pad_id is not None else self.config.eos_token_ids[0]
-        self.decoder = Decoder(model, mask_id, self.stop_ids, pad_id=pad, vocab_limit=tokenizer.vocab_size)
+        self.decoder = Decoder(model, mask_id, self.stop_ids, pad_id=pad, vocab_limit=tokenizer.vocab_size,
+                               cache_mode=cache, refresh_every=refresh_every)
+        from .models.families import generation_defaults
+
+        # The family's published decoding settings (+ the checkpoint's sampler_config.json): the
+        # base that every request's options are applied on (CLI flags, API fields).
+        self.generation_defaults: dict[str, Any] = generation_defaults(self.config.architecture, self.path)
 
     def encode_prompt(self, prompt: str | Messages, chat: bool | None = None, **template_kwargs: Any) -> list[int]:
         """Token ids of a plain prompt, or of messages rendered through the chat template."""
@@ -65,7 +72,8 @@ class Pipeline:
         return self.tokenizer.encode(self.tokenizer.apply_chat_template(prompt, **template_kwargs))
 
     def sampler_config(self, **options: Any) -> SamplerConfig:
-        return SamplerConfig().replace(**options)
+        """The family's defaults with ``options`` applied on top."""
+        return SamplerConfig().replace(**{**self.generation_defaults, **options})
 
     def stream(self, prompt: str | Messages, chat: bool | None = None, **options: Any
                ) -> Generator[RowEvent, None, GenerationResult]:
@@ -101,7 +109,12 @@ class Pipeline:
                                  dt, len(i), r.revisions) for r, i in zip(results, ids)]
 
 
-def load(path: str | Path, dtype: torch.dtype | None = None) -> Pipeline:
-    """Load a checkpoint directory (never touches the network)."""
-    model, tok = load_checkpoint(path, dtype)
-    return Pipeline(model, tok, path)
+def load(path: str | Path, dtype: torch.dtype | None = None, device: str | torch.device | None = None,
+         cache: str = "auto", refresh_every: int = 0) -> Pipeline:
+    """Load a checkpoint directory (never touches the network). Default: CPU float32, CUDA bfloat16.
+
+    cache: ``auto`` (the exact block cache for block-causal models, none for bidirectional ones),
+    ``none``, ``block``, or the approximate ``prefix`` / ``dual`` caches for bidirectional models,
+    refreshed at every block start and every ``refresh_every`` steps (0: block starts only)."""
+    model, tok = load_checkpoint(path, dtype, device)
+    return Pipeline(model, tok, path, cache=cache, refresh_every=refresh_every)

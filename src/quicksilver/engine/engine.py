@@ -17,6 +17,7 @@ from typing import Any, Iterator
 from ..errors import ConfigError, QuicksilverError
 from ..sampling import Decoder, Row, SamplerConfig
 from ..sampling.decoder import Constraint, DecodeResult
+from .prefix_cache import PrefixCache
 
 
 class EngineOverloaded(QuicksilverError):
@@ -28,6 +29,7 @@ class EngineConfig:
     max_batch: int = 16  # requests in one forward pass
     max_batch_tokens: int = 8192  # tokens in one forward pass (bounds step latency and memory)
     max_waiting: int = 256  # queued requests before add() refuses
+    prefix_cache_mb: int = 256  # cross-request prefix cache (block-causal models); 0 disables
 
 
 @dataclass
@@ -80,6 +82,7 @@ class EngineEvent:
     stats: RequestStats
     error: str | None = None
     result: DecodeResult | None = None
+    cached_tokens: int = 0  # prompt tokens served by the prefix cache
 
 
 @dataclass
@@ -88,6 +91,7 @@ class _Live:
     row: Row
     stats: RequestStats
     emitted: int = 0
+    prompt_cached: int = 0  # prompt tokens served by the prefix cache
 
 
 class Engine:
@@ -103,6 +107,10 @@ class Engine:
         self._pending_ids: set[str] = set()
         self.step_count = 0
         self.totals = collections.Counter[str]()
+        mcfg = decoder.model.config
+        self.prefix_cache: PrefixCache | None = None
+        if self.config.prefix_cache_mb > 0 and decoder.resolve_cache_mode() == "block":
+            self.prefix_cache = PrefixCache(mcfg.block_size, self.config.prefix_cache_mb << 20)
 
     # ---- thread-safe commands -------------------------------------------------------------------
     def add(self, req: EngineRequest) -> None:
@@ -158,6 +166,8 @@ class Engine:
             if need > budget and self._running:
                 break  # wait for room; a lone request is always admitted
             self._waiting.popitem(last=False)
+            if self.prefix_cache is not None:
+                lv.prompt_cached = self.prefix_cache.attach(lv.row)
             lv.stats.admitted = now
             self._running[rid] = lv
             budget -= need
@@ -171,7 +181,7 @@ class Engine:
         if reason in ("cancelled", "error"):
             res.finish_reason = reason
         return EngineEvent(lv.req.request_id, self.step_count, [], lv.emitted, [], [], None, True, reason,
-                           lv.row.nfe, lv.row.P, lv.stats, error, res)
+                           lv.row.nfe, lv.row.P, lv.stats, error, res, lv.prompt_cached)
 
     def step(self) -> list[EngineEvent]:
         now = time.perf_counter()
@@ -194,6 +204,8 @@ class Engine:
         self.totals["forward_passes"] += 1
         for lv, ev in zip(live, row_events):
             row = lv.row
+            if self.prefix_cache is not None and (row.nfe == 1 or ev.done):
+                self.prefix_cache.insert(row)
             self.totals["committed_tokens"] += len(ev.committed)
             new = row.canvas[lv.emitted: ev.stable].tolist() if ev.stable > lv.emitted else []
             if new:
@@ -210,7 +222,8 @@ class Engine:
                 self.totals["generated_tokens"] += ev.end
             events.append(EngineEvent(
                 lv.req.request_id, self.step_count, new, lv.emitted, ev.committed, ev.remasked, ev.canvas, ev.done,
-                ev.finish_reason, row.nfe, row.P, lv.stats, None, row.result() if ev.done else None))
+                ev.finish_reason, row.nfe, row.P, lv.stats, None, row.result() if ev.done else None,
+                lv.prompt_cached))
         return events
 
     def run_until_idle(self) -> Iterator[EngineEvent]:

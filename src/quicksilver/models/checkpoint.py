@@ -16,11 +16,14 @@ from safetensors.torch import load_file, save_file
 from ..errors import CheckpointError
 from ..tokenizer import Tokenizer
 from .config import NATIVE_ARCHITECTURE, ModelConfig
-from .transformer import DiffusionLM
+from .transformer import DiffusionLM, Rotary
 
 # architecture name -> function(path, config.json dict) -> (ModelConfig, state dict in our names)
 Loader = Callable[[Path, dict], tuple[ModelConfig, dict[str, torch.Tensor]]]
 LOADERS: dict[str, Loader] = {}
+# architecture name -> function(path, config.json dict) -> Tokenizer (default: Tokenizer.from_dir)
+TokenizerLoader = Callable[[Path, dict], Tokenizer]
+TOKENIZER_LOADERS: dict[str, TokenizerLoader] = {}
 
 DTYPES = {"float32": torch.float32, "fp32": torch.float32, "bfloat16": torch.bfloat16,
           "bf16": torch.bfloat16, "float16": torch.float16, "fp16": torch.float16}
@@ -62,9 +65,14 @@ def read_safetensors(path: Path) -> dict[str, torch.Tensor]:
             weight_map = json.loads(index.read_text())["weight_map"]
             out: dict[str, torch.Tensor] = {}
             for shard in sorted(set(weight_map.values())):
+                if not (path / shard).is_file():
+                    raise CheckpointError(f"{path}: shard {shard} listed in model.safetensors.index.json is missing")
                 out.update(load_file(str(path / shard)))
+            absent = sorted(set(weight_map) - set(out))
+            if absent:
+                raise CheckpointError(f"{path}: tensors listed in the index are absent from the shards: {absent[:4]}")
             return out
-    except (SafetensorError, OSError, KeyError, json.JSONDecodeError) as e:
+    except (SafetensorError, OSError, KeyError, TypeError, AttributeError, json.JSONDecodeError) as e:
         raise CheckpointError(f"{path}: unreadable weights ({str(e).splitlines()[0]})") from None
     raise CheckpointError(f"{path}: no model.safetensors or model.safetensors.index.json")
 
@@ -74,26 +82,43 @@ def _load_native(path: Path, cj: dict) -> tuple[ModelConfig, dict[str, torch.Ten
     return ModelConfig.from_hf_json(cj), read_safetensors(path)
 
 
-def build_model(cfg: ModelConfig, state: dict[str, torch.Tensor], dtype: torch.dtype | None = None) -> DiffusionLM:
-    model = DiffusionLM(cfg)
+def default_device() -> torch.device:
+    return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+
+
+def build_model(cfg: ModelConfig, state: dict[str, torch.Tensor], dtype: torch.dtype | None = None,
+                device: str | torch.device | None = None) -> DiffusionLM:
+    """The network with ``state`` as its weights, built on the meta device first (no random init, no
+    second copy of an 8B model in memory), in ``dtype`` (default float32) on ``device`` (default CPU)."""
+    target = dtype or torch.float32
+    dev = torch.device(device) if device is not None else torch.device("cpu")
+    with torch.device("meta"):
+        model = DiffusionLM(cfg)
     if cfg.tie_embeddings:
         state = {k: v for k, v in state.items() if k != "lm_head.weight"}
-    expected = {k for k in model.state_dict() if not (cfg.tie_embeddings and k == "lm_head.weight")}
+    shapes = {k: t.shape for k, t in model.state_dict().items()}
+    expected = {k for k in shapes if not (cfg.tie_embeddings and k == "lm_head.weight")}
     missing, unexpected = expected - set(state), set(state) - expected
     if missing or unexpected:
         raise CheckpointError(
             f"weights do not match the config: missing {sorted(missing)[:4]}, unexpected {sorted(unexpected)[:4]}")
-    target = dtype or torch.float32
-    with torch.no_grad():
-        params = dict(model.named_parameters())
-        for k, v in state.items():
-            if params[k].shape != v.shape:
-                raise CheckpointError(f"{k}: shape {tuple(v.shape)} in the checkpoint, {tuple(params[k].shape)} in the config")
-            params[k].copy_(v.to(params[k].dtype))
-    return model.to(target).eval()
+    for k, v in state.items():
+        if shapes[k] != v.shape:
+            raise CheckpointError(f"{k}: shape {tuple(v.shape)} in the checkpoint, {tuple(shapes[k])} in the config")
+    floating = {k: v.to(device=dev, dtype=target if v.is_floating_point() else v.dtype) for k, v in state.items()}
+    model.load_state_dict(floating, strict=False, assign=True)
+    if cfg.tie_embeddings:
+        model.lm_head.weight = model.model.embed_tokens.weight
+    model.rotary = Rotary(cfg.rotary_dim, cfg.rope_theta, cfg.max_seq_len).to(dev)  # non-persistent buffer: recompute
+    left = [n for n, t in (*model.named_parameters(), *model.named_buffers()) if t.is_meta]
+    if left:
+        raise CheckpointError(f"tensors not set by the checkpoint: {left[:4]}")
+    return model.eval()
 
 
-def load_checkpoint(path: str | Path, dtype: torch.dtype | None = None) -> tuple[DiffusionLM, Tokenizer]:
+def load_checkpoint(path: str | Path, dtype: torch.dtype | None = None,
+                    device: str | torch.device | None = None) -> tuple[DiffusionLM, Tokenizer]:
+    """Model and tokenizer of a checkpoint directory. Defaults: CPU float32; on CUDA, bfloat16."""
     path = Path(path)
     cj = read_config_json(path)
     archs = cj.get("architectures")
@@ -102,11 +127,15 @@ def load_checkpoint(path: str | Path, dtype: torch.dtype | None = None) -> tuple
     loader = LOADERS.get(archs[0])
     if loader is None:
         raise CheckpointError(f"{path}: unsupported architecture {archs[0]!r} (known: {sorted(LOADERS)})")
-    tokenizer = Tokenizer.from_dir(path)
+    tok_loader = TOKENIZER_LOADERS.get(archs[0])
+    tokenizer = tok_loader(path, cj) if tok_loader is not None else Tokenizer.from_dir(path)
     cfg, state = loader(path, cj)
     if tokenizer.vocab_size > cfg.vocab_size:
         raise CheckpointError(f"{path}: tokenizer has {tokenizer.vocab_size} tokens, model only {cfg.vocab_size}")
-    return build_model(cfg, state, dtype), tokenizer
+    dev = torch.device(device) if device is not None else default_device()
+    if dtype is None and dev.type == "cuda":
+        dtype = torch.bfloat16
+    return build_model(cfg, state, dtype, dev), tokenizer
 
 
 def save_checkpoint(model: DiffusionLM, tokenizer: Tokenizer, path: str | Path, dtype: str = "float32",

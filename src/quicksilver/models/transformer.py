@@ -19,6 +19,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from .config import ModelConfig
+from .kvcache import KVCache
 
 
 class RMSNorm(nn.Module):
@@ -40,62 +41,37 @@ def rotate_half(x: torch.Tensor) -> torch.Tensor:
 
 
 class Rotary(nn.Module):
-    """Half-split (NeoX / HF-Llama) rotary embedding, cos/sin computed in fp32 from positions."""
+    """Half-split (NeoX / HF-Llama) rotary embedding; cos/sin tables in fp32, looked up by position."""
 
-    def __init__(self, head_dim: int, theta: float) -> None:
+    def __init__(self, head_dim: int, theta: float, max_len: int = 4096) -> None:
         super().__init__()
         inv = 1.0 / (theta ** (torch.arange(0, head_dim, 2, dtype=torch.float32) / head_dim))
         self.register_buffer("inv_freq", inv, persistent=False)
+        self.max_len = max_len
+        self._build(min(max_len, 4096))  # grows on demand
+
+    def _build(self, n: int) -> None:
+        freqs = torch.arange(n, dtype=torch.float32, device=self.inv_freq.device)[:, None] * self.inv_freq
+        emb = torch.cat((freqs, freqs), dim=-1)  # (n, hd)
+        self.register_buffer("cos_table", emb.cos(), persistent=False)
+        self.register_buffer("sin_table", emb.sin(), persistent=False)
 
     def forward(self, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        freqs = positions.float()[..., None] * self.inv_freq  # (B, T, hd/2)
-        emb = torch.cat((freqs, freqs), dim=-1)[:, None]  # (B, 1, T, hd)
-        return emb.cos(), emb.sin()
+        if int(positions.max()) >= self.cos_table.shape[0]:
+            self._build(int(positions.max()) + 1)
+        return self.cos_table[positions][:, None], self.sin_table[positions][:, None]  # (B, 1, T, hd)
 
 
 def apply_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    rd = cos.shape[-1]
+    if rd < x.shape[-1]:  # partial rotary: rotate the leading rd dims, pass the rest through
+        xr, xp = x[..., :rd], x[..., rd:]  # (B, H, T, rd), (B, H, T, hd - rd)
+        return torch.cat((apply_rotary(xr, cos, sin), xp), dim=-1)
+    if x.dtype == torch.float32:
+        return x * cos + rotate_half(x) * sin  # (B, H, T, hd)
     dtype = x.dtype
     x = x.float()
-    return (x * cos + rotate_half(x) * sin).to(dtype)  # (B, H, T, hd)
-
-
-@dataclass
-class KVCache:
-    """Keys/values of positions already run through the network, per layer.
-
-    ``positions`` and ``valid`` (B, L) describe the cached keys for mask building; ``last_logits``
-    (B, V) is the raw output at the last cached position (needed by logit-shifted models).
-    """
-
-    k: list[torch.Tensor] = field(default_factory=list)  # per layer (B, Hkv, L, hd)
-    v: list[torch.Tensor] = field(default_factory=list)
-    positions: torch.Tensor | None = None  # (B, L)
-    valid: torch.Tensor | None = None  # (B, L) bool
-    last_logits: torch.Tensor | None = None  # (B, V) raw (unshifted)
-
-    @property
-    def length(self) -> int:
-        return 0 if self.positions is None else int(self.positions.shape[1])
-
-    def nbytes(self) -> int:
-        return sum(t.numel() * t.element_size() for t in (*self.k, *self.v))
-
-    def select_rows(self, rows: torch.Tensor) -> "KVCache":
-        """The cache of a subset of batch rows (requests leaving a batch)."""
-        return KVCache(
-            [t[rows] for t in self.k], [t[rows] for t in self.v],
-            None if self.positions is None else self.positions[rows],
-            None if self.valid is None else self.valid[rows],
-            None if self.last_logits is None else self.last_logits[rows],
-        )
-
-    def truncate(self, length: int) -> None:
-        """Drop cached positions from ``length`` on."""
-        self.k = [t[:, :, :length] for t in self.k]
-        self.v = [t[:, :, :length] for t in self.v]
-        if self.positions is not None:
-            self.positions = self.positions[:, :length]
-            self.valid = self.valid[:, :length] if self.valid is not None else None
+    return (x * cos + rotate_half(x) * sin).to(dtype)
 
 
 @dataclass
@@ -112,6 +88,7 @@ class Segment:
     hi: int
     cache: KVCache | None = None
     append: int = 0
+    overwrite: bool = False  # the tokens replace cached positions (dual cache) instead of following them
 
 
 def build_attention_mask(
@@ -145,18 +122,30 @@ class Attention(nn.Module):
         self.q_proj = nn.Linear(cfg.d_model, cfg.n_heads * hd, bias=cfg.qkv_bias)
         self.k_proj = nn.Linear(cfg.d_model, cfg.n_kv_heads * hd, bias=cfg.qkv_bias)
         self.v_proj = nn.Linear(cfg.d_model, cfg.n_kv_heads * hd, bias=cfg.qkv_bias)
-        self.o_proj = nn.Linear(cfg.n_heads * hd, cfg.d_model, bias=False)
+        self.o_proj = nn.Linear(cfg.n_heads * hd, cfg.d_model, bias=cfg.o_bias)
+        self.clip = cfg.clip_qkv
         self.q_norm = RMSNorm(hd, cfg.norm_eps) if cfg.qk_norm else None
         self.k_norm = RMSNorm(hd, cfg.norm_eps) if cfg.qk_norm else None
+
+    def _qkv(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        if self.training or torch.is_grad_enabled():
+            return self.q_proj(x), self.k_proj(x), self.v_proj(x)
+        w, b = _fused(self, (self.q_proj, self.k_proj, self.v_proj))  # one matmul at inference
+        qkv = F.linear(x, w, b)
+        nq, nk = self.n_heads * self.hd, self.n_kv * self.hd
+        return qkv[..., :nq], qkv[..., nq:nq + nk], qkv[..., nq + nk:]
 
     def project(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor
                 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         B, T, _ = x.shape  # (B, T, C)
-        q = self.q_proj(x).view(B, T, self.n_heads, self.hd).transpose(1, 2)  # (B, H, T, hd)
-        k = self.k_proj(x).view(B, T, self.n_kv, self.hd).transpose(1, 2)  # (B, Hkv, T, hd)
-        v = self.v_proj(x).view(B, T, self.n_kv, self.hd).transpose(1, 2)  # (B, Hkv, T, hd)
+        q_, k_, v_ = self._qkv(x)
+        q = q_.reshape(B, T, self.n_heads, self.hd).transpose(1, 2)  # (B, H, T, hd)
+        k = k_.reshape(B, T, self.n_kv, self.hd).transpose(1, 2)  # (B, Hkv, T, hd)
+        v = v_.reshape(B, T, self.n_kv, self.hd).transpose(1, 2)  # (B, Hkv, T, hd)
         if self.q_norm is not None and self.k_norm is not None:
             q, k = self.q_norm(q), self.k_norm(k)
+        if self.clip is not None:
+            q, k, v = (t.clamp(-self.clip, self.clip) for t in (q, k, v))
         return apply_rotary(q, cos, sin), apply_rotary(k, cos, sin), v
 
     def attend(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
@@ -167,39 +156,46 @@ class Attention(nn.Module):
         B, _, T, _ = y.shape
         return self.o_proj(y.transpose(1, 2).reshape(B, T, self.n_heads * self.hd))  # (B, T, C)
 
-    def forward(
-        self,
-        x: torch.Tensor,
-        cos: torch.Tensor,
-        sin: torch.Tensor,
-        mask: torch.Tensor | None,
-        past: tuple[torch.Tensor, torch.Tensor] | None,
-    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """Padded batch: (B, T, C) with an optional cached prefix shared in shape by all rows."""
+    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, mask: torch.Tensor | None,
+                cache: KVCache | None, layer: int) -> torch.Tensor:
+        """Padded batch (B, T, C); with a cache, keys/values go after its committed part."""
         q, k, v = self.project(x, cos, sin)
-        new_k, new_v = k, v
-        if past is not None:
-            k = torch.cat((past[0], k), dim=2)  # (B, Hkv, L+T, hd)
-            v = torch.cat((past[1], v), dim=2)
-        return self.output(self.attend(q, k, v, mask)), new_k, new_v
+        if cache is not None:
+            k, v = cache.write(layer, k, v)  # (B, Hkv, L+T, hd)
+        return self.output(self.attend(q, k, v, mask))
 
     def forward_packed(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, spans: list[tuple[int, int]],
-                       pasts: list[tuple[torch.Tensor, torch.Tensor] | None], masks: list[torch.Tensor | None]
-                       ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+                       caches: list[KVCache | None], masks: list[torch.Tensor | None], layer: int) -> torch.Tensor:
         """Packed sequences (1, sum T_i, C): projections batched, attention per sequence with its own cache.
 
         Each sequence's attention sees exactly the tensors it would see alone, so a row's result does
         not depend on its batch-mates (batch invariance).
         """
         q, k, v = self.project(x, cos, sin)  # (1, H, Ttot, hd)
+        if len(spans) == 1 and caches[0] is None:
+            return self.output(self.attend(q, k, v, masks[0]))
         ys = []
-        for (s, e), past, m in zip(spans, pasts, masks):
+        for (s, e), cache, m in zip(spans, caches, masks):
             ki, vi = k[:, :, s:e], v[:, :, s:e]
-            if past is not None:
-                ki = torch.cat((past[0], ki), dim=2)  # (1, Hkv, L+T_i, hd)
-                vi = torch.cat((past[1], vi), dim=2)
+            if cache is not None:
+                ki, vi = cache.write(layer, ki, vi)  # (1, Hkv, L+T_i, hd)
             ys.append(self.attend(q[:, :, s:e], ki, vi, m))
-        return self.output(torch.cat(ys, dim=2)), k, v
+        return self.output(torch.cat(ys, dim=2))
+
+
+def _fused(owner: nn.Module, linears: tuple[nn.Linear, ...]) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """Concatenated weights of several linears, rebuilt whenever one of them changes (inference only)."""
+    key = tuple((lin.weight._version, lin.weight.data_ptr()) for lin in linears)
+    cached = owner.__dict__.get("_fused_cache")
+    if cached is None or cached[0] != key:
+        w = torch.cat([lin.weight for lin in linears])
+        bias = None
+        if any(lin.bias is not None for lin in linears):
+            bias = torch.cat([lin.bias if lin.bias is not None else torch.zeros(lin.out_features, dtype=w.dtype,
+                                                                                 device=w.device) for lin in linears])
+        cached = (key, w, bias)
+        owner.__dict__["_fused_cache"] = cached
+    return cached[1], cached[2]
 
 
 class MLP(nn.Module):
@@ -210,33 +206,41 @@ class MLP(nn.Module):
         self.down_proj = nn.Linear(cfg.mlp_hidden, cfg.d_model, bias=False)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))  # (B, T, C)
+        if self.training or torch.is_grad_enabled():
+            return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))  # (B, T, C)
+        w, _ = _fused(self, (self.gate_proj, self.up_proj))
+        gate, up = F.linear(x, w).chunk(2, dim=-1)  # (B, T, F) each
+        return self.down_proj(F.silu(gate) * up)
 
 
 class Block(nn.Module):
-    def __init__(self, cfg: ModelConfig) -> None:
+    def __init__(self, cfg: ModelConfig, layer_idx: int = 0) -> None:
         super().__init__()
         self.input_layernorm = RMSNorm(cfg.d_model, cfg.norm_eps)
         self.self_attn = Attention(cfg)
         self.post_attention_layernorm = RMSNorm(cfg.d_model, cfg.norm_eps)
-        self.mlp = MLP(cfg)
+        if cfg.moe is not None and cfg.moe.is_moe_layer(layer_idx):
+            from .moe import MoE
 
-    def forward(self, x, cos, sin, mask, past, packed=None):  # type: ignore[no-untyped-def]
+            self.mlp: nn.Module = MoE(cfg.d_model, cfg.moe)
+        else:
+            self.mlp = MLP(cfg)
+
+    def forward(self, x, cos, sin, mask, cache, layer, packed=None):  # type: ignore[no-untyped-def]
         h = self.input_layernorm(x)
         if packed is None:
-            a, k, v = self.self_attn(h, cos, sin, mask, past)
+            a = self.self_attn(h, cos, sin, mask, cache, layer)
         else:
-            a, k, v = self.self_attn.forward_packed(h, cos, sin, *packed)
+            a = self.self_attn.forward_packed(h, cos, sin, *packed, layer)
         x = x + a  # (B, T, C)
-        x = x + self.mlp(self.post_attention_layernorm(x))
-        return x, k, v
+        return x + self.mlp(self.post_attention_layernorm(x))
 
 
 class Backbone(nn.Module):
     def __init__(self, cfg: ModelConfig) -> None:
         super().__init__()
         self.embed_tokens = nn.Embedding(cfg.vocab_size, cfg.d_model)
-        self.layers = nn.ModuleList(Block(cfg) for _ in range(cfg.n_layers))
+        self.layers = nn.ModuleList(Block(cfg, i) for i in range(cfg.n_layers))
         self.norm = RMSNorm(cfg.d_model, cfg.norm_eps)
 
 
@@ -250,7 +254,7 @@ class DiffusionLM(nn.Module):
         self.lm_head = nn.Linear(cfg.d_model, cfg.vocab_size, bias=False)
         if cfg.tie_embeddings:
             self.lm_head.weight = self.model.embed_tokens.weight
-        self.rotary = Rotary(cfg.dim_head, cfg.rope_theta)
+        self.rotary = Rotary(cfg.rotary_dim, cfg.rope_theta, cfg.max_seq_len)
         self.apply(self._init)
         for name, p in self.named_parameters():  # scaled init of residual outputs (GPT-2)
             if name.endswith("o_proj.weight") or name.endswith("down_proj.weight"):
@@ -265,6 +269,15 @@ class DiffusionLM(nn.Module):
         elif isinstance(m, nn.Embedding):
             nn.init.normal_(m.weight, std=0.02)
 
+    def compile_blocks(self) -> None:
+        """torch.compile the per-token parts of every block (MLP and norms; attention stays eager
+        because its shapes follow the packed batch). Measured slower on the 2-core CPU (docs/LOG.md);
+        meant for GPUs."""
+        for layer in self.model.layers:
+            for mod in (layer.mlp, layer.input_layernorm, layer.post_attention_layernorm):
+                mod.forward = torch.compile(mod.forward, dynamic=True)  # type: ignore[method-assign]
+        self.model.norm.forward = torch.compile(self.model.norm.forward, dynamic=True)  # type: ignore[method-assign]
+
     def num_params(self) -> int:
         return sum(p.numel() for p in self.parameters())
 
@@ -277,70 +290,61 @@ class DiffusionLM(nn.Module):
         append: bool = False,
         attn_mask: torch.Tensor | None = None,
     ) -> torch.Tensor:
-        """Logits (B, T, V) for ``input_ids`` (B, T).
+        """Logits (B, T, V) for ``input_ids`` (B, T): the padded-batch path (training, parity, tests).
 
         positions: (B, T) absolute positions (default: continue after the cache, or 0..T-1).
         valid: (B, T) bool, False for padding / dropped positions: nobody attends to them.
-        cache: keys/values of earlier positions; with ``append`` the new ones are added to it.
+        cache: keys/values of earlier positions; with ``append`` the new ones are kept in it.
         attn_mask: an explicit (B, 1, T, L+T) bool mask overriding the configured pattern.
         """
         cfg = self.config
         B, T = input_ids.shape
-        start = cache.length if cache is not None else 0
+        L = cache.length if cache is not None else 0
         if positions is None:
-            base = cache.positions[:, -1:] + 1 if cache is not None and cache.length else start
-            positions = torch.arange(T, device=input_ids.device)[None, :] + base  # (B, T)
-            positions = positions.expand(B, T)
+            base = int(cache.positions[0, L - 1]) + 1 if cache is not None and L else 0
+            positions = (torch.arange(T, device=input_ids.device) + base)[None, :].expand(B, T)  # (B, T)
+        if cache is not None:
+            hd = cfg.dim_head
+            cache.reserve(cfg.n_layers, B, cfg.n_kv_heads, hd, L + T, self.lm_head.weight.dtype, input_ids.device)
+            cache.write_meta(positions, valid)
         if attn_mask is None:
             k_pos, k_valid = positions, valid
-            if cache is not None and cache.length:
-                assert cache.positions is not None
-                k_pos = torch.cat((cache.positions, positions), dim=1)  # (B, L+T)
-                cv = cache.valid if cache.valid is not None else torch.ones_like(cache.positions, dtype=torch.bool)
-                nv = valid if valid is not None else torch.ones_like(positions, dtype=torch.bool)
-                k_valid = torch.cat((cv, nv), dim=1)
+            if cache is not None and L:
+                assert cache.positions is not None and cache.valid is not None
+                k_pos, k_valid = cache.positions[:, : L + T], cache.valid[:, : L + T]  # (B, L+T)
             trivial = cfg.attention == "bidirectional" and (k_valid is None or bool(k_valid.all()))
             attn_mask = None if trivial else build_attention_mask(
                 cfg.attention, cfg.block_size, positions, k_pos, k_valid)
         cos, sin = self.rotary(positions)
         x = self.model.embed_tokens(input_ids)  # (B, T, C)
-        new_k: list[torch.Tensor] = []
-        new_v: list[torch.Tensor] = []
         for i, layer in enumerate(self.model.layers):
-            past = (cache.k[i], cache.v[i]) if cache is not None and cache.length else None
-            x, k, v = layer(x, cos, sin, attn_mask, past)
-            new_k.append(k)
-            new_v.append(v)
+            x = layer(x, cos, sin, attn_mask, cache, i)
         logits = self.lm_head(self.model.norm(x))  # (B, T, V)
         raw_last = logits[:, -1]
         if cfg.logit_shift:
             first = cache.last_logits[:, None] if cache is not None and cache.last_logits is not None else logits[:, :1]
             logits = torch.cat((first, logits[:, :-1]), dim=1)  # (B, T, V): j predicted from j-1
         if cache is not None and append:
-            if cache.length:
-                cache.k = [torch.cat((a, b), dim=2) for a, b in zip(cache.k, new_k)]
-                cache.v = [torch.cat((a, b), dim=2) for a, b in zip(cache.v, new_v)]
-                assert cache.positions is not None
-                cache.positions = torch.cat((cache.positions, positions), dim=1)
-                vv = valid if valid is not None else torch.ones_like(positions, dtype=torch.bool)
-                cv = cache.valid if cache.valid is not None else torch.ones_like(cache.positions[:, :start], dtype=torch.bool)
-                cache.valid = torch.cat((cv, vv), dim=1)
-            else:
-                cache.k, cache.v = new_k, new_v
-                cache.positions = positions
-                cache.valid = valid if valid is not None else torch.ones_like(positions, dtype=torch.bool)
+            cache.commit(T)
             cache.last_logits = raw_last
         return logits
 
     def _segment_mask(self, seg: Segment) -> torch.Tensor | None:
+        """The segment's attention mask, or None when every query may see every key."""
         cfg = self.config
-        cached = seg.cache is not None and seg.cache.length > 0
         if cfg.attention == "bidirectional":
             return None  # a whole sequence, no padding: every key is visible
+        T = int(seg.ids.shape[0])
+        first, last = int(seg.positions[0]), int(seg.positions[-1])
+        if cfg.attention == "causal" and T == 1:
+            return None
+        if cfg.attention == "block_causal" and first // cfg.block_size == last // cfg.block_size:
+            return None  # one block against earlier (cached) blocks: all visible
+        L = seg.cache.length if seg.cache is not None else 0
         k_pos = seg.positions
-        if cached:
-            assert seg.cache is not None and seg.cache.positions is not None
-            k_pos = torch.cat((seg.cache.positions[0], seg.positions))  # (L+T,)
+        if L:
+            assert seg.cache is not None
+            k_pos = torch.cat((seg.cache.committed_positions()[0], seg.positions))  # (L+T,)
         return build_attention_mask(cfg.attention, cfg.block_size, seg.positions[None], k_pos[None], None)
 
     def forward_segments(self, segments: list[Segment]) -> list[torch.Tensor]:
@@ -349,27 +353,33 @@ class DiffusionLM(nn.Module):
         Returns per segment the logits (hi - lo, V) of its tokens [lo, hi), aligned (shift applied).
         """
         cfg = self.config
-        ids = torch.cat([s.ids for s in segments])[None]  # (1, Ttot)
-        pos = torch.cat([s.positions for s in segments])[None]  # (1, Ttot)
+        ids = torch.cat([s.ids for s in segments])[None] if len(segments) > 1 else segments[0].ids[None]  # (1, Ttot)
+        pos = torch.cat([s.positions for s in segments])[None] if len(segments) > 1 else segments[0].positions[None]
         spans, start = [], 0
         for s in segments:
             spans.append((start, start + int(s.ids.shape[0])))
             start = spans[-1][1]
-        masks = [self._segment_mask(s) for s in segments]
+            if s.cache is not None and not s.overwrite:
+                L, T = s.cache.length, int(s.ids.shape[0])
+                s.cache.reserve(cfg.n_layers, 1, cfg.n_kv_heads, cfg.dim_head, L + T, self.lm_head.weight.dtype,
+                                ids.device)
+        masks = [self._segment_mask(s) for s in segments]  # before the caches see this pass's tokens
+        for s in segments:
+            if s.cache is not None:
+                if s.overwrite:
+                    assert int(s.positions[-1]) < s.cache.length, "overwrite inside the cached range only"
+                    s.cache.cursor = int(s.positions[0])
+                else:
+                    s.cache.cursor = None
+                    s.cache.write_meta(s.positions[None], None)
+        caches = [s.cache for s in segments]
         cos, sin = self.rotary(pos)
         x = self.model.embed_tokens(ids)  # (1, Ttot, C)
-        appended: list[tuple[list[torch.Tensor], list[torch.Tensor]]] = [([], []) for _ in segments]
         for li, layer in enumerate(self.model.layers):
-            pasts = [(s.cache.k[li], s.cache.v[li]) if s.cache is not None and s.cache.length else None
-                     for s in segments]
-            x, k, v = layer(x, cos, sin, None, None, packed=(spans, pasts, masks))
-            for j, (s, (a, _)) in enumerate(zip(segments, spans)):
-                if s.append:
-                    appended[j][0].append(k[:, :, a:a + s.append])  # (1, Hkv, A, hd)
-                    appended[j][1].append(v[:, :, a:a + s.append])
+            x = layer(x, cos, sin, None, None, li, packed=(spans, caches, masks))
         h = self.model.norm(x)[0]  # (Ttot, C)
         out = []
-        for s, (a, _), (ks, vs) in zip(segments, spans, appended):
+        for s, (a, _) in zip(segments, spans):
             if cfg.logit_shift:
                 src_lo = a + s.lo - 1
                 if src_lo < a:  # the first wanted token's predictor is the last cached one (or itself)
@@ -381,17 +391,10 @@ class DiffusionLM(nn.Module):
                     out.append(self.lm_head(h[src_lo:a + s.hi - 1]))  # (hi-lo, V)
             else:
                 out.append(self.lm_head(h[a + s.lo:a + s.hi]))  # (hi-lo, V)
+            if s.cache is not None:
+                s.cache.cursor = None
             if s.append and s.cache is not None:
-                c = s.cache
-                new_pos = s.positions[: s.append][None]  # (1, A)
-                if c.length:
-                    c.k = [torch.cat((o, n), dim=2) for o, n in zip(c.k, ks)]
-                    c.v = [torch.cat((o, n), dim=2) for o, n in zip(c.v, vs)]
-                    assert c.positions is not None
-                    c.positions = torch.cat((c.positions, new_pos), dim=1)
-                else:
-                    c.k, c.v, c.positions = ks, vs, new_pos
-                c.valid = None
+                s.cache.commit(s.append)
                 if cfg.logit_shift:
-                    c.last_logits = self.lm_head(h[a + s.append - 1])[None]  # (1, V) raw
+                    s.cache.last_logits = self.lm_head(h[a + s.append - 1])[None]  # (1, V) raw
         return out

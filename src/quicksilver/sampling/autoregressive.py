@@ -11,7 +11,8 @@ from typing import Generator, Sequence
 import torch
 
 from ..errors import ConfigError
-from ..models.transformer import DiffusionLM, KVCache
+from ..models.kvcache import KVCache
+from ..models.transformer import DiffusionLM, Segment
 from .decoder import DecodeResult
 from .noise import sample_tokens
 
@@ -32,13 +33,15 @@ def ar_stream(model: DiffusionLM, prompt: Sequence[int], max_new_tokens: int, st
         gen = torch.Generator(device=device).manual_seed(seed if seed is not None else 0)
     t0 = time.perf_counter()
     cache = KVCache()
-    x = torch.tensor([list(prompt)], dtype=torch.long, device=device)  # (1, P)
+    x = torch.tensor(list(prompt), dtype=torch.long, device=device)  # (P,)
+    pos = torch.arange(len(prompt), device=device)
     stops = set(stop_ids)
     out: list[int] = []
     nfe = 0
     finish = "length"
     for _ in range(max_new_tokens):
-        logits = model(x, cache=cache, append=True)[:, -1]  # (1, V): the next token
+        T = int(x.shape[0])  # the same packed path as diffusion decoding: one segment, exact cache
+        logits = model.forward_segments([Segment(x, pos, T - 1, T, cache, append=T)])[0]  # (1, V): the next token
         nfe += 1
         tok = int(sample_tokens(logits.float(), temperature, top_p, gen)[0])
         if tok in stops:
@@ -46,7 +49,8 @@ def ar_stream(model: DiffusionLM, prompt: Sequence[int], max_new_tokens: int, st
             break
         out.append(tok)
         yield tok
-        x = torch.tensor([[tok]], dtype=torch.long, device=device)
+        x = torch.tensor([tok], dtype=torch.long, device=device)
+        pos = pos[-1:] + 1
     return DecodeResult(out, finish, nfe, nfe, 0, time.perf_counter() - t0)
 
 

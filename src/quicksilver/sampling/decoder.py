@@ -21,7 +21,8 @@ from typing import Generator, Protocol, Sequence
 import torch
 
 from ..errors import ConfigError
-from ..models.transformer import DiffusionLM, KVCache, Segment
+from ..models.kvcache import KVCache
+from ..models.transformer import DiffusionLM, Segment
 from .config import SamplerConfig
 from .noise import sample_tokens
 from .policies import POLICIES
@@ -81,7 +82,9 @@ class Row:
     aligned: bool  # blocks at absolute multiples of block_length (block-causal models)
     model_block: int | None  # the model's attention block size if block_causal, else None
     vocab_limit: int | None = None
-    cache: KVCache | None = None  # exact KV cache of completed blocks (block-causal models)
+    cache: KVCache | None = None
+    cache_mode: str = "none"  # block (exact, block-causal) | prefix | dual (approximate, bidirectional) | none
+    refresh_every: int = 0  # approximate caches: full recompute every k steps within a block (0: block starts only)
     generator: torch.Generator | None = None
     prefill: dict[int, int] | None = None  # canvas position -> token fixed before decoding (skeletons)
     suffix: torch.Tensor | None = None  # (S,) tokens after the canvas (infilling, bidirectional models)
@@ -102,6 +105,7 @@ class Row:
         for pos, tok in (self.prefill or {}).items():
             self.canvas[pos], self.committed[pos], self.fixed[pos] = tok, True, True
         self.S = 0 if self.suffix is None else int(self.suffix.shape[0])
+        self.stale = True  # approximate caches: the next pass must recompute everything
         self.end = n  # canvas[:end] is live (stop token at end-1 once found)
         self.stop_pos: int | None = None
         self.offset = self.P % self.block_length if self.aligned else 0
@@ -150,6 +154,8 @@ class Row:
         n = self.input_len()
         lo, hi = self.window()
         seq = self.sequence(n)  # (n,)
+        if self.cache is not None and self.cache_mode in ("prefix", "dual"):
+            return self._approx_segment(seq, lo, hi)
         start, append = 0, 0
         if self.cache is not None:
             assert self.model_block is not None
@@ -159,6 +165,25 @@ class Row:
         ids = seq[start:]
         positions = torch.arange(start, start + int(ids.shape[0]), device=ids.device)
         return Segment(ids, positions, self.P + lo - start, self.P + hi - start, self.cache, append)
+
+    def _approx_segment(self, seq: torch.Tensor, lo: int, hi: int) -> Segment:
+        """Fast-dLLM-style caches for bidirectional models: at a block start (or every
+        ``refresh_every`` steps) one full pass refreshes the cached keys/values; in between, the
+        prefix cache recomputes the block and everything after it, the dual cache only the block."""
+        assert self.cache is not None
+        n = int(seq.shape[0])
+        due = self.refresh_every > 0 and self.block_steps % self.refresh_every == 0
+        if self.stale or self.block_steps == 0 or due:
+            self.cache.truncate(0)
+            self.stale = False
+            keep = self.P + lo if self.cache_mode == "prefix" else n
+            return Segment(seq, torch.arange(n, device=seq.device), self.P + lo, self.P + hi, self.cache, keep)
+        if self.cache_mode == "prefix":
+            start = self.cache.length
+            return Segment(seq[start:], torch.arange(start, n, device=seq.device), self.P + lo - start,
+                           self.P + hi - start, self.cache, 0)
+        a, b = self.P + lo, self.P + hi
+        return Segment(seq[a:b], torch.arange(a, b, device=seq.device), 0, b - a, self.cache, 0, overwrite=True)
 
     @property
     def revising(self) -> bool:
@@ -264,6 +289,7 @@ class Row:
             if stops and (self.stop_pos is None or min(stops) < self.stop_pos):
                 self.stop_pos = min(stops)
                 self.end = self.stop_pos + 1
+                self.stale = True
                 self.canvas[self.end:] = self.mask_id
                 self.committed[self.end:] = False
                 committed = [(p, t) for p, t in committed if p < self.end]
@@ -307,13 +333,21 @@ class Row:
         return DecodeResult(out, self.finish_reason or "length", self.nfe, self.steps, self.n_revisions, self.seconds)
 
 
+CACHE_MODES = ("auto", "none", "block", "prefix", "dual")
+
+
 class Decoder:
     """Builds rows for a model and runs batched refinement steps over them."""
 
     def __init__(self, model: DiffusionLM, mask_id: int, stop_ids: Sequence[int], pad_id: int = 0,
-                 vocab_limit: int | None = None, use_cache: bool = True) -> None:
+                 vocab_limit: int | None = None, use_cache: bool = True, cache_mode: str = "auto",
+                 refresh_every: int = 0) -> None:
         self.model = model
-        self.use_cache = use_cache  # exact block cache for block-causal models
+        self.use_cache = use_cache  # False: no cache at all (the uncached reference path)
+        if cache_mode not in CACHE_MODES:
+            raise ConfigError(f"cache mode must be one of {CACHE_MODES}, got {cache_mode!r}")
+        self.cache_mode = cache_mode
+        self.refresh_every = refresh_every
         self.vocab_limit = vocab_limit  # ids >= this are padding rows of the embedding: never sampled
         self.mask_id = mask_id
         self.stop_ids = frozenset(int(t) for t in stop_ids)
@@ -323,6 +357,20 @@ class Decoder:
     @property
     def device(self) -> torch.device:
         return next(self.model.parameters()).device
+
+    def resolve_cache_mode(self) -> str:
+        """auto: the exact block cache for block-causal models, no cache for the others."""
+        att = self.model.config.attention
+        if not self.use_cache or att == "causal":
+            return "none"
+        mode = self.cache_mode
+        if mode == "auto":
+            mode = "block" if att == "block_causal" else "none"
+        if mode == "block" and att != "block_causal":
+            raise ConfigError("the exact block cache needs a block-causal model; use prefix or dual")
+        if mode in ("prefix", "dual") and att != "bidirectional":
+            mode = "block"  # block-causal models have an exact cache: no need to approximate
+        return mode
 
     def new_row(self, prompt_ids: Sequence[int], cfg: SamplerConfig, tag: object = None,
                 prefill: dict[int, int] | None = None, suffix: Sequence[int] | None = None,
@@ -340,12 +388,13 @@ class Decoder:
         if cfg.temperature > 0 or POLICIES[cfg.policy].needs_noise:
             gen = torch.Generator(device=self.device)
             gen.manual_seed(cfg.seed if cfg.seed is not None else int(torch.randint(0, 2**62, ()).item()))
+        mode = self.resolve_cache_mode()
         prompt = torch.tensor(list(prompt_ids), dtype=torch.long, device=self.device)
         sfx = torch.tensor(list(suffix), dtype=torch.long, device=self.device) if suffix else None
         return Row(prompt, cfg, self.mask_id, self.stop_ids, bl, aligned=block_causal,
                    model_block=mcfg.block_size if block_causal else None, generator=gen, tag=tag,
                    prefill=prefill, suffix=sfx, constraint=constraint, vocab_limit=self.vocab_limit,
-                   cache=KVCache() if (self.use_cache and block_causal) else None)
+                   cache=KVCache() if mode != "none" else None, cache_mode=mode, refresh_every=self.refresh_every)
 
     @torch.no_grad()
     def step(self, rows: Sequence[Row]) -> list[RowEvent]:

@@ -32,7 +32,11 @@ class ServerConfig:
     port: int = 8000
     api_key: str | None = None  # protects every route but /health (also QUICKSILVER_API_KEY)
     mock: bool = False  # serve the scripted mock engine (no weights; for demos and protocol tests)
-    device: str | None = None  # torch device for the model (default: where it loads, the CPU)
+    device: str | None = None  # torch device (default: the CPU)
+    dtype: str | None = None  # float32 | bfloat16 | float16 (default: float32 on CPU, bfloat16 on CUDA)
+    cache: str = "auto"  # KV cache mode: auto | none | block | prefix | dual (see quicksilver generate --help)
+    refresh_every: int = 0  # approximate caches: full recompute every N steps (0: at block starts only)
+    prefix_cache_mb: int = 256  # cross-request prefix cache for block-causal models (0: off)
     threads: int = 0  # torch intra-op threads (0: leave the default)
     max_body_bytes: int = MAX_BODY_BYTES
     max_prompt_tokens: int = MAX_PROMPT_TOKENS
@@ -60,6 +64,9 @@ SERVER_HELP = {
     "served_model_name": "model id clients send and /v1/models lists",
     "api_key": f"require 'Authorization: Bearer KEY' on every route but /health (env {API_KEY_ENV})",
     "mock": "serve the scripted mock engine instead of a model (no weights)",
+    "dtype": "compute dtype: float32, bfloat16 or float16 (default: float32 on CPU, bfloat16 on CUDA)",
+    "cache": "KV cache: auto, none, block, prefix or dual",
+    "prefix_cache_mb": "cross-request prefix cache for block-causal models, in MiB (0: off)",
     "max_body_bytes": "largest request body accepted (413 above)",
     "max_prompt_tokens": "longest prompt accepted, in tokens (400 above)",
     "max_tokens": "largest max_tokens a request may ask for (400 above)",

@@ -44,6 +44,7 @@ class Backend:
     attention: str  # bidirectional | block_causal | causal
     stop_ids: list[int]
     mask_id: int
+    defaults: dict[str, Any] = field(default_factory=dict)  # the family's / checkpoint's sampler settings
 
     def tid(self, text: str) -> int | None:
         return self.tokenizer.token_to_id(text)
@@ -118,6 +119,7 @@ class ChoiceResult:
     nfe: int = 0
     steps: int = 0
     structured: bool = False
+    cached_tokens: int = 0  # prompt tokens the prefix cache served (first phase)
 
 
 class EngineFailure(APIError):
@@ -199,6 +201,7 @@ class ChoiceRunner:
             async for ev in events:
                 if self.queue_time is None:
                     self.queue_time = ev.stats.queue_time
+                    self.result.cached_tokens = int(getattr(ev, "cached_tokens", 0))
                 self.metrics.inc("diffusion_remasked_tokens_total", len(ev.remasked))
                 if ev.finish_reason == "error":
                     raise EngineFailure(ev.error or "unknown error")

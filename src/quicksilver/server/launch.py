@@ -14,7 +14,7 @@ from .generation import Backend
 
 def build_backend(cfg: ServerConfig, mock_step_delay: float = 0.0) -> Backend:
     """The served model as a ``Backend`` (nothing is read from the network, ever)."""
-    ecfg = EngineConfig(max_batch=cfg.max_batch, max_waiting=cfg.max_waiting)
+    ecfg = EngineConfig(max_batch=cfg.max_batch, max_waiting=cfg.max_waiting, prefix_cache_mb=cfg.prefix_cache_mb)
     if cfg.mock:
         from .mock_engine import MockEngine
 
@@ -34,15 +34,17 @@ def build_backend(cfg: ServerConfig, mock_step_delay: float = 0.0) -> Backend:
         raise QuicksilverError(f"{path}: no such checkpoint (config.json missing)")
     if cfg.threads:
         torch.set_num_threads(cfg.threads)
-    pipe = quicksilver.load(path)
-    if cfg.device:
-        pipe.model.to(cfg.device)
+    if cfg.dtype not in (None, "float32", "bfloat16", "float16"):
+        raise QuicksilverError(f"--dtype must be float32, bfloat16 or float16, got {cfg.dtype!r}")
+    dtype = getattr(torch, cfg.dtype) if cfg.dtype else None
+    pipe = quicksilver.load(path, dtype=dtype, device=cfg.device, cache=cfg.cache, refresh_every=cfg.refresh_every)
     pipe.model.eval()
     from ..assets import embedded_model_path
 
     name = cfg.served_model_name or ("quicksilver" if path == embedded_model_path() else Path(path).name)
     return Backend(name, pipe.tokenizer, AsyncEngine(Engine(pipe.decoder, ecfg)), pipe.config.max_seq_len,
-                   pipe.config.attention, list(pipe.stop_ids), pipe.config.mask_token_id)
+                   pipe.config.attention, list(pipe.stop_ids), pipe.config.mask_token_id,
+                   dict(pipe.generation_defaults))
 
 
 def serve(cfg: ServerConfig, mock_step_delay: float = 0.0) -> int:

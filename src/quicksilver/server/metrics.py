@@ -3,9 +3,9 @@
 Names mirror vLLM's under the ``quicksilver:`` prefix (requests, prompt/generation tokens, TTFT,
 inter-token latency, end-to-end latency, queue time), plus diffusion counters in the spirit of
 vLLM's ``vllm:diffusion_*`` (denoising steps, forward passes, committed and re-masked tokens) and
-a tokens-per-forward histogram. Engine-wide counters are read from ``engine.totals`` at scrape time.
-Room is left for a prefix cache (``prefix_cache_queries_total``/``prefix_cache_hits_total``):
-add them to ``ENGINE_COUNTERS`` once the engine counts them.
+a tokens-per-forward histogram. Engine-wide counters are read from ``engine.totals`` at scrape time,
+the prefix cache's (``prefix_cache_queries_total``/``prefix_cache_hits_total``, in prompt tokens, as
+vLLM's) from ``engine.prefix_cache`` when the engine has one.
 """
 from __future__ import annotations
 
@@ -95,6 +95,12 @@ class Metrics:
                 one(name, "counter", COUNTER_HELP.get(name, name), samples)
             for key, (metric, help) in ENGINE_COUNTERS.items():
                 one(metric, "counter", help, [(model, float(engine.totals.get(key, 0)))])
+            pc = getattr(engine, "prefix_cache", None)
+            if pc is not None:  # hit rate = hits / queries
+                one("prefix_cache_queries_total", "counter", "Prompt tokens looked up in the prefix cache.",
+                    [(model, float(pc.query_tokens))])
+                one("prefix_cache_hits_total", "counter", "Prompt tokens served from the prefix cache.",
+                    [(model, float(pc.hit_tokens))])
             for name, h in self.hist.items():
                 lines.append(f"# HELP {PREFIX}{name} {self.HISTOGRAMS[name][0]}")
                 lines.append(f"# TYPE {PREFIX}{name} histogram")

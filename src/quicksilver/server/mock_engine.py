@@ -13,6 +13,7 @@ from __future__ import annotations
 import json
 import re
 import time
+from types import SimpleNamespace
 from typing import Callable, Sequence
 
 import torch
@@ -86,6 +87,12 @@ class ScriptedDecoder:
         self.vocab = tokenizer.vocab_size
         self.step_count = 0
         self.forward_passes = 0
+        # what the engine asks of a decoder's model: a bidirectional "network" with no KV cache
+        self.model = SimpleNamespace(config=SimpleNamespace(attention="bidirectional", block_size=block_length,
+                                                            max_seq_len=max_context))
+
+    def resolve_cache_mode(self) -> str:
+        return "none"
 
     def new_row(self, prompt_ids: Sequence[int], cfg: SamplerConfig, tag: object = None,
                 prefill: dict[int, int] | None = None, suffix: Sequence[int] | None = None,

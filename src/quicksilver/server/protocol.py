@@ -32,10 +32,15 @@ class CompletionTokensDetails(BaseModel):
     reasoning_tokens: int = 0
 
 
+class PromptTokensDetails(BaseModel):
+    cached_tokens: int = 0  # prompt tokens served by the prefix cache
+
+
 class UsageInfo(BaseModel):
     prompt_tokens: int = 0
     completion_tokens: int = 0
     total_tokens: int = 0
+    prompt_tokens_details: PromptTokensDetails | None = None
     completion_tokens_details: CompletionTokensDetails | None = None
 
 
@@ -78,9 +83,9 @@ class ModelList(BaseModel):
     data: list[ModelCard] = Field(default_factory=list)
 
 
-def usage(prompt: int, completion: int, reasoning: int | None = None) -> dict[str, Any]:
+def usage(prompt: int, completion: int, reasoning: int | None = None, cached: int = 0) -> dict[str, Any]:
     u: dict[str, Any] = {"prompt_tokens": prompt, "completion_tokens": completion,
-                         "total_tokens": prompt + completion}
+                         "total_tokens": prompt + completion, "prompt_tokens_details": {"cached_tokens": cached}}
     if reasoning is not None:
         u["completion_tokens_details"] = {"reasoning_tokens": reasoning}
     return u

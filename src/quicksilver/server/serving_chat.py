@@ -96,7 +96,7 @@ class OpenAIServingChat(OpenAIServing):
         answer, think = self.budgets(len(ids), max_tokens, effort.reasoning, param)
         if effort.reasoning > 0 and think == 0:  # no room to think: answer at once
             ids = encode(False)
-        sampler = self.sampler(req, effort, req.temperature, req.top_p, req.seed)
+        sampler = self.sampler(req, effort, req.temperature, req.top_p, req.seed, req.reasoning_effort is not None)
         ban = []
         if mode == "none" and tok.token_to_id("<tool_call>") is not None and tools:
             ban = [tok.token_to_id("<tool_call>")]
@@ -129,7 +129,7 @@ class OpenAIServingChat(OpenAIServing):
         gen, reasoning, nfe, steps, _ = totals
         return {"id": f"chatcmpl-{uuid.uuid4().hex}", "object": "chat.completion", "created": int(time.time()),
                 "model": self.b.name, "choices": choices,
-                "usage": usage(len(plan.prompt_ids), gen, reasoning),
+                "usage": usage(len(plan.prompt_ids), gen, reasoning, results[0].cached_tokens),
                 "diffusion": {"nfe": nfe, "steps": steps, "tpf": round(gen / nfe, 3) if nfe else 0.0}}
 
     def stream(self, req: ChatCompletionRequest, arrival: float) -> AsyncGenerator[str, None]:
@@ -154,7 +154,7 @@ class OpenAIServingChat(OpenAIServing):
         filters = {r.result.index: ToolStreamFilter() for r in runners}
         for r in runners:
             yield chunk(r.result.index, {"role": "assistant", "content": ""})
-        gen = reasoning = 0
+        gen = reasoning = cached = 0
         async for i, item in self.merged(runners):
             if isinstance(item, BaseException):
                 raise item
@@ -178,8 +178,9 @@ class OpenAIServingChat(OpenAIServing):
                     finish = "tool_calls" if finish in ("stop", "length") else finish
             gen += item.completion_tokens
             reasoning += item.reasoning_tokens
+            cached = cached or item.cached_tokens
             yield chunk(i, {}, finish)
         if include_usage:
             yield sse({"id": cid, "object": "chat.completion.chunk", "created": created, "model": self.b.name,
-                       "choices": [], "usage": usage(len(plan.prompt_ids), gen, reasoning)})
+                       "choices": [], "usage": usage(len(plan.prompt_ids), gen, reasoning, cached)})
         yield "data: [DONE]\n\n"

@@ -47,7 +47,7 @@ class OpenAIServingCompletion(OpenAIServing):
         if req.best_of not in (None, 1, req.n):
             raise bad_request("best_of is not supported", "best_of")
         effort = EFFORTS["instant" if req.realtime else "none"]
-        sampler = self.sampler(req, effort, req.temperature, req.top_p, req.seed)
+        sampler = self.sampler(req, effort, req.temperature, req.top_p, req.seed, effort_given=bool(req.realtime))
         plans = []
         for ids in self._prompts(req):
             suffix_ids = None

@@ -82,16 +82,24 @@ class OpenAIServing:
         return e if can_reason else Effort(0, e.threshold, e.revise_threshold, e.max_revisions)
 
     def sampler(self, extras: DiffusionExtras, effort: Effort, temperature: float | None, top_p: float | None,
-                seed: int | None) -> SamplerConfig:
-        cfg = SamplerConfig(
-            policy=extras.policy or "threshold", threshold=extras.threshold or effort.threshold, steps=extras.steps,
-            block_length=extras.block_length or (8 if extras.realtime else None),
-            temperature=float(temperature or 0.0), top_p=float(top_p if top_p is not None else 1.0), seed=seed,
-            revise_threshold=effort.revise_threshold, max_revisions=effort.max_revisions,
-            stop_at_eos=not extras.ignore_eos)
+                seed: int | None, effort_given: bool = True) -> SamplerConfig:
+        """Settings in order of precedence: the request's explicit fields, then the reasoning effort
+        (when the request names one, asks for realtime, or the model has no published defaults),
+        then the model family's / checkpoint's defaults, then ``SamplerConfig``'s."""
+        opts: dict[str, Any] = dict(self.b.defaults)
+        if effort_given or extras.realtime or not self.b.defaults:
+            opts.update(threshold=effort.threshold, revise_threshold=effort.revise_threshold,
+                        max_revisions=effort.max_revisions)
+        given = {"policy": extras.policy, "threshold": extras.threshold, "steps": extras.steps,
+                 "block_length": extras.block_length or (8 if extras.realtime else None),
+                 "temperature": temperature, "top_p": top_p, "seed": seed}
+        opts.update({k: v for k, v in given.items() if v is not None})
+        opts.setdefault("temperature", 0.0)
+        if extras.ignore_eos:
+            opts["stop_at_eos"] = False
         try:
-            return cfg.validate()
-        except ConfigError as e:
+            return SamplerConfig().replace(**opts).validate()
+        except (ConfigError, TypeError) as e:
             raise bad_request(str(e)) from None
 
     # ---- running choices -----------------------------------------------------------------------

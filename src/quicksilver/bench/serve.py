@@ -1,0 +1,317 @@
+"""``quicksilver bench serve``: load on a live server, and an agent loop with and without prefix caching.
+
+Load: for each concurrency level (default 1, 4, 16, 64) requests arrive as a Poisson process
+(``--rate`` per second; ``inf`` sends them as fast as the concurrency cap allows), at most that many
+in flight, bounded in count and time. Each request streams (SSE) with usage; per level we report TTFT,
+inter-token latency (gaps between content chunks) and end-to-end latency p50/p99, aggregate output
+tok/s (all output tokens / wall time of the level) and failed requests.
+
+Agent loop: a multi-turn tool-calling conversation resent in full every turn (as agent frameworks
+do); seconds per turn, measured against a server with the prefix cache and one without.
+Both end with one JSON line and write a PNG.
+"""
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import datetime
+import json
+import os
+import random
+import socket
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Iterator
+
+from ..errors import QuicksilverError
+from .common import emit_json, hardware, median, print_table
+
+
+def percentile(xs: list[float], q: float) -> float:
+    if not xs:
+        return float("nan")
+    s = sorted(xs)
+    k = (len(s) - 1) * q
+    lo, hi = int(k), min(int(k) + 1, len(s) - 1)
+    return s[lo] + (s[hi] - s[lo]) * (k - lo)
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+@contextlib.contextmanager
+def launch_server(model: str | None, extra: list[str], timeout: float = 180.0) -> Iterator[str]:
+    """Start ``quicksilver serve`` on a free port; yield its base URL; stop it afterwards."""
+    import httpx
+
+    port = free_port()
+    cmd = [sys.executable, "-m", "quicksilver.cli", "serve", "--host", "127.0.0.1", "--port", str(port), *extra]
+    if model:
+        cmd += ["--model", model]
+    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, env=os.environ.copy())
+    url = f"http://127.0.0.1:{port}"
+    try:
+        t0 = time.time()
+        while True:
+            if proc.poll() is not None:
+                raise QuicksilverError(f"server exited: {(proc.stderr.read() if proc.stderr else '')[-400:]}")
+            try:
+                if httpx.get(url + "/health", timeout=2).status_code == 200:
+                    break
+            except httpx.HTTPError:
+                pass
+            if time.time() - t0 > timeout:
+                raise QuicksilverError("server did not become healthy in time")
+            time.sleep(0.3)
+        yield url
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(10)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+
+
+@dataclass
+class Result:
+    ok: bool
+    ttft: float = float("nan")
+    e2e: float = float("nan")
+    itl: list[float] = field(default_factory=list)
+    out_tokens: int = 0
+    content: str = ""
+    tool_calls: list[dict[str, Any]] = field(default_factory=list)
+    error: str = ""
+
+
+async def stream_chat(client: Any, url: str, body: dict[str, Any], api_key: str | None) -> Result:
+    """One streamed chat completion, timed chunk by chunk."""
+    headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
+    body = {**body, "stream": True, "stream_options": {"include_usage": True}}
+    t0 = time.perf_counter()
+    last = None
+    res = Result(ok=False)
+    calls: dict[int, dict[str, Any]] = {}
+    try:
+        async with client.stream("POST", url + "/v1/chat/completions", json=body, headers=headers) as r:
+            if r.status_code != 200:
+                res.error = f"HTTP {r.status_code}: {(await r.aread())[:200]!r}"
+                return res
+            async for line in r.aiter_lines():
+                if not line.startswith("data: "):
+                    continue
+                data = line[6:]
+                if data == "[DONE]":
+                    break
+                chunk = json.loads(data)
+                if chunk.get("usage"):
+                    res.out_tokens = int(chunk["usage"].get("completion_tokens", 0))
+                for ch in chunk.get("choices", []):
+                    delta = ch.get("delta") or {}
+                    text = (delta.get("content") or "") + (delta.get("reasoning_content") or "")
+                    for tc in delta.get("tool_calls") or []:
+                        c = calls.setdefault(tc.get("index", 0), {"id": tc.get("id"), "name": "", "arguments": ""})
+                        fn = tc.get("function") or {}
+                        c["name"] += fn.get("name") or ""
+                        c["arguments"] += fn.get("arguments") or ""
+                        text += fn.get("arguments") or ""
+                    res.content += delta.get("content") or ""
+                    if text:
+                        now = time.perf_counter()
+                        if last is None:
+                            res.ttft = now - t0
+                        else:
+                            res.itl.append(now - last)
+                        last = now
+        res.e2e = time.perf_counter() - t0
+        res.tool_calls = [calls[i] for i in sorted(calls)]
+        res.ok = True
+    except Exception as e:  # noqa: BLE001 - a failed request is a data point, not a crash
+        res.error = f"{type(e).__name__}: {e}"
+    return res
+
+
+async def run_level(url: str, bodies: list[dict[str, Any]], concurrency: int, rate: float, time_limit: float,
+                    api_key: str | None, seed: int) -> tuple[list[Result], float]:
+    import httpx
+
+    rng = random.Random(seed)
+    sem = asyncio.Semaphore(concurrency)
+    results: list[Result] = []
+    deadline = time.perf_counter() + time_limit
+    async with httpx.AsyncClient(timeout=httpx.Timeout(time_limit + 30)) as client:
+
+        async def one(body: dict[str, Any]) -> None:
+            async with sem:
+                if time.perf_counter() > deadline:
+                    return
+                results.append(await stream_chat(client, url, body, api_key))
+
+        t0 = time.perf_counter()
+        tasks = []
+        for body in bodies:
+            tasks.append(asyncio.create_task(one(body)))
+            if rate != float("inf"):
+                await asyncio.sleep(rng.expovariate(rate))
+        await asyncio.gather(*tasks)
+        wall = time.perf_counter() - t0
+    return results, wall
+
+
+def level_summary(results: list[Result], wall: float, concurrency: int) -> dict[str, Any]:
+    ok = [r for r in results if r.ok]
+    itl = [x for r in ok for x in r.itl]
+    out = sum(r.out_tokens for r in ok)
+    return {
+        "concurrency": concurrency, "requests": len(results), "failed": len(results) - len(ok),
+        "ttft_p50_ms": 1000 * percentile([r.ttft for r in ok], 0.5),
+        "ttft_p99_ms": 1000 * percentile([r.ttft for r in ok], 0.99),
+        "itl_p50_ms": 1000 * percentile(itl, 0.5), "itl_p99_ms": 1000 * percentile(itl, 0.99),
+        "e2e_p50_s": percentile([r.e2e for r in ok], 0.5), "e2e_p99_s": percentile([r.e2e for r in ok], 0.99),
+        "output_tokens": out, "wall_s": wall, "aggregate_tok_s": out / wall if wall > 0 else 0.0,
+        "single_request_tok_s_p50": median([r.out_tokens / r.e2e for r in ok if r.e2e > 0]),
+    }
+
+
+def chat_bodies(n: int, seed: int, max_tokens: int) -> list[dict[str, Any]]:
+    """Requests from the held-out task suite (so the server does real work), cycled to ``n``."""
+    from ..train.data import chat_messages
+    from ..train.tasks import get_task
+
+    items = [it for name in ("path_star", "sudoku4", "countdown3", "multiply", "tool_call", "chat")
+             for it in get_task(name).test_items(max(2, n // 6 + 1), seed) if it.is_chat]
+    random.Random(seed).shuffle(items)
+    bodies = []
+    for it in (items * (n // max(len(items), 1) + 1))[:n]:
+        body: dict[str, Any] = {"model": "quicksilver", "messages": chat_messages(it), "max_tokens": max_tokens}
+        if it.tools:
+            body["tools"] = it.tools
+        bodies.append(body)
+    return bodies
+
+
+async def agent_loop(url: str, turns: int, seed: int, max_tokens: int) -> list[float]:
+    """A tool-calling conversation resent in full every turn: seconds per turn."""
+    import httpx
+
+    from ..train.tasks import get_task
+
+    task = get_task("tool_call")
+    items = [it for it in task.test_items(turns + 4, seed) if it.stratum == "call"]
+    tools = items[0].tools or []
+    messages: list[dict[str, Any]] = [{"role": "system", "content": "You are a helpful assistant with tools."}]
+    times: list[float] = []
+    async with httpx.AsyncClient(timeout=120) as client:
+        k = 0
+        while len(times) < turns:
+            it = items[k % len(items)]
+            k += 1
+            user = next((m for m in (it.messages or []) if m["role"] == "user"), {"content": "hello"})
+            messages.append({"role": "user", "content": user["content"]})
+            r = await stream_chat(client, url, {"model": "quicksilver", "messages": messages, "tools": tools,
+                                                "max_tokens": max_tokens, "temperature": 0}, None)
+            times.append(r.e2e if r.ok else float("nan"))
+            if r.tool_calls and len(times) < turns:
+                call = r.tool_calls[0]
+                messages.append({"role": "assistant", "content": None, "tool_calls": [
+                    {"id": call["id"] or "call_0", "type": "function",
+                     "function": {"name": call["name"], "arguments": call["arguments"] or "{}"}}]})
+                messages.append({"role": "tool", "tool_call_id": call["id"] or "call_0",
+                                 "content": json.dumps({"result": "ok", "value": 42})})
+                r2 = await stream_chat(client, url, {"model": "quicksilver", "messages": messages, "tools": tools,
+                                                     "max_tokens": max_tokens, "temperature": 0}, None)
+                times.append(r2.e2e if r2.ok else float("nan"))
+                messages.append({"role": "assistant", "content": r2.content})
+            else:
+                messages.append({"role": "assistant", "content": r.content})
+    return times[:turns]
+
+
+def run_serve_bench(args: argparse.Namespace) -> int:
+    levels = [int(x) for x in args.concurrency.split(",") if x]
+    rate = float(args.rate)
+    extra = [f"--max-batch={max(levels)}"] if not args.url else []
+    report: dict[str, Any] = {"bench": "serve", "levels": [], "date": datetime.date.today().isoformat(),
+                              "hardware": hardware()}
+    ctx = contextlib.nullcontext(args.url) if args.url else launch_server(args.model, extra)
+    with ctx as url:
+        for c in levels:
+            n = min(args.max_requests, max(args.min_requests, 2 * c))
+            bodies = chat_bodies(n, args.seed + c, args.max_tokens)
+            results, wall = asyncio.run(run_level(url, bodies, c, rate, args.time_limit, args.api_key, args.seed))
+            report["levels"].append(level_summary(results, wall, c))
+    base = report["levels"][0]["aggregate_tok_s"] if report["levels"] else float("nan")
+    for lv in report["levels"]:
+        lv["speedup_vs_concurrency_1"] = lv["aggregate_tok_s"] / base if base else float("nan")
+    print_table("bench serve — streamed chat completions, Poisson arrivals",
+                ["concurrency", "requests", "failed", "TTFT p50 ms", "TTFT p99 ms", "ITL p50 ms", "ITL p99 ms",
+                 "e2e p50 s", "e2e p99 s", "agg tok/s", "× c=1"],
+                [[lv["concurrency"], lv["requests"], lv["failed"], lv["ttft_p50_ms"], lv["ttft_p99_ms"],
+                  lv["itl_p50_ms"], lv["itl_p99_ms"], lv["e2e_p50_s"], lv["e2e_p99_s"], lv["aggregate_tok_s"],
+                  lv["speedup_vs_concurrency_1"]] for lv in report["levels"]])
+    if args.agent_turns and not args.url:
+        loop: dict[str, list[float]] = {}
+        for label, flags in (("prefix_cache", []), ("no_prefix_cache", ["--prefix-cache-mb=0"])):
+            with launch_server(args.model, flags) as url:
+                asyncio.run(agent_loop(url, 2, args.seed + 99, args.max_tokens))  # warm-up
+                loop[label] = asyncio.run(agent_loop(url, args.agent_turns, args.seed, args.max_tokens))
+        on, off = sum(loop["prefix_cache"]), sum(loop["no_prefix_cache"])
+        report["agent_loop"] = {"turns": args.agent_turns, "seconds_per_turn": loop,
+                                "total_s": {"prefix_cache": on, "no_prefix_cache": off},
+                                "time_cut": 1 - on / off if off else float("nan")}
+        print_table("agent loop — seconds per turn", ["turn", "prefix cache", "no prefix cache"],
+                    [[i + 1, a, b] for i, (a, b) in enumerate(zip(loop["prefix_cache"], loop["no_prefix_cache"]))])
+    _plot(report, Path(args.out))
+    report["plot"] = str(Path(args.out) / "serve.png")
+    emit_json(report)
+    return 0
+
+
+def _plot(report: dict[str, Any], out: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    lv = report["levels"]
+    c = [x["concurrency"] for x in lv]
+    fig, ax = plt.subplots(1, 3 if "agent_loop" in report else 2, figsize=(13, 3.8))
+    ax[0].plot(c, [x["aggregate_tok_s"] for x in lv], "o-")
+    ax[0].set(xscale="log", xlabel="concurrency", ylabel="aggregate output tok/s", title="throughput")
+    ax[1].plot(c, [x["ttft_p50_ms"] for x in lv], "o-", label="TTFT p50")
+    ax[1].plot(c, [x["e2e_p50_s"] * 1000 for x in lv], "s-", label="e2e p50")
+    ax[1].set(xscale="log", yscale="log", xlabel="concurrency", ylabel="ms", title="latency")
+    ax[1].legend()
+    if "agent_loop" in report:
+        al = report["agent_loop"]["seconds_per_turn"]
+        for k, v in al.items():
+            ax[2].plot(range(1, len(v) + 1), v, "o-", label=k)
+        ax[2].set(xlabel="turn", ylabel="seconds", title="agent loop")
+        ax[2].legend()
+    fig.tight_layout()
+    out.mkdir(parents=True, exist_ok=True)
+    fig.savefig(out / "serve.png", dpi=110)
+    plt.close(fig)
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--model", help="checkpoint to serve (default: the embedded model)")
+    p.add_argument("--url", help="benchmark an already running server instead of starting one")
+    p.add_argument("--api-key", dest="api_key", help="API key of a running server")
+    p.add_argument("--concurrency", default="1,4,16,64", help="comma-separated concurrency levels")
+    p.add_argument("--rate", default="inf", help="Poisson arrival rate per second (inf: as fast as allowed)")
+    p.add_argument("--min-requests", type=int, default=8, dest="min_requests")
+    p.add_argument("--max-requests", type=int, default=128, dest="max_requests")
+    p.add_argument("--time-limit", type=float, default=300.0, dest="time_limit", help="seconds per level")
+    p.add_argument("--max-tokens", type=int, default=96, dest="max_tokens")
+    p.add_argument("--agent-turns", type=int, default=5, dest="agent_turns", help="0 skips the agent loop")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--out", default="runs/bench_serve")
+    p.add_argument("--json", action="store_true", help="(the JSON line is always printed last)")

@@ -1,0 +1,167 @@
+"""``quicksilver bench speed``: parallel refinement vs autoregressive decoding, side by side.
+
+On the same machine, the same held-out task items and one run, single stream (one request at a
+time): (a) the equal-size AR baseline with a KV cache, (b) the reference decoder (LLaDA
+``generate.py`` semantics: no cache, one forward per step, steps = canvas length), (c) diffusion with
+one token per step (with the caches), (d) quicksilver's default (threshold decoding + caches). Per
+method: tok/s (committed output tokens per second from arrival to last token; median over items of
+the median over repeats), TPF, NFE, TTFT and accuracy by the task verifiers; ratios to (a) and (b);
+a PNG; the last line is JSON whose top level holds the default configuration's numbers.
+"""
+from __future__ import annotations
+
+import argparse
+import datetime
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable
+
+import torch
+
+from ..engine import Engine, EngineConfig, EngineRequest
+from ..errors import QuicksilverError
+from ..pipeline import Pipeline, load
+from ..sampling import SamplerConfig, reference_generate
+from ..sampling.autoregressive import ar_stream
+from .common import bar_plot, emit_json, hardware, median, print_table
+
+DEFAULT_TASKS = "path_star,sudoku4,countdown3,multiply,tool_call"
+
+
+@dataclass
+class Run:
+    tokens: list[int]
+    nfe: int
+    seconds: float
+    ttft: float
+
+
+@dataclass
+class MethodStats:
+    tok_s: list[float] = field(default_factory=list)
+    tpf: list[float] = field(default_factory=list)
+    nfe: list[float] = field(default_factory=list)
+    ttft: list[float] = field(default_factory=list)
+    tokens: list[float] = field(default_factory=list)
+    correct: list[bool] = field(default_factory=list)
+
+    def summary(self) -> dict[str, float]:
+        return {"tok_s": median(self.tok_s), "tpf": median(self.tpf), "nfe": median(self.nfe),
+                "ttft_ms": 1000 * median(self.ttft), "tokens": median(self.tokens),
+                "accuracy": sum(self.correct) / max(len(self.correct), 1)}
+
+
+def engine_run(pipe: Pipeline, ids: list[int], cfg: SamplerConfig) -> Run:
+    eng = Engine(pipe.decoder, EngineConfig(prefix_cache_mb=0))
+    eng.add(EngineRequest("bench", ids, cfg))
+    final = None
+    for ev in eng.run_until_idle():
+        if ev.done:
+            final = ev
+    assert final is not None and final.result is not None
+    st = final.stats
+    return Run(final.result.tokens, final.result.nfe, (st.e2e or 0.0), st.ttft if st.ttft is not None else st.e2e or 0.0)
+
+
+def ar_run(pipe: Pipeline, ids: list[int], n: int) -> Run:
+    t0 = time.perf_counter()
+    ttft = None
+    gen = ar_stream(pipe.model, ids, n, pipe.stop_ids)
+    while True:
+        try:
+            next(gen)
+            if ttft is None:
+                ttft = time.perf_counter() - t0
+        except StopIteration as stop:
+            res = stop.value
+            break
+    dt = time.perf_counter() - t0
+    return Run(res.tokens, res.nfe, dt, ttft if ttft is not None else dt)
+
+
+def reference_run(pipe: Pipeline, ids: list[int], n: int, block: int) -> Run:
+    n = max(block, (n + block - 1) // block * block)
+    t0 = time.perf_counter()
+    res = reference_generate(pipe.model, ids, pipe.config.mask_token_id, gen_length=n, steps=n, block_length=block)
+    dt = time.perf_counter() - t0
+    out = res.canvas
+    for i, t in enumerate(out):  # the answer ends at the first stop token; nothing is streamed before the end
+        if t in pipe.stop_ids:
+            out = out[:i]
+            break
+    return Run(out, res.nfe, dt, dt)
+
+
+def run_speed_bench(args: argparse.Namespace) -> int:
+    from ..assets import embedded_ar_model_path, embedded_model_path
+    from ..train.data import prompt_text
+    from ..train.tasks import get_task, split_reply
+
+    model_path = Path(args.model) if args.model else embedded_model_path()
+    ar_path = Path(args.ar_model) if args.ar_model else embedded_ar_model_path()
+    if model_path is None:
+        raise QuicksilverError("no --model given and no embedded model is installed")
+    if ar_path is None:
+        raise QuicksilverError("no --ar-model given and no embedded AR baseline is installed")
+    torch.manual_seed(0)
+    pipe, ar = load(model_path), load(ar_path)
+    if ar.config.attention != "causal":
+        raise QuicksilverError(f"{ar_path} is not a causal (AR) model")
+    tok = pipe.tokenizer
+    block = pipe.config.block_size if pipe.config.attention == "block_causal" else 32
+    tasks = [t for t in args.tasks.split(",") if t]
+    items = [it for name in tasks for it in get_task(name).test_items(args.limit, args.seed)]
+    default = SamplerConfig(threshold=args.threshold)
+
+    methods: dict[str, Callable[[Pipeline, Pipeline, list[int], int], Run]] = {
+        "ar_kv_cache": lambda p, a, ids, n: ar_run(a, ids, n),
+        "reference": lambda p, a, ids, n: reference_run(p, ids, n, block),
+        "one_token_per_step": lambda p, a, ids, n: engine_run(p, ids, SamplerConfig(
+            max_new_tokens=n, policy="low_confidence", steps=n)),
+        "default": lambda p, a, ids, n: engine_run(p, ids, default.replace(max_new_tokens=n)),
+    }
+    if args.skip_reference:
+        methods.pop("reference")
+    stats = {m: MethodStats() for m in methods}
+    warm = items[0]
+    for name, fn in methods.items():  # warm-up
+        fn(pipe, ar, tok.encode(prompt_text(warm, tok, False)), 16)
+    for it in items:
+        task = get_task(it.task)
+        ids = tok.encode(prompt_text(it, tok, False))
+        n = min(task.max_answer_tokens + 8, pipe.config.max_seq_len - len(ids))
+        for name, fn in methods.items():
+            runs = [fn(pipe, ar, ids, n) for _ in range(max(1, args.repeats))]
+            r = runs[0]
+            secs = median([x.seconds for x in runs])
+            s = stats[name]
+            s.tok_s.append(len(r.tokens) / secs if secs > 0 else 0.0)
+            s.tpf.append(len(r.tokens) / max(r.nfe, 1))
+            s.nfe.append(r.nfe)
+            s.ttft.append(median([x.ttft for x in runs]))
+            s.tokens.append(len(r.tokens))
+            s.correct.append(bool(task.verify(it, split_reply(tok.decode(r.tokens))[1])))
+    summary = {m: s.summary() for m, s in stats.items()}
+    d = summary["default"]
+    ar_tok_s = summary["ar_kv_cache"]["tok_s"]
+    ref_tok_s = summary["reference"]["tok_s"] if "reference" in summary else float("nan")
+    rows = [[m, v["accuracy"], v["tok_s"], v["tpf"], v["nfe"], v["ttft_ms"], v["tok_s"] / ar_tok_s,
+             v["tok_s"] / ref_tok_s] for m, v in summary.items()]
+    print_table(f"bench speed — {len(items)} items ({','.join(tasks)}), single stream, "
+                f"{torch.get_num_threads()} threads", ["method", "accuracy", "tok/s", "TPF", "NFE", "TTFT ms",
+                                                       "× AR", "× reference"], rows)
+    out = Path(args.out)
+    png = bar_plot(out / "speed.png", list(summary), {
+        "tok/s (median)": [v["tok_s"] for v in summary.values()],
+        "tokens per forward": [v["tpf"] for v in summary.values()],
+        "accuracy": [v["accuracy"] for v in summary.values()]}, "single-stream decoding, same model and items")
+    emit_json({
+        "bench": "speed", "tok_s": d["tok_s"], "tpf": d["tpf"], "accuracy": d["accuracy"],
+        "ratio_vs_ar": d["tok_s"] / ar_tok_s, "ratio_vs_reference": d["tok_s"] / ref_tok_s,
+        "accuracy_vs_one_per_step": d["accuracy"] - summary["one_token_per_step"]["accuracy"],
+        "methods": summary, "model": str(model_path), "ar_model": str(ar_path), "tasks": tasks,
+        "items": len(items), "repeats": args.repeats, "settings": {"policy": default.policy,
+                                                                   "threshold": default.threshold, "block": block},
+        "plot": str(png), "hardware": hardware(), "date": datetime.date.today().isoformat()})
+    return 0
