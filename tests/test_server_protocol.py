@@ -264,6 +264,7 @@ def test_not_json_unknown_model_and_route(client: TestClient) -> None:
     err(client.post("/v1/chat/completions", content=b"{nope", headers={"content-type": "application/json"}), 400)
     e = err(client.post("/v1/chat/completions", json={"model": "gpt-9", "messages": USER}), 404, "model")
     assert e["code"] == "model_not_found"
+    assert client.post("/v1/completions", json={"model": "quicksilver", "prompt": "x"}).status_code == 200  # alias
     err(client.get("/v1/models/gpt-9"), 404)
     err(client.get("/v1/nothing"), 404, None)
     err(client.get("/v1/chat/completions"), 405, None)
@@ -335,3 +336,17 @@ def test_an_engine_failure_is_a_500_envelope_or_an_error_event() -> None:
         ev = events(c, "/v1/chat/completions", reasoning_effort="none")
         assert ev[-1] == "[DONE]" and "device lost" in ev[-2]["error"]["message"]
         assert c.get("/health").status_code == 200  # the engine itself goes on
+
+
+def test_structured_budgets_shrink_to_fit_max_tokens(client: TestClient) -> None:
+    fmt = {"type": "json_schema", "json_schema": {"name": "person", "strict": True, "schema": SCHEMA}}
+    full = chat(client, response_format=fmt, reasoning_effort="none")
+    small = chat(client, response_format=fmt, reasoning_effort="none", max_tokens=64)
+    assert small["usage"]["completion_tokens"] <= 64 < full["usage"]["completion_tokens"]
+    jsonschema.validate(json.loads(small["choices"][0]["message"]["content"]), SCHEMA)
+    call = chat(client, tools=TOOLS, tool_choice="required", reasoning_effort="none", max_tokens=100)
+    args = json.loads(call["choices"][0]["message"]["tool_calls"][0]["function"]["arguments"])
+    assert call["usage"]["completion_tokens"] <= 100 and isinstance(args, dict)
+    e = err(client.post("/v1/chat/completions", json={"messages": USER, "response_format": fmt, "max_tokens": 5}),
+            400, "max_tokens")
+    assert "at least" in e["message"]

@@ -12,10 +12,10 @@ from __future__ import annotations
 import json
 import time
 import uuid
-from typing import Any, AsyncGenerator
+from typing import Any, AsyncGenerator, Callable
 
 from ..errors import ConfigError
-from ..sampling.constrained import Budgets, SchemaError, compile_cached, schema_pieces
+from ..sampling.constrained import Budgets, Piece, SchemaError, build_canvas, compile_cached, schema_pieces
 from .errors import bad_request
 from .generation import ChoiceResult, Delta, Plan
 from .protocol import usage
@@ -30,6 +30,31 @@ class OpenAIServingChat(OpenAIServing):
         return Budgets(string=c.json_string_tokens, number=c.json_number_tokens,
                        integer=max(2, c.json_number_tokens - 2),
                        free_object=answer if answer is not None else c.json_object_tokens)
+
+    def _fit(self, layout: Callable[[Budgets], list[Piece]], limit: int, param: str, max_tokens: int | None
+             ) -> list[Piece]:
+        """The layout with the configured slot budgets, or — when that canvas does not fit in
+        ``limit`` (max_tokens, or the context) — with budgets shrunk to fit (every value keeps at
+        least 2 tokens). Only a schema whose skeleton alone does not fit is refused."""
+        tok = self.b.tokenizer
+        b = self._budgets()
+        pieces = layout(b)
+        for _ in range(4):
+            canvas = build_canvas(pieces, tok, self.b.pad_id)
+            if canvas.length <= limit:
+                return pieces
+            slots = canvas.length - len(canvas.prefill)
+            f = max(0.0, (limit - len(canvas.prefill)) / max(slots, 1)) * 0.95
+            b = Budgets(string=max(2, int(b.string * f)), number=max(2, int(b.number * f)),
+                        integer=max(2, int(b.integer * f)), free_object=max(4, int(b.free_object * f)),
+                        array_items=max(1, int(b.array_items * min(1.0, f))))
+            pieces = layout(b)
+        length = build_canvas(pieces, tok, self.b.pad_id).length
+        if length <= limit:
+            return pieces
+        raise bad_request(f"the structured output needs a canvas of at least {length} tokens; only {limit} are "
+                          f"available ({param}={max_tokens}, context {self.b.max_context})", param,
+                          "context_length_exceeded")
 
     def plan(self, req: ChatCompletionRequest) -> tuple[Plan, str]:
         """The request as a plan, and its tool mode: none | parse | forced."""
@@ -68,31 +93,28 @@ class OpenAIServingChat(OpenAIServing):
         ids = encode(effort.reasoning > 0)
         self.check_prompt(ids)
         pieces = None
+        limit = min(max_tokens or self.b.max_context, self.b.max_context - len(ids))
         if mode == "forced":
             name = choice.function.name if isinstance(choice, NamedToolChoice) else None
-            pieces = forced_call_pieces(tools, name, tok, self._budgets())
+            pieces = self._fit(lambda b: forced_call_pieces(tools, name, tok, b), limit, param, max_tokens)
         elif fmt is not None and fmt.type == "json_object":
-            room = self.b.max_context - len(ids)
-            budget = min(max_tokens or c.default_max_tokens, room)
+            budget = min(max_tokens or c.default_max_tokens, limit)
             pieces = compile_cached(f"json_object:{budget}:{id(tok)}", lambda: schema_pieces(
                 {"type": "object"}, False, tok.encode, self._budgets(budget - 1)))
         elif fmt is not None and fmt.type == "json_schema":
             js = fmt.json_schema
             assert js is not None
             strict = bool(js.strict)
-            key = json.dumps([js.schema_, strict, self._budgets().__dict__, id(tok)], sort_keys=True)
-            try:
-                pieces = compile_cached(key, lambda: schema_pieces(js.schema_, strict, tok.encode, self._budgets()))
-            except SchemaError as e:
-                raise bad_request(str(e), "response_format.json_schema.schema") from None
-        if pieces is not None:
-            from ..sampling.constrained import build_canvas
 
-            length = build_canvas(pieces, tok, self.b.pad_id).length
-            if max_tokens is not None and length > max_tokens:
-                raise bad_request(f"the structured output needs a canvas of {length} tokens but {param} is "
-                                  f"{max_tokens}", param)
-            max_tokens = length
+            def layout(b: Budgets) -> list[Piece]:
+                key = json.dumps([js.schema_, strict, b.__dict__, id(tok)], sort_keys=True)
+                try:
+                    return compile_cached(key, lambda: schema_pieces(js.schema_, strict, tok.encode, b))
+                except SchemaError as e:
+                    raise bad_request(str(e), "response_format.json_schema.schema") from None
+            pieces = self._fit(layout, limit, param, max_tokens)
+        if pieces is not None:
+            max_tokens = build_canvas(pieces, tok, self.b.pad_id).length
         answer, think = self.budgets(len(ids), max_tokens, effort.reasoning, param)
         if effort.reasoning > 0 and think == 0:  # no room to think: answer at once
             ids = encode(False)

@@ -19,6 +19,7 @@ from .metrics import Metrics
 from .protocol import DiffusionExtras
 
 T = TypeVar("T")
+MODEL_ALIAS = "quicksilver"
 Item = tuple[int, Delta | ChoiceResult | BaseException]
 
 
@@ -28,7 +29,8 @@ class OpenAIServing:
 
     # ---- checks --------------------------------------------------------------------------------
     def check_model(self, model: str | None) -> None:
-        if model and model != self.b.name:
+        """The served name, or ``quicksilver`` (an alias for whatever this server serves), or none."""
+        if model and model not in (self.b.name, MODEL_ALIAS):
             raise APIError(404, f"the model {model!r} does not exist; this server serves {self.b.name!r}",
                            "invalid_request_error", "model", "model_not_found")
 
