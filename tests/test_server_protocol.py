@@ -11,6 +11,8 @@ from fastapi.testclient import TestClient
 
 from quicksilver.server import ServerConfig, build_app, build_backend
 from quicksilver.server.mock_engine import MOCK_ANSWER, MOCK_REASONING
+from quicksilver.server.protocol_chat import ChatCompletionResponse
+from quicksilver.server.protocol_completion import CompletionResponse
 
 USER = [{"role": "user", "content": "hi"}]
 TOOLS = [{"type": "function", "function": {"name": "get_weather", "description": "Weather in a city.",
@@ -60,6 +62,7 @@ def test_chat_response_shape_usage_and_reasoning(client: TestClient) -> None:
     assert ch["finish_reason"] == "stop" and ch["message"]["role"] == "assistant"
     assert ch["message"]["content"] == MOCK_ANSWER
     assert ch["message"]["reasoning_content"] == ch["message"]["reasoning"] == MOCK_REASONING
+    ChatCompletionResponse.model_validate(r)  # the documented response model describes what is sent
     u = r["usage"]
     assert u["total_tokens"] == u["prompt_tokens"] + u["completion_tokens"]
     assert u["completion_tokens_details"]["reasoning_tokens"] > 0
@@ -116,6 +119,7 @@ def test_tool_call_auto_is_parsed(client: TestClient) -> None:
     r = chat(client, tools=TOOLS, reasoning_effort="none")
     ch = r["choices"][0]
     assert ch["finish_reason"] == "tool_calls" and ch["message"]["content"] is None
+    ChatCompletionResponse.model_validate(r)
     (call,) = ch["message"]["tool_calls"]
     assert call["id"].startswith("call_") and call["type"] == "function"
     assert call["function"]["name"] == "get_weather"
@@ -202,6 +206,7 @@ def test_diffusing_stream_sends_canvas_states(client: TestClient) -> None:
 
 def test_completions_and_fim(client: TestClient) -> None:
     r = client.post("/v1/completions", json={"prompt": ["Once upon a time", "Hi"], "max_tokens": 16}).json()
+    CompletionResponse.model_validate(r)
     assert r["object"] == "text_completion" and [c["text"] for c in r["choices"]] == [" and so on."] * 2
     r = client.post("/v1/completions", json={"prompt": "abc", "echo": True, "max_tokens": 16}).json()
     assert r["choices"][0]["text"] == "abc and so on."
@@ -350,3 +355,20 @@ def test_structured_budgets_shrink_to_fit_max_tokens(client: TestClient) -> None
     e = err(client.post("/v1/chat/completions", json={"messages": USER, "response_format": fmt, "max_tokens": 5}),
             400, "max_tokens")
     assert "at least" in e["message"]
+
+
+def test_parallel_tool_calls_false_keeps_one_call() -> None:
+    two = "<tool_call>" + json.dumps({"name": "get_weather", "arguments": {"city": "Oslo", "days": 1}}) + \
+          "</tool_call><tool_call>" + json.dumps({"name": "book_hotel", "arguments": {"city": "Oslo", "nights": 2,
+                                                                                      "luxury": False}}) + "</tool_call>"
+    cfg = ServerConfig(mock=True)
+    backend = build_backend(cfg)
+    backend.engine.engine.decoder.script = lambda p: two  # type: ignore[attr-defined]
+    with TestClient(build_app(backend, cfg)) as c:
+        both = chat(c, tools=TOOLS, reasoning_effort="none")["choices"][0]["message"]["tool_calls"]
+        assert [t["function"]["name"] for t in both] == ["get_weather", "book_hotel"]
+        one = chat(c, tools=TOOLS, reasoning_effort="none", parallel_tool_calls=False)["choices"][0]["message"]
+        assert [t["function"]["name"] for t in one["tool_calls"]] == ["get_weather"]
+        ev = events(c, "/v1/chat/completions", tools=TOOLS, reasoning_effort="none")
+        (tc,) = [c["choices"][0]["delta"]["tool_calls"] for c in ev[:-1] if "tool_calls" in c["choices"][0]["delta"]]
+        assert [t["index"] for t in tc] == [0, 1]

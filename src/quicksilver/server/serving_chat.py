@@ -127,11 +127,12 @@ class OpenAIServingChat(OpenAIServing):
         return plan, mode
 
     # ---- responses -------------------------------------------------------------------------
-    def _message(self, r: ChoiceResult, mode: str) -> tuple[dict[str, Any], str]:
+    def _message(self, r: ChoiceResult, mode: str, parallel: bool = True) -> tuple[dict[str, Any], str]:
         msg: dict[str, Any] = {"role": "assistant", "content": r.text}
         finish = r.finish_reason
         if mode != "none":
             content, calls = parse_tool_calls(r.text)
+            calls = calls if parallel else calls[:1]
             if calls:
                 msg["content"], msg["tool_calls"] = content, calls
                 finish = "tool_calls" if finish in ("stop", "length") else finish
@@ -145,7 +146,7 @@ class OpenAIServingChat(OpenAIServing):
         results = await self.collect(runners)
         choices, totals = [], [0, 0, 0, 0, 0]
         for r in results:
-            msg, finish = self._message(r, mode)
+            msg, finish = self._message(r, mode, req.parallel_tool_calls is not False)
             choices.append({"index": r.index, "message": msg, "logprobs": None, "finish_reason": finish})
             totals = [a + b for a, b in zip(totals, (r.completion_tokens, r.reasoning_tokens, r.nfe, r.steps, 0))]
         gen, reasoning, nfe, steps, _ = totals
@@ -193,6 +194,7 @@ class OpenAIServingChat(OpenAIServing):
             finish = item.finish_reason
             if mode != "none":
                 text, calls = filters[i].finish()
+                calls = calls if req.parallel_tool_calls is not False else calls[:1]
                 if text:
                     yield chunk(i, {"content": text})
                 if calls:
