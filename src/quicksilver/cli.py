@@ -139,6 +139,10 @@ def cmd_bench(args: argparse.Namespace) -> int:
         from .bench.speed import run_speed_bench
 
         return run_speed_bench(args)
+    if args.bench == "serve":
+        from .bench.serve import run_serve_bench
+
+        return run_serve_bench(args)
     if args.bench == "families":
         from .bench.gpu_families import run as run_families_bench
 
@@ -233,6 +237,9 @@ def build_parser() -> argparse.ArgumentParser:
     bs.add_argument("--out", default="runs/bench_speed", help="directory for the PNG plot")
     bs.add_argument("--json", action="store_true", help="(the JSON line is always printed last)")
 
+    from .bench.serve import add_arguments as serve_bench_args
+
+    serve_bench_args(bsub.add_parser("serve", help="a live server under load, and an agent loop with/without prefix cache"))
     from .bench.gpu_families import add_arguments as families_bench_args
 
     families_bench_args(bsub.add_parser("families", help="GPU speed of LLaDA-8B / Dream-7B shapes (random weights)"))

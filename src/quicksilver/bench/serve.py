@@ -182,7 +182,6 @@ def level_summary(results: list[Result], wall: float, concurrency: int) -> dict[
 
 def chat_bodies(n: int, seed: int, max_tokens: int) -> list[dict[str, Any]]:
     """Requests from the held-out task suite (so the server does real work), cycled to ``n``."""
-    from ..train.data import chat_messages
     from ..train.tasks import get_task
 
     items = [it for name in ("path_star", "sudoku4", "countdown3", "multiply", "tool_call", "chat")
@@ -190,7 +189,7 @@ def chat_bodies(n: int, seed: int, max_tokens: int) -> list[dict[str, Any]]:
     random.Random(seed).shuffle(items)
     bodies = []
     for it in (items * (n // max(len(items), 1) + 1))[:n]:
-        body: dict[str, Any] = {"model": "quicksilver", "messages": chat_messages(it), "max_tokens": max_tokens}
+        body: dict[str, Any] = {"model": "quicksilver", "messages": it.messages, "max_tokens": max_tokens}
         if it.tools:
             body["tools"] = it.tools
         bodies.append(body)
