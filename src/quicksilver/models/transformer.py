@@ -29,6 +29,8 @@ class RMSNorm(nn.Module):
         self.weight = nn.Parameter(torch.ones(dim))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if x.dtype == torch.float32 and self.weight.dtype == torch.float32:
+            return F.rms_norm(x, self.weight.shape, self.weight, self.eps)  # one fused op, same numbers
         dtype = x.dtype
         x = x.float()
         x = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps)
@@ -138,6 +140,13 @@ class Attention(nn.Module):
     def project(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor
                 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         B, T, _ = x.shape  # (B, T, C)
+        if not (self.training or torch.is_grad_enabled()) and self.q_norm is None and self.clip is None:
+            # inference: one matmul for q, k and v, and one rotation for q and k together
+            w, b = _fused(self, (self.q_proj, self.k_proj, self.v_proj))
+            H, Hkv = self.n_heads, self.n_kv
+            qkv = F.linear(x, w, b).view(B, T, H + 2 * Hkv, self.hd)  # (B, T, H+2Hkv, hd)
+            qk = apply_rotary(qkv[:, :, : H + Hkv].transpose(1, 2), cos, sin)  # (B, H+Hkv, T, hd)
+            return qk[:, :H], qk[:, H:], qkv[:, :, H + Hkv:].transpose(1, 2)
         q_, k_, v_ = self._qkv(x)
         q = q_.reshape(B, T, self.n_heads, self.hd).transpose(1, 2)  # (B, H, T, hd)
         k = k_.reshape(B, T, self.n_kv, self.hd).transpose(1, 2)  # (B, Hkv, T, hd)
