@@ -128,8 +128,24 @@ def cmd_bench(args: argparse.Namespace) -> int:
     raise QuicksilverError(f"unknown benchmark {args.bench!r}")
 
 
+@command("train")
+def cmd_train(args: argparse.Namespace) -> int:
+    from .train.cli import handle
+
+    return handle(args)
+
+
+@command("eval")
+def cmd_eval(args: argparse.Namespace) -> int:
+    from .eval.cli import handle
+
+    return handle(args)
+
+
 def build_parser() -> argparse.ArgumentParser:
+    from .eval.cli import add_parser as add_eval_parser
     from .sampling import SamplerConfig
+    from .train.cli import add_parser as add_train_parser
 
     p = argparse.ArgumentParser(prog="quicksilver", description="Reasoning diffusion LLM engine and server.")
     sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND")
@@ -168,6 +184,8 @@ def build_parser() -> argparse.ArgumentParser:
     bd.add_argument("--repeats", type=int, default=3, help="timed repeats per prompt (median reported)")
     bd.add_argument("--out", default="runs/bench_decode", help="directory for the table and PNG plot")
     bd.add_argument("--json", action="store_true", help="(the JSON line is always printed last)")
+    add_train_parser(sub)
+    add_eval_parser(sub)
     return p
 
 

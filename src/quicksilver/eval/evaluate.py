@@ -13,6 +13,7 @@ from typing import Any
 
 import torch
 
+from ..errors import ConfigError
 from ..models.transformer import DiffusionLM
 from ..sampling import Decoder, SamplerConfig
 from ..sampling.autoregressive import ar_generate
@@ -50,9 +51,12 @@ def decode_items(model: DiffusionLM, tokenizer: Tokenizer, items: list[Item], cf
     for i in range(0, len(items), 1 if causal else batch_size):
         chunk = items[i:i + (1 if causal else batch_size)]
         prompts = [tokenizer.encode(prompt_text(it, tokenizer, instant)) for it in chunk]
-        cfgs = [cfg.replace(max_new_tokens=min(get_task(it.task).max_answer_tokens + 8,
-                                               model.config.max_seq_len - len(p)))
-                for it, p in zip(chunk, prompts)]
+        room = [model.config.max_seq_len - len(p) for p in prompts]
+        if min(room) <= 0:
+            raise ConfigError(f"{chunk[0].task}: a prompt of {max(map(len, prompts))} tokens does not fit "
+                              f"the model's context of {model.config.max_seq_len}")
+        cfgs = [cfg.replace(max_new_tokens=min(get_task(it.task).max_answer_tokens + 8, r))
+                for it, r in zip(chunk, room)]
         t0 = time.perf_counter()
         if causal:
             results = [ar_generate(model, p, c.max_new_tokens, stops) for p, c in zip(prompts, cfgs)]

@@ -40,17 +40,17 @@ class TrainConfig:
     # optimisation
     batch_size: int = 32  # global, split over data-parallel processes
     bucket: int = 8  # batches generated at once and grouped by length (less padding)
-    steps: int = 2400
+    steps: int = 1200
     lr: float = 1e-3
     min_lr_frac: float = 0.1
-    warmup: int = 50
+    warmup: int = 40
     weight_decay: float = 0.1
     beta2: float = 0.98
     grad_clip: float = 1.0
     seed: int = 0
     threads: int = 0  # torch intra-op threads (0: leave the default)
     # bookkeeping
-    eval_every: int = 400  # steps between held-out evaluations (0: never)
+    eval_every: int = 300  # steps between held-out evaluations (0: never)
     eval_tasks: str = DEFAULT_EVAL
     eval_limit: int = 24  # held-out items per task at each evaluation
     ckpt_every: int = 100  # steps between resumable checkpoints

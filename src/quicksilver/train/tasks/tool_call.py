@@ -166,9 +166,10 @@ class ToolCall(Task):
         return Item(self.name, messages, answer=answer, tools=schemas, stratum="answer", data={"result": result})
 
     def verify(self, item: Item, reply: str) -> bool:
-        if item.stratum == "call":
+        if item.stratum == "call":  # exactly one call and nothing else
             calls = parse_tool_calls(reply)
-            return calls is not None and len(calls) == 1 and calls[0] == item.data["call"]
+            return (calls is not None and len(calls) == 1 and calls[0] == item.data["call"]
+                    and not CALL_RE.sub("", reply).strip())
         if "<tool_call>" in reply:
             return False
         return all(str(v) in reply for v in item.data["result"].values())
