@@ -40,7 +40,7 @@ class TrainConfig:
     # optimisation
     batch_size: int = 32  # global, split over data-parallel processes
     bucket: int = 8  # batches generated at once and grouped by length (less padding)
-    steps: int = 1200
+    steps: int = 2000
     lr: float = 1e-3
     min_lr_frac: float = 0.1
     warmup: int = 40
@@ -56,6 +56,7 @@ class TrainConfig:
     ckpt_every: int = 100  # steps between resumable checkpoints
     log_every: int = 10
     time_limit: float = 0.0  # stop (and save) after this many seconds (0: no limit)
+    stop_at: int = 0  # stop (and save) at this step, schedule unchanged; resume later (0: run to the end)
     save_dtype: str = "bfloat16"  # dtype of the exported model directory
     resume: bool = True  # continue from out/ckpt.pt when it exists
 

@@ -219,7 +219,7 @@ class Trainer:
                 elif self.d.main:
                     print(json.dumps(rec), flush=True)
                 t_last, tok_last, fwd_last, losses = time.perf_counter(), 0, 0, []
-            if cfg.time_limit and self.elapsed >= cfg.time_limit:
+            if (cfg.time_limit and self.elapsed >= cfg.time_limit) or self.step == cfg.stop_at:
                 stopped = True
             if self.step % cfg.ckpt_every == 0 or stopped:
                 self.save_state()
