@@ -28,6 +28,8 @@ def add_parser(sub: "argparse._SubParsersAction[argparse.ArgumentParser]") -> No
                    help="items per task timed at batch size 1 for single-stream tok/s (0: skip)")
     e.add_argument("--examples", type=int, default=0, help="include this many replies per task in the JSON")
     e.add_argument("--json", action="store_true", help="print only the JSON line")
+    e.add_argument("--loss", action="store_true",
+                   help="also report the held-out loss (fixed items and noise; comparable across checkpoints)")
     e.add_argument("--sweep", action="store_true", help="grid over threshold, steps and policy; table + PNG")
     e.add_argument("--out", default="runs/eval", help="directory for sweep tables and plots")
     e.add_argument("--curves", help="plot learning curves: LABEL=RUN_DIR,... (metrics.jsonl eval records)")
@@ -41,7 +43,8 @@ def print_table(rep: dict[str, Any]) -> None:
         strata = " ".join(f"{k}={v['accuracy']:.2f}" for k, v in r["strata"].items())
         extra = f" parseable={r['parseable']:.2f}" if "parseable" in r else ""
         print(f"{name:<12}{r['accuracy']:>7.3f}{r['tpf']:>7.2f}{r['nfe']:>7.1f}{r.get('tok_s', 0):>8.0f}  {strata}{extra}")
-    print(f"mean accuracy {rep['mean_accuracy']:.3f}; settings {json.dumps(rep['settings'])}")
+    loss = f"; held-out loss {rep['heldout_loss']:.4f}" if "heldout_loss" in rep else ""
+    print(f"mean accuracy {rep['mean_accuracy']:.3f}{loss}; settings {json.dumps(rep['settings'])}")
 
 
 def sweep_grid() -> list[tuple[str, str, dict[str, Any]]]:
@@ -79,6 +82,10 @@ def handle(args: argparse.Namespace) -> int:
         rep = evaluate(pipe.model, pipe.tokenizer, tasks, args.limit, base, args.instant, args.batch_size,
                        args.seed, args.stream_items, args.examples)
         rep["settings"]["model"] = str(pipe.path)
+        if args.loss:
+            from .likelihood import heldout_loss
+
+            rep["heldout_loss"] = heldout_loss(pipe.model, pipe.tokenizer, tasks, n=16, repeats=2)
         if not args.json:
             print_table(rep)
         print(json.dumps(rep))

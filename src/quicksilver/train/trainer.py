@@ -106,6 +106,7 @@ class Trainer:
         self.mix = Mixture(parse_weights(cfg.tasks), self.tok, cfg.instant_frac, cfg.max_len)
         self.rng = random.Random(f"data/{cfg.seed}/{self.d.rank}")
         self.gen = torch.Generator().manual_seed(cfg.seed * 1000 + self.d.rank)
+        self.stages: list[dict[str, Any]] = []  # config changes at resumes (a run extended to more steps)
         self.queue: list[list[Any]] = []  # length-bucketed batches of examples still to train on
         self.step = 0
         self.tokens = 0  # data tokens consumed, all ranks
@@ -118,7 +119,7 @@ class Trainer:
     def state(self) -> dict[str, Any]:
         return {"model": self.model.state_dict(), "opt": self.opt.state_dict(), "step": self.step,
                 "tokens": self.tokens, "fwd_tokens": self.fwd_tokens, "elapsed": self.elapsed,
-                "rng": self.rng.getstate(), "gen": self.gen.get_state(), "queue": self.queue,
+                "rng": self.rng.getstate(), "gen": self.gen.get_state(), "queue": self.queue, "stages": self.stages,
                 "config": self.cfg.to_dict()}
 
     def save_state(self) -> None:
@@ -139,11 +140,15 @@ class Trainer:
         self.rng.setstate(s["rng"])
         self.gen.set_state(s["gen"])
         self.queue = s["queue"]
+        volatile = {"threads", "time_limit", "stop_at", "resume", "eval_every", "eval_limit", "log_every", "ckpt_every"}
+        changed = {k: [s["config"].get(k), v] for k, v in self.cfg.to_dict().items()
+                   if k not in volatile and s["config"].get(k) != v}
+        self.stages = s.get("stages", []) + ([{"step": self.step, "changed": changed}] if changed else [])
 
     def export(self, name: str) -> Path:
         extra = {"train_config": self.cfg.to_dict(),
                  "train_state": {"step": self.step, "tokens": self.tokens, "fwd_tokens": self.fwd_tokens,
-                                 "seconds": round(self.elapsed, 1)}}
+                                 "seconds": round(self.elapsed, 1), "stages": self.stages}}
         return save_checkpoint(self.model, self.tok, self.out / name, dtype=self.cfg.save_dtype, extra=extra)
 
     def log(self, rec: dict[str, Any]) -> None:
