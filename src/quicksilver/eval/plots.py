@@ -46,7 +46,8 @@ def read_curve(run_dir: str | Path) -> list[dict[str, Any]]:
 
 
 def plot_learning_curves(runs: dict[str, str | Path], path: str | Path) -> Path:
-    """One panel per task: held-out accuracy against training tokens, one line per run."""
+    """One panel per task: held-out accuracy against training steps, one line per run (runs trained on
+    the same data stream see the same examples at the same step)."""
     curves = {label: read_curve(d) for label, d in runs.items()}
     tasks = sorted({t for recs in curves.values() for r in recs for t in r["eval"]})
     n = len(tasks)
@@ -56,12 +57,12 @@ def plot_learning_curves(runs: dict[str, str | Path], path: str | Path) -> Path:
     for i, task in enumerate(tasks):
         ax = axes[i // cols][i % cols]
         for label, recs in curves.items():
-            pts = [(r["tokens"] / 1e6, r["eval"][task]) for r in recs if task in r["eval"]]
+            pts = [(r["step"], r["eval"][task]) for r in recs if task in r["eval"]]
             if pts:
                 ax.plot(*zip(*pts), "o-", label=label, markersize=3)
         ax.set_title(task, fontsize=9)
         ax.set_ylim(-0.03, 1.03)
-        ax.set_xlabel("training tokens (M)", fontsize=8)
+        ax.set_xlabel("training steps (batches of 32 examples)", fontsize=8)
         ax.grid(alpha=0.3)
         if i == 0:
             ax.legend(fontsize=7)
