@@ -53,7 +53,7 @@ def sweep_grid() -> list[tuple[str, str, dict[str, Any]]]:
     for th in (0.5, 0.7, 0.9, 0.99):
         grid.append(("threshold", f"t={th}", {"policy": "threshold", "threshold": th}))
     for pol in ("low_confidence", "margin", "entropy", "random"):
-        for steps in (8, 16, 64):
+        for steps in (16, 64):
             grid.append((pol, f"s={steps}", {"policy": pol, "steps": steps}))
     grid.append(("threshold+revision", "t=0.9,r=0.3", {"policy": "threshold", "threshold": 0.9, "revise_threshold": 0.3}))
     return grid
