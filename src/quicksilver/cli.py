@@ -173,8 +173,24 @@ def cmd_serve(args: argparse.Namespace) -> int:
     return serve(dataclass_from_args(ServerConfig, args), mock_step_delay=args.mock_step_delay)
 
 
+@command("train")
+def cmd_train(args: argparse.Namespace) -> int:
+    from .train.cli import handle
+
+    return handle(args)
+
+
+@command("eval")
+def cmd_eval(args: argparse.Namespace) -> int:
+    from .eval.cli import handle
+
+    return handle(args)
+
+
 def build_parser() -> argparse.ArgumentParser:
+    from .eval.cli import add_parser as add_eval_parser
     from .sampling import SamplerConfig
+    from .train.cli import add_parser as add_train_parser
 
     p = argparse.ArgumentParser(prog="quicksilver", description="Reasoning diffusion LLM engine and server.")
     sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND")
@@ -243,6 +259,10 @@ def build_parser() -> argparse.ArgumentParser:
     from .bench.gpu_families import add_arguments as families_bench_args
 
     families_bench_args(bsub.add_parser("families", help="GPU speed of LLaDA-8B / Dream-7B shapes (random weights)"))
+
+
+    add_train_parser(sub)
+    add_eval_parser(sub)
     return p
 
 

@@ -115,15 +115,21 @@ class Tokenizer:
             raise CheckpointError(f"{tc}: chat template does not compile ({e})") from None
 
     @classmethod
-    def byte_level(cls, merges_from: Iterable[str] | None = None, vocab_size: int = 512) -> "Tokenizer":
-        """Quicksilver's tokenizer: 16 specials, 256 byte pieces, optional BPE merges trained on text."""
+    def byte_level(cls, merges_from: Iterable[str] | None = None, vocab_size: int = 512,
+                   individual_digits: bool = False) -> "Tokenizer":
+        """Quicksilver's tokenizer: 16 specials, 256 byte pieces, optional BPE merges trained on text.
+
+        ``individual_digits`` splits every digit into its own piece before BPE (better arithmetic).
+        """
         alphabet = pre_tokenizers.ByteLevel.alphabet()
         vocab = {t: i for i, (t, _) in enumerate(SPECIAL_TOKENS)}
         for ch in sorted(alphabet):
             vocab[ch] = len(vocab)
         bpe = models.BPE(vocab=vocab, merges=[])
         fast = FastTokenizer(bpe)
-        fast.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)
+        byte_pre = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)
+        fast.pre_tokenizer = (pre_tokenizers.Sequence([pre_tokenizers.Digits(individual_digits=True), byte_pre])
+                              if individual_digits else byte_pre)
         fast.decoder = decoders.ByteLevel()
         if merges_from is not None:
             from tokenizers import trainers

@@ -1,0 +1,120 @@
+"""``quicksilver eval --model PATH --tasks ... --limit N --json [--sweep]``: per task and stratum the
+held-out accuracy (by the task's verifier), NFE, TPF and tok/s; ``--sweep`` runs a grid of decoding
+settings (threshold, steps, policy) and writes a table and an accuracy-vs-TPF PNG; ``--curves`` plots
+learning curves of finished runs. Always ends with one line of JSON."""
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+from typing import Any
+
+from ..cli_util import add_dataclass_args
+from ..errors import ConfigError
+from ..sampling.config import SamplerConfig
+
+DEFAULT_TASKS = "path_star,sudoku4,countdown3,multiply,tool_call,chat,fim"
+
+
+def add_parser(sub: "argparse._SubParsersAction[argparse.ArgumentParser]") -> None:
+    e = sub.add_parser("eval", help="held-out accuracy, NFE, TPF and tok/s on the task suite")
+    e.add_argument("--model", help="checkpoint directory (default: the embedded model)")
+    e.add_argument("--tasks", default=DEFAULT_TASKS, help=f"comma-separated tasks (default: {DEFAULT_TASKS})")
+    e.add_argument("--limit", type=int, default=200, help="held-out items per task (default: 200)")
+    e.add_argument("--seed", type=int, default=1234, help="seed of the fixed test split")
+    e.add_argument("--instant", action="store_true", help="no reasoning: pre-fill an empty <think></think>")
+    e.add_argument("--batch-size", type=int, default=32, dest="batch_size", help="rows decoded together")
+    e.add_argument("--stream-items", type=int, default=8, dest="stream_items",
+                   help="items per task timed at batch size 1 for single-stream tok/s (0: skip)")
+    e.add_argument("--examples", type=int, default=0, help="include this many replies per task in the JSON")
+    e.add_argument("--json", action="store_true", help="print only the JSON line")
+    e.add_argument("--loss", action="store_true",
+                   help="also report the held-out loss (fixed items and noise; comparable across checkpoints)")
+    e.add_argument("--sweep", action="store_true", help="grid over threshold, steps and policy; table + PNG")
+    e.add_argument("--out", default="runs/eval", help="directory for sweep tables and plots")
+    e.add_argument("--curves", help="plot learning curves: LABEL=RUN_DIR,... (metrics.jsonl eval records)")
+    add_dataclass_args(e, SamplerConfig, rename={"max_new_tokens": "max-tokens"},
+                       skip={"record_canvas", "max_new_tokens", "seed", "stop_at_eos"})
+
+
+def print_table(rep: dict[str, Any]) -> None:
+    print(f"{'task':<12}{'acc':>7}{'TPF':>7}{'NFE':>7}{'tok/s':>8}  strata")
+    for name, r in rep["tasks"].items():
+        strata = " ".join(f"{k}={v['accuracy']:.2f}" for k, v in r["strata"].items())
+        extra = f" parseable={r['parseable']:.2f}" if "parseable" in r else ""
+        print(f"{name:<12}{r['accuracy']:>7.3f}{r['tpf']:>7.2f}{r['nfe']:>7.1f}{r.get('tok_s', 0):>8.0f}  {strata}{extra}")
+    loss = f"; held-out loss {rep['heldout_loss']:.4f}" if "heldout_loss" in rep else ""
+    print(f"mean accuracy {rep['mean_accuracy']:.3f}{loss}; settings {json.dumps(rep['settings'])}")
+
+
+def sweep_grid() -> list[tuple[str, str, dict[str, Any]]]:
+    """(group, short label, sampler overrides) for --sweep."""
+    grid: list[tuple[str, str, dict[str, Any]]] = []
+    for th in (0.5, 0.7, 0.9, 0.99):
+        grid.append(("threshold", f"t={th}", {"policy": "threshold", "threshold": th}))
+    for pol in ("low_confidence", "margin", "entropy", "random"):
+        for steps in (16, 64):
+            grid.append((pol, f"s={steps}", {"policy": pol, "steps": steps}))
+    grid.append(("threshold+revision", "t=0.9,r=0.3", {"policy": "threshold", "threshold": 0.9, "revise_threshold": 0.3}))
+    return grid
+
+
+def handle(args: argparse.Namespace) -> int:
+    if args.curves:
+        from .plots import plot_learning_curves
+
+        runs = dict(part.split("=", 1) for part in args.curves.split(","))
+        path = plot_learning_curves(runs, Path(args.out) / "learning_curve.png")
+        print(json.dumps({"plot": str(path)}))
+        return 0
+    import quicksilver
+
+    from ..cli import resolve_model
+    from .evaluate import evaluate
+
+    tasks = [t.strip() for t in args.tasks.split(",") if t.strip()]
+    if args.limit <= 0:
+        raise ConfigError("--limit must be positive")
+    pipe = quicksilver.load(resolve_model(args.model))
+    names = set(SamplerConfig.__dataclass_fields__)
+    base = SamplerConfig(**{k: v for k, v in vars(args).items() if k in names and v is not None})
+    if not args.sweep:
+        rep = evaluate(pipe.model, pipe.tokenizer, tasks, args.limit, base, args.instant, args.batch_size,
+                       args.seed, args.stream_items, args.examples)
+        rep["settings"]["model"] = str(pipe.path)
+        if args.loss:
+            from .likelihood import heldout_loss
+
+            rep["heldout_loss"] = heldout_loss(pipe.model, pipe.tokenizer, tasks, n=16, repeats=2)
+        if not args.json:
+            print_table(rep)
+        print(json.dumps(rep))
+        return 0
+    if pipe.config.attention == "causal":
+        raise ConfigError("--sweep varies diffusion decoding settings; an AR model has none to sweep")
+    rows = []
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    for group, short, over in sweep_grid():
+        cfg = base.replace(**{"steps": None, "revise_threshold": None, **over})
+        rep = evaluate(pipe.model, pipe.tokenizer, tasks, args.limit, cfg, args.instant, args.batch_size, args.seed)
+        toks = sum(r["tokens"] * r["n"] for r in rep["tasks"].values())
+        nfe = sum(r["nfe"] * r["n"] for r in rep["tasks"].values())
+        row = {"group": group, "short": short, "settings": over, "accuracy": rep["mean_accuracy"],
+               "tpf": toks / max(nfe, 1), "tasks": {k: v["accuracy"] for k, v in rep["tasks"].items()}}
+        rows.append(row)
+        if not args.json:
+            print(f"{group:<20}{short:<14} acc {row['accuracy']:.3f}  TPF {row['tpf']:.2f}  "
+                  + " ".join(f"{k}={v:.2f}" for k, v in row["tasks"].items()), flush=True)
+    from .plots import plot_accuracy_vs_tpf
+
+    png = plot_accuracy_vs_tpf(rows, out / "accuracy_vs_tpf.png", f"{pipe.path}: {args.limit} items/task")
+    (out / "sweep.json").write_text(json.dumps(rows, indent=1) + "\n")
+    with open(out / "sweep.md", "w") as f:
+        f.write("| policy | setting | TPF | mean acc | " + " | ".join(tasks) + " |\n")
+        f.write("|---|---|---|---|" + "---|" * len(tasks) + "\n")
+        for r in rows:
+            f.write(f"| {r['group']} | {r['short']} | {r['tpf']:.2f} | {r['accuracy']:.3f} | "
+                    + " | ".join(f"{r['tasks'][t]:.2f}" for t in tasks) + " |\n")
+    print(json.dumps({"sweep": rows, "plot": str(png), "table": str(out / "sweep.md")}))
+    return 0

@@ -1,0 +1,43 @@
+"""``quicksilver train --recipe NAME [--field value ...]``: the parser (one flag per ``TrainConfig``
+field) and the handler. Under ``torchrun`` every process runs the same command (data parallel)."""
+from __future__ import annotations
+
+import argparse
+import json
+
+from ..cli_util import add_dataclass_args
+from .recipes import RECIPES, TrainConfig
+
+HELP = {
+    "out": "run directory (checkpoints, metrics.jsonl, final/)",
+    "objective": "diffusion | diffusion_single | ar",
+    "tasks": "task mixture, NAME:WEIGHT,...",
+    "sub_prob": "substitution noise: fraction of visible answer tokens replaced by wrong ones",
+    "time_limit": "stop and save after this many seconds (0: none)",
+    "resume": "continue from out/ckpt.pt when it exists",
+}
+
+
+def add_parser(sub: "argparse._SubParsersAction[argparse.ArgumentParser]") -> None:
+    t = sub.add_parser("train", help="train a model on the task suite (diffusion or the AR baseline)")
+    t.add_argument("--recipe", default="small", help=f"starting configuration: {', '.join(sorted(RECIPES))}")
+    t.add_argument("--print-config", action="store_true", help="print the resolved config as JSON and exit")
+    add_dataclass_args(t, TrainConfig, help=HELP)
+
+
+def handle(args: argparse.Namespace) -> int:
+    import dataclasses
+
+    from .recipes import get_recipe
+
+    names = {f.name for f in dataclasses.fields(TrainConfig)}
+    overrides = {k: v for k, v in vars(args).items() if k in names and v is not None}
+    cfg = get_recipe(args.recipe, **overrides)
+    if args.print_config:
+        print(json.dumps(cfg.to_dict()))
+        return 0
+    from .trainer import train
+
+    path = train(cfg)
+    print(json.dumps({"final": str(path), "out": cfg.out}))
+    return 0

@@ -1,0 +1,108 @@
+"""``TrainConfig`` (every trainer option; CLI flags map 1:1 onto fields) and named recipes.
+
+A recipe is a ``TrainConfig`` with chosen values; ``quicksilver train --recipe NAME --field value``
+starts from the recipe and overrides single fields. The config is saved as JSON beside every
+checkpoint, so any run can be reproduced from its directory.
+"""
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from typing import Any
+
+from ..errors import ConfigError
+
+DEFAULT_MIX = "path_star:1,sudoku4:1,countdown3:1.5,multiply:1.25,tool_call:1,chat:0.3,fim:0.25"
+DEFAULT_EVAL = "path_star,sudoku4,countdown3,multiply,tool_call,chat,fim"
+
+
+@dataclass
+class TrainConfig:
+    out: str = "runs/default"  # run directory: checkpoints, metrics.jsonl, the final model in out/final
+    objective: str = "diffusion"  # diffusion | diffusion_single | ar (the equal-size causal baseline)
+    # model
+    d_model: int = 192
+    n_layers: int = 6
+    n_heads: int = 4
+    mlp_hidden: int = 512
+    block_size: int = 32
+    max_seq_len: int = 384
+    vocab_size: int = 1024  # BPE vocabulary trained on generated text (individual digits)
+    # data
+    tasks: str = DEFAULT_MIX  # task:weight mixture; fresh examples every batch
+    instant_frac: float = 0.15  # examples rendered with an empty <think></think> (instant mode)
+    max_len: int = 352  # drop longer examples
+    # noise (diffusion objectives)
+    eps: float = 1e-3
+    sub_prob: float = 0.1  # substitution noise: fraction of visible answer tokens replaced
+    sub_weight: float = 1.0
+    keep_weight: float = 0.1
+    # optimisation
+    batch_size: int = 32  # global, split over data-parallel processes
+    bucket: int = 8  # batches generated at once and grouped by length (less padding)
+    steps: int = 2000
+    lr: float = 1e-3
+    min_lr_frac: float = 0.1
+    warmup: int = 40
+    weight_decay: float = 0.1
+    beta2: float = 0.98
+    grad_clip: float = 1.0
+    seed: int = 0
+    threads: int = 0  # torch intra-op threads (0: leave the default)
+    # bookkeeping
+    eval_every: int = 300  # steps between held-out evaluations (0: never)
+    eval_tasks: str = DEFAULT_EVAL
+    eval_limit: int = 24  # held-out items per task at each evaluation
+    ckpt_every: int = 100  # steps between resumable checkpoints
+    log_every: int = 10
+    time_limit: float = 0.0  # stop (and save) after this many seconds (0: no limit)
+    stop_at: int = 0  # stop (and save) at this step, schedule unchanged; resume later (0: run to the end)
+    save_dtype: str = "bfloat16"  # dtype of the exported model directory
+    resume: bool = True  # continue from out/ckpt.pt when it exists
+
+    def validate(self) -> "TrainConfig":
+        from .objective import OBJECTIVES
+
+        if self.objective not in OBJECTIVES:
+            raise ConfigError(f"unknown objective {self.objective!r}; choose one of {sorted(OBJECTIVES)}")
+        for name in ("d_model", "n_layers", "n_heads", "block_size", "batch_size", "steps", "vocab_size"):
+            if getattr(self, name) <= 0:
+                raise ConfigError(f"{name} must be positive, got {getattr(self, name)}")
+        if not 0 <= self.sub_prob < 1 or not 0 <= self.instant_frac <= 1:
+            raise ConfigError("sub_prob must be in [0, 1) and instant_frac in [0, 1]")
+        if self.lr <= 0 or not 0 <= self.min_lr_frac <= 1:
+            raise ConfigError("lr must be positive and min_lr_frac in [0, 1]")
+        if self.save_dtype not in ("float32", "bfloat16", "float16"):
+            raise ConfigError(f"save_dtype must be float32, bfloat16 or float16, got {self.save_dtype!r}")
+        from .data import parse_weights
+
+        parse_weights(self.tasks)
+        return self
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> "TrainConfig":
+        known = {f.name for f in dataclasses.fields(cls)}
+        return cls(**{k: v for k, v in d.items() if k in known})
+
+
+RECIPES: dict[str, TrainConfig] = {
+    # the shipped model: block-causal diffusion, ~3.0M parameters
+    "small": TrainConfig(out="runs/small"),
+    # the equal-size AR baseline: same network with a causal mask, same data stream and budget
+    "small-ar": TrainConfig(out="runs/small-ar", objective="ar"),
+    # ablation: no substitution noise
+    "small-nosub": TrainConfig(out="runs/small-nosub", sub_prob=0.0),
+    # a tiny run for tests and smoke checks (seconds)
+    "tiny": TrainConfig(out="runs/tiny", d_model=64, n_layers=2, n_heads=2, mlp_hidden=172, vocab_size=384,
+                        batch_size=8, steps=20, warmup=2, eval_every=0, ckpt_every=10, log_every=5,
+                        tasks="path_star:1,sudoku4:1,multiply:1,fim:1", eval_tasks="sudoku4,fim", eval_limit=4),
+}
+
+
+def get_recipe(name: str, **overrides: Any) -> TrainConfig:
+    if name not in RECIPES:
+        raise ConfigError(f"unknown recipe {name!r}; choose one of {sorted(RECIPES)}")
+    return dataclasses.replace(RECIPES[name], **overrides).validate()

@@ -1,0 +1,23 @@
+"""The task suite: a registry of seeded generators with exact verifiers (see base.py)."""
+from __future__ import annotations
+
+from ...errors import ConfigError
+from .arith import Countdown, Multiply
+from .base import Item, Task, split_reply
+from .chat import Chat
+from .fim import Fim
+from .path_star import PathStar
+from .sudoku4 import Sudoku4
+from .tool_call import ToolCall
+
+TASKS: dict[str, Task] = {t.name: t for t in (
+    PathStar(), Sudoku4(), Countdown(3), Countdown(4), Multiply(), ToolCall(), Chat(), Fim())}
+
+
+def get_task(name: str) -> Task:
+    if name not in TASKS:
+        raise ConfigError(f"unknown task {name!r}; choose from {sorted(TASKS)}")
+    return TASKS[name]
+
+
+__all__ = ["TASKS", "Item", "Task", "get_task", "split_reply"]

@@ -1,0 +1,180 @@
+"""``tool_call``: a two-turn agent loop over OpenAI-style tool schemas.
+
+Turn 1 (stratum ``call``): the system turn lists 1-2 tools, the user asks for something, and the
+assistant replies ``<tool_call>{"name": ..., "arguments": {...}}</tool_call>``. Turn 2 (stratum
+``answer``): after the tool's result (a ``tool`` message) the assistant answers in words, quoting
+the result's values. Tools are built from (verb, noun) pairs over a shared lexicon (``book_hotel``,
+``track_order``, ...), so selecting the tool and filling its arguments is copying and matching, a
+skill that transfers. Split rules: 20% of the (verb, noun) tools and a set of request phrasings are
+test-only, so every test item asks for a tool and uses a phrasing never seen in training.
+The verifier parses the call (exactly one, valid JSON) and compares name and arguments exactly.
+"""
+from __future__ import annotations
+
+import json
+import random
+import re
+from typing import Any, Callable
+
+from .base import Item, Task, held_out, in_split
+
+CITIES = ["Paris", "Tokyo", "Lima", "Oslo", "Cairo", "Delhi", "Rome", "Berlin", "Madrid", "Seoul",
+          "Boston", "Denver", "Dublin", "Prague", "Vienna", "Sydney", "Nairobi", "Quito", "Hanoi", "Austin"]
+NAMES = ["Ana", "Ben", "Chen", "Dara", "Eli", "Fay", "Gus", "Hana", "Ivan", "Jo", "Kai", "Lena", "Mia", "Noor"]
+TOPICS = ["sports", "science", "music", "travel", "budget", "lunch", "the report", "the launch", "football", "art"]
+DISHES = ["pasta", "curry", "ramen", "tacos", "soup", "paella", "salad", "pancakes", "risotto", "falafel"]
+SYMBOLS = ["AAPL", "MSFT", "NVDA", "TSLA", "AMZN", "IBM", "INTC", "ORCL", "SAP", "SONY"]
+LANGS = ["French", "German", "Spanish", "Italian", "Japanese", "Hindi", "Greek", "Dutch"]
+WORDS = ["hello", "thank you", "good night", "see you soon", "where is the station", "I am hungry"]
+TITLES = ["Blue Sky", "Night Drive", "Golden Hour", "Paper Moon", "Red River", "Silver Lining", "Old Town"]
+TASKS_ = ["call mom", "buy milk", "pay rent", "water plants", "walk the dog", "book a doctor"]
+PLACES = ["Luigi's", "Sakura", "The Olive", "Blue Door", "Casa Rosa", "Green Leaf", "Dragon Inn"]
+
+ValueGen = Callable[[random.Random], Any]
+
+
+def _pick(xs: list[str]) -> ValueGen:
+    return lambda rng: rng.choice(xs)
+
+
+def _int(lo: int, hi: int) -> ValueGen:
+    return lambda rng: rng.randint(lo, hi)
+
+
+# param name -> (json type, value generator, phrasings with {v})
+PARAMS: dict[str, tuple[str, ValueGen, list[str]]] = {
+    "city": ("string", _pick(CITIES), ["in {v}", "for {v}"]),
+    "origin": ("string", _pick(CITIES), ["from {v}"]),
+    "destination": ("string", _pick(CITIES), ["to {v}"]),
+    "nights": ("integer", _int(1, 9), ["for {v} nights"]),
+    "order_id": ("integer", _int(1000, 9999), ["number {v}", "with id {v}"]),
+    "symbol": ("string", _pick(SYMBOLS), ["for {v}", "of {v}"]),
+    "minutes": ("integer", _int(1, 60), ["for {v} minutes"]),
+    "to": ("string", _pick(NAMES), ["to {v}"]),
+    "subject": ("string", _pick(TOPICS), ["about {v}"]),
+    "dish": ("string", _pick(DISHES), ["for {v}"]),
+    "topic": ("string", _pick(TOPICS), ["about {v}", "on {v}"]),
+    "text": ("string", _pick(WORDS), ["\"{v}\""]),
+    "language": ("string", _pick(LANGS), ["into {v}", "in {v}"]),
+    "title": ("string", _pick(TITLES), ["called {v}", "named {v}"]),
+    "task": ("string", _pick(TASKS_), ["to {v}"]),
+    "hour": ("integer", _int(1, 12), ["at {v} o'clock"]),
+    "restaurant": ("string", _pick(PLACES), ["at {v}"]),
+    "people": ("integer", _int(1, 8), ["for {v} people"]),
+    "tracking_number": ("integer", _int(10000, 99999), ["number {v}"]),
+    "name": ("string", _pick(NAMES), ["for {v}", "with {v}"]),
+}
+
+# noun -> (words used in requests, params, verbs that make sense, result fields)
+NOUNS: dict[str, tuple[str, list[str], list[str], dict[str, ValueGen]]] = {
+    "weather": ("weather", ["city"], ["get", "check"], {"temp_c": _int(-5, 35), "sky": _pick(["sunny", "cloudy", "rainy"])}),
+    "time": ("time", ["city"], ["get", "check"], {"time": lambda r: f"{r.randint(0, 23):02d}:{r.randint(0, 59):02d}"}),
+    "flight": ("flight", ["origin", "destination"], ["book", "search", "cancel", "check"], {"status": _pick(["booked", "on time", "delayed", "cancelled"]), "code": lambda r: f"QS{r.randint(100, 999)}"}),
+    "hotel": ("hotel", ["city", "nights"], ["book", "find", "cancel"], {"status": _pick(["booked", "available", "cancelled"]), "price": _int(50, 400)}),
+    "order": ("order", ["order_id"], ["track", "cancel", "check"], {"status": _pick(["shipped", "cancelled", "packed"])}),
+    "stock": ("stock price", ["symbol"], ["get", "check"], {"price": _int(10, 900)}),
+    "timer": ("timer", ["minutes"], ["set", "cancel"], {"status": _pick(["set", "cancelled"])}),
+    "email": ("email", ["to", "subject"], ["send", "draft"], {"status": _pick(["sent", "saved"])}),
+    "song": ("song", ["title"], ["play", "find"], {"status": _pick(["playing", "found"]), "artist": _pick(NAMES)}),
+    "recipe": ("recipe", ["dish"], ["find", "get"], {"minutes": _int(10, 90), "steps": _int(3, 12)}),
+    "news": ("news", ["topic"], ["get", "search"], {"headline": lambda r: f"{r.choice(TOPICS).title()} {r.choice(['wins', 'grows', 'returns'])}"}),
+    "translation": ("translation", ["text", "language"], ["get"], {"result": lambda r: r.choice(["bonjour", "hallo", "hola", "ciao", "salut"])}),
+    "distance": ("distance", ["origin", "destination"], ["get", "check"], {"km": _int(10, 9000)}),
+    "reminder": ("reminder", ["task", "hour"], ["set", "create", "cancel"], {"status": _pick(["set", "cancelled"])}),
+    "table": ("table", ["restaurant", "people"], ["book", "cancel"], {"status": _pick(["booked", "cancelled"]), "hour": _int(5, 10)}),
+    "package": ("package", ["tracking_number"], ["track", "check"], {"status": _pick(["in transit", "delivered"])}),
+    "movie": ("movie", ["title"], ["find", "play"], {"status": _pick(["playing", "found"]), "year": _int(1960, 2024)}),
+    "meeting": ("meeting", ["name", "hour"], ["create", "cancel", "schedule"], {"status": _pick(["scheduled", "cancelled"])}),
+}
+
+VERB_WORDS = {"get": "get", "check": "check", "book": "book", "search": "search for", "cancel": "cancel",
+              "find": "find", "track": "track", "set": "set", "send": "send", "draft": "draft", "play": "play",
+              "create": "create", "schedule": "schedule"}
+
+# request phrasings: {verb} {noun} {args}. The last four are test-only (held-out phrasings).
+TRAIN_TEMPLATES = ["Please {verb} the {noun} {args}.", "Can you {verb} the {noun} {args}?",
+                   "I need you to {verb} the {noun} {args}.", "{Verb} the {noun} {args}, please.",
+                   "Could you {verb} the {noun} {args}?", "Help me {verb} the {noun} {args}."]
+TEST_TEMPLATES = ["Would you {verb} the {noun} {args}?", "Go ahead and {verb} the {noun} {args}.",
+                  "I want to {verb} the {noun} {args}.", "Quick: {verb} the {noun} {args}!"]
+
+ALL_TOOLS = [(verb, noun) for noun, (_, _, verbs, _) in NOUNS.items() for verb in verbs]
+
+
+def tool_split(verb: str, noun: str) -> str:
+    return "test" if held_out(("tool", verb, noun), 20) else "train"
+
+
+def tool_schema(verb: str, noun: str) -> dict[str, Any]:
+    words, params, _, _ = NOUNS[noun]
+    return {"type": "function", "function": {
+        "name": f"{verb}_{noun}", "description": f"{verb.capitalize()} a {words}.",
+        "parameters": {"type": "object", "properties": {p: {"type": PARAMS[p][0]} for p in params},
+                       "required": list(params)}}}
+
+
+CALL_RE = re.compile(r"<tool_call>(.*?)</tool_call>", re.S)
+
+
+def parse_tool_calls(reply: str) -> list[dict[str, Any]] | None:
+    """Every ``<tool_call>{json}</tool_call>`` in a reply; None if any is not a JSON call object."""
+    calls = []
+    for m in CALL_RE.finditer(reply):
+        try:
+            obj = json.loads(m.group(1))
+        except json.JSONDecodeError:
+            return None
+        if not isinstance(obj, dict) or not isinstance(obj.get("name"), str) or not isinstance(obj.get("arguments"), dict):
+            return None
+        calls.append(obj)
+    return calls
+
+
+class ToolCall(Task):
+    name = "tool_call"
+    strata = ("call", "answer")
+    max_answer_tokens = 64
+
+    def sample(self, rng: random.Random, split: str) -> Item:
+        tools = [t for t in ALL_TOOLS if tool_split(*t) == split]
+        verb, noun = rng.choice(tools)
+        words, params, _, fields = NOUNS[noun]
+        args = {p: PARAMS[p][1](rng) for p in params}
+        if "origin" in args and args["origin"] == args.get("destination"):
+            args["destination"] = rng.choice([c for c in CITIES if c != args["origin"]])
+        arg_text = " ".join(rng.choice(PARAMS[p][2]).format(v=args[p]) for p in params)
+        template = rng.choice(TEST_TEMPLATES if split == "test" else TRAIN_TEMPLATES)
+        vw = VERB_WORDS[verb]
+        request = template.format(verb=vw, Verb=vw.capitalize(), noun=words, args=arg_text)
+        distract = [t for t in ALL_TOOLS if t != (verb, noun) and tool_split(*t) == "train"]
+        listed = [(verb, noun), *rng.sample(distract, rng.randint(0, 1))]
+        rng.shuffle(listed)
+        schemas = [tool_schema(v, n) for v, n in listed]
+        call = {"name": f"{verb}_{noun}", "arguments": args}
+        call_text = "<tool_call>" + json.dumps(call, ensure_ascii=False) + "</tool_call>"
+        messages: list[dict[str, Any]] = [{"role": "user", "content": request}]
+        if rng.random() < 0.5:  # turn 1: emit the call
+            return Item(self.name, messages, answer=call_text, tools=schemas, stratum="call",
+                        data={"call": call})
+        result = {k: g(rng) for k, g in fields.items()}
+        messages += [
+            {"role": "assistant", "content": "", "tool_calls": [
+                {"type": "function", "function": {"name": call["name"], "arguments": args}}]},
+            {"role": "tool", "content": json.dumps(result, ensure_ascii=False)},
+        ]
+        answer = "Done. " + ", ".join(f"The {k.replace('_', ' ')} is {v}" for k, v in result.items()) + "."
+        return Item(self.name, messages, answer=answer, tools=schemas, stratum="answer", data={"result": result})
+
+    def verify(self, item: Item, reply: str) -> bool:
+        if item.stratum == "call":  # exactly one call and nothing else
+            calls = parse_tool_calls(reply)
+            return (calls is not None and len(calls) == 1 and calls[0] == item.data["call"]
+                    and not CALL_RE.sub("", reply).strip())
+        if "<tool_call>" in reply:
+            return False
+        return all(str(v) in reply for v in item.data["result"].values())
+
+    @staticmethod
+    def parseable(item: Item, reply: str) -> bool:
+        calls = parse_tool_calls(reply)
+        return calls is not None and len(calls) == 1

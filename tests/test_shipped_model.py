@@ -1,0 +1,52 @@
+"""The embedded model: it ships in the package (<= 25 MB, half precision), is the default of
+``quicksilver generate``, and solves fixed held-out items with the default decoding settings."""
+from __future__ import annotations
+
+import json
+
+import pytest
+
+import quicksilver
+from quicksilver.assets import embedded_model_path
+from quicksilver.cli import main
+from quicksilver.eval.evaluate import decode_items
+from quicksilver.sampling import SamplerConfig
+from quicksilver.train.tasks import get_task
+
+PATH = embedded_model_path()
+pytestmark = pytest.mark.skipif(PATH is None, reason="no embedded model in this build")
+
+
+def test_size_and_format() -> None:
+    assert PATH is not None
+    size = sum(f.stat().st_size for f in PATH.iterdir() if f.is_file())
+    assert size <= 25 * 2**20
+    cfg = json.loads((PATH / "config.json").read_text())
+    assert cfg["attention"] == "block_causal" and cfg["block_size"] == 32
+    assert cfg["torch_dtype"] in ("bfloat16", "float16")
+    assert (PATH / "train_config.json").is_file()
+
+
+# What the shipped model reliably does today (see docs/MODEL.md for the measured accuracies): the
+# chat task, and the format of a tool call. Raise these bars when a better model ships.
+@pytest.mark.parametrize("task,n,need", [("chat", 10, 8)])
+def test_solves_fixed_items(task: str, n: int, need: int) -> None:
+    pipe = quicksilver.load(PATH)
+    items = get_task(task).test_items(n)
+    res = decode_items(pipe.model, pipe.tokenizer, items, SamplerConfig())
+    assert sum(r.correct for r in res) >= need, [r.reply for r in res]
+    assert sum(r.nfe for r in res) < sum(r.tokens for r in res)  # parallel decoding: TPF > 1
+
+
+def test_tool_call_format() -> None:
+    pipe = quicksilver.load(PATH)
+    items = [it for it in get_task("tool_call").test_items(16) if it.stratum == "call"]
+    res = decode_items(pipe.model, pipe.tokenizer, items, SamplerConfig())
+    ok = [r.reply.split("</think>")[-1].startswith('<tool_call>{"name": "') for r in res]
+    assert sum(ok) >= len(ok) - 1, [r.reply for r in res]
+
+
+def test_generate_cli_uses_embedded_model(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["generate", "Solve the sudoku: 1.3./3..2/..2./2.1.", "--json"]) == 0
+    out = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert out["finish_reason"] == "stop" and out["text"]

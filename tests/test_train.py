@@ -1,0 +1,193 @@
+"""Training: the loss on hand-computed examples, the two-copy layout matching inference conditions,
+resume equivalence, the CLI mapping, and (slow) a 2-process torchrun/gloo run."""
+from __future__ import annotations
+
+import math
+import os
+import random
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from quicksilver.models.config import ModelConfig
+from quicksilver.models.transformer import DiffusionLM
+from quicksilver.tokenizer import Tokenizer
+from quicksilver.train.data import Mixture, collate, render
+from quicksilver.train.objective import (NoiseConfig, ar_loss, corrupt, diffusion_loss, two_copy_mask,
+                                         weighted_ce)
+from quicksilver.train.recipes import get_recipe
+from quicksilver.train.tasks import get_task
+from quicksilver.train.trainer import Trainer, lr_at
+
+
+def test_weighted_ce_hand_computed() -> None:
+    # V=2. Row: pos0 logits (0,0) target 0 -> CE ln 2, masked at t=0.5; pos1 logits (ln 3, 0) target 0
+    # -> CE ln(4/3), masked at t=0.25; pos2 visible. Loss = (ln2/0.5 + ln(4/3)/0.25) / 3 answer tokens.
+    logits = torch.tensor([[[0.0, 0.0], [math.log(3.0), 0.0], [5.0, 0.0]]])
+    x0 = torch.tensor([[0, 0, 0]])
+    masked = torch.tensor([[True, True, False]])
+    t = torch.tensor([[0.5, 0.25, 1.0]])
+    cfg = NoiseConfig(mask_id=1, block_size=4)
+    loss = weighted_ce(logits, x0, masked, torch.zeros_like(masked), ~masked, t, torch.tensor([3]), cfg)
+    assert loss.item() == pytest.approx(0.845674, abs=1e-5)
+    # with substitution noise: a substituted position counts with sub_weight, untouched visible ones with keep_weight
+    cfg2 = NoiseConfig(mask_id=1, block_size=4, sub_prob=0.1, sub_weight=1.0, keep_weight=0.5)
+    subst = torch.tensor([[False, False, True]])
+    loss2 = weighted_ce(logits, x0, masked, subst, ~masked, t, torch.tensor([3]), cfg2)
+    ce2 = math.log(1 + math.exp(-5.0))
+    assert loss2.item() == pytest.approx(0.845674 + ce2 / 3, abs=1e-5)
+
+
+class Uniform(torch.nn.Module):
+    """A stand-in network with constant logits: every cross-entropy is ln V."""
+
+    def __init__(self, vocab: int) -> None:
+        super().__init__()
+        self.vocab = vocab
+        self.bias = torch.nn.Parameter(torch.zeros(vocab))
+
+    def forward(self, ids: torch.Tensor, **kw) -> torch.Tensor:  # type: ignore[no-untyped-def]
+        return self.bias.expand(*ids.shape, self.vocab)
+
+
+def _batch(block: int = 8, pad: bool = True, n: int = 3):
+    tok = Tokenizer.byte_level(individual_digits=True)
+    mix = Mixture({"multiply": 1, "path_star": 1}, tok)
+    rng = random.Random(0)
+    return tok, collate([mix.sample(rng) for _ in range(n)], block, 0, 1, pad)
+
+
+def test_ar_loss_uniform_is_ln_v() -> None:
+    _, b = _batch(pad=False)
+    out = ar_loss(Uniform(300), b, NoiseConfig(2, 8), None)  # type: ignore[arg-type]
+    assert out.loss.item() == pytest.approx(math.log(300), rel=1e-6)
+    assert out.n_masked == int(b.answer.sum()) - 0  # every answer token (stop included) is a target
+
+
+def test_diffusion_loss_uniform_matches_formula() -> None:
+    # with constant logits the loss is ln V * mean_i(sum_masked 1/t / answer_len_i); recompute it from
+    # the same noise draws
+    _, b = _batch()
+    cfg = NoiseConfig(2, 8)
+    g1, g2 = torch.Generator().manual_seed(3), torch.Generator().manual_seed(3)
+    out = diffusion_loss(Uniform(300), b, cfg, g1)  # type: ignore[arg-type]
+    start = torch.div(b.prompt_len, 8, rounding_mode="floor") * 8
+    nv = b.valid.sum(1)
+    N = int((nv - start).max())
+    j = torch.arange(N)[None]
+    npos = (start[:, None] + j).clamp_max(b.ids.shape[1] - 1)
+    nans = b.answer.gather(1, npos) & (j < (nv - start)[:, None])
+    _, masked, _, t = corrupt(b.ids.gather(1, npos), nans, npos // 8 - (start // 8)[:, None], cfg, g2, b.ids[b.answer])
+    expect = math.log(300) * ((masked.float() / t).sum(1) / b.answer.sum(1)).mean().item()
+    assert out.loss.item() == pytest.approx(expect, rel=1e-5)
+    assert out.n_masked == int(masked.sum()) > 0
+
+
+def test_two_copy_layout_equals_inference_conditions() -> None:
+    """Each noisy block's logits equal a plain block-causal pass with clean earlier blocks and no later ones."""
+    tok, b = _batch()
+    bs = 8
+    cfg = ModelConfig(vocab_size=320, d_model=32, n_layers=2, n_heads=2, n_kv_heads=2, mlp_hidden=64,
+                      max_seq_len=512, attention="block_causal", block_size=bs, mask_token_id=2)
+    torch.manual_seed(0)
+    m = DiffusionLM(cfg).eval()
+    ids, valid = b.ids, b.valid
+    B, L = ids.shape
+    start = b.prompt_len // bs * bs
+    nv = valid.sum(1)
+    N = int((nv - start).max())
+    j = torch.arange(N)[None]
+    npos = (start[:, None] + j).clamp_max(L - 1)
+    nvalid = j < (nv - start)[:, None]
+    x0 = ids.gather(1, npos)
+    g = torch.Generator().manual_seed(0)
+    xt, *_ = corrupt(x0, b.answer.gather(1, npos) & nvalid, npos // bs - (start // bs)[:, None],
+                     NoiseConfig(2, bs, sub_prob=0.2), g, ids[b.answer])
+    seq = torch.cat((ids, xt), 1)
+    pos = torch.cat((torch.arange(L)[None].expand(B, L), npos), 1)
+    noisy = torch.cat((torch.zeros(B, L, dtype=torch.bool), torch.ones(B, N, dtype=torch.bool)), 1)
+    with torch.no_grad():
+        lg = m(seq, positions=pos, attn_mask=two_copy_mask(pos, noisy, torch.cat((valid, nvalid), 1), bs))[:, L:]
+        for i in range(B):
+            for blk in range(int(start[i]) // bs, int(nv[i]) // bs):
+                lo, hi = blk * bs, (blk + 1) * bs
+                x = ids[i, :hi].clone()
+                x[lo:hi] = xt[i, lo - start[i]:hi - start[i]]
+                ref = m(x[None])[0, lo:hi]
+                torch.testing.assert_close(ref, lg[i, lo - start[i]:hi - start[i]], atol=1e-5, rtol=1e-5)
+
+
+def test_render_layout_and_pads() -> None:
+    tok = Tokenizer.byte_level(individual_digits=True)
+    item = get_task("multiply").sample(random.Random(0), "train")
+    p, a = render(item, tok)
+    assert tok.decode(a, skip_special_tokens=False).startswith("<think>")
+    assert a[-1] == tok.token_to_id("<|im_end|>")
+    p2, a2 = render(item, tok, instant=True)
+    assert tok.decode(p2, skip_special_tokens=False).endswith("<think></think>")
+    assert tok.decode(a2) == item.answer
+    b = collate([Mixture({"multiply": 1}, tok).sample(random.Random(1))], 32, 0, 1)
+    assert b.ids.shape[1] % 32 == 0
+    n = int(b.content_len[0])
+    assert bool((b.ids[0, n:] == 1).all())  # trailing <|endoftext|> pads to the block end
+    assert bool(b.answer[0, n:].all()) and not bool(b.answer[0, : int(b.prompt_len[0])].any())
+
+
+def test_lr_schedule() -> None:
+    cfg = get_recipe("tiny", steps=100, warmup=10, lr=1e-3, min_lr_frac=0.1)
+    assert lr_at(0, cfg) == pytest.approx(1e-4)
+    assert lr_at(9, cfg) == pytest.approx(1e-3)
+    assert lr_at(100, cfg) == pytest.approx(1e-4)
+    assert lr_at(55, cfg) == pytest.approx(0.55e-3)
+
+
+def test_resume_equals_straight_run(tmp_path: Path) -> None:
+    torch.set_num_threads(1)
+    straight = Trainer(get_recipe("tiny", out=str(tmp_path / "a"), steps=6, ckpt_every=100))
+    straight.run()
+    cfg = get_recipe("tiny", out=str(tmp_path / "b"), steps=6, ckpt_every=100)
+    first = Trainer(cfg)
+    for _ in range(3):
+        first.train_step()
+    first.save_state()
+    resumed = Trainer(cfg)
+    assert resumed.step == 3
+    resumed.run()
+    for (k, v1), v2 in zip(straight.model.state_dict().items(), resumed.model.state_dict().values()):
+        torch.testing.assert_close(v1, v2, atol=0, rtol=0, msg=k)
+    assert (tmp_path / "b" / "final" / "model.safetensors").is_file()
+    # and it can fail: a different seed gives different weights
+    other = Trainer(get_recipe("tiny", out=str(tmp_path / "c"), steps=6, seed=1))
+    other.run()
+    assert not torch.equal(other.model.model.embed_tokens.weight, straight.model.model.embed_tokens.weight)
+
+
+def test_cli_maps_flags_onto_fields(capsys: pytest.CaptureFixture[str]) -> None:
+    from quicksilver.cli import main
+
+    assert main(["train", "--recipe", "tiny", "--steps", "7", "--sub-prob", "0.25", "--no-resume",
+                 "--print-config"]) == 0
+    import json
+
+    cfg = json.loads(capsys.readouterr().out)
+    assert cfg["steps"] == 7 and cfg["sub_prob"] == 0.25 and cfg["resume"] is False and cfg["d_model"] == 64
+    with pytest.raises(SystemExit):
+        main(["train", "--recipe", "nope"])
+
+
+@pytest.mark.slow
+def test_torchrun_gloo_two_processes(tmp_path: Path) -> None:
+    torchrun = shutil.which("torchrun") or str(Path(sys.executable).parent / "torchrun")
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    r = subprocess.run([torchrun, "--nproc_per_node", "2", "--master_port", "29517", "-m", "quicksilver.cli",
+                        "train", "--recipe", "tiny", "--steps", "4", "--out", str(tmp_path / "ddp")],
+                       capture_output=True, text=True, timeout=600, env=env)
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert (tmp_path / "ddp" / "final" / "model.safetensors").is_file()
+    assert (tmp_path / "ddp" / "ckpt.rank1.pt").is_file()
+    lines = (tmp_path / "ddp" / "metrics.jsonl").read_text().splitlines()
+    assert lines and '"step": 4' in lines[-1]
