@@ -101,3 +101,22 @@ def test_gpu_bench_shapes_are_the_published_models() -> None:
             counts[name] = DiffusionLM(cfg).num_params()
     assert round(counts["llada-8b"] / 1e9, 2) == 8.02
     assert round(counts["dream-7b"] / 1e9, 2) == 7.62  # Qwen2.5-7B
+
+
+def test_eval_cli_runs_gsm8k(llada: quicksilver.Pipeline, tmp_path: Path) -> None:
+    """`quicksilver eval --benchmark gsm8k --data FILE` is wired to the harness and ends with JSON."""
+    import json
+    import subprocess
+    import sys
+
+    data = tmp_path / "g.jsonl"
+    data.write_text('{"question": "What is 2+3?", "answer": "#### 5"}\n')
+    r = subprocess.run([sys.executable, "-m", "quicksilver.cli", "eval", "--benchmark", "gsm8k", "--data", str(data),
+                        "--model", str(llada.path), "--preset", "family", "--limit", "1"],
+                       capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr
+    out = json.loads(r.stdout.strip().splitlines()[-1])
+    assert out["total"] == 1 and 0.0 <= out["accuracy"] <= 1.0
+    bad = subprocess.run([sys.executable, "-m", "quicksilver.cli", "eval", "--benchmark", "gsm8k"],
+                         capture_output=True, text=True, timeout=120)
+    assert bad.returncode == 2 and "--data" in bad.stderr and "Traceback" not in bad.stderr

@@ -20,10 +20,21 @@ def add_parser(sub: "argparse._SubParsersAction[argparse.ArgumentParser]") -> No
     e = sub.add_parser("eval", help="held-out accuracy, NFE, TPF and tok/s on the task suite")
     e.add_argument("--model", help="checkpoint directory (default: the embedded model)")
     e.add_argument("--tasks", default=DEFAULT_TASKS, help=f"comma-separated tasks (default: {DEFAULT_TASKS})")
-    e.add_argument("--limit", type=int, default=200, help="held-out items per task (default: 200)")
+    e.add_argument("--benchmark", default="suite", choices=["suite", "gsm8k"],
+                   help="suite: quicksilver's task suite (default); gsm8k: your GSM8K JSONL (--data) with "
+                        "published settings (--preset)")
+    e.add_argument("--limit", type=int, default=None, help="held-out items per task (default: 200; gsm8k: all)")
     e.add_argument("--seed", type=int, default=1234, help="seed of the fixed test split")
     e.add_argument("--instant", action="store_true", help="no reasoning: pre-fill an empty <think></think>")
-    e.add_argument("--batch-size", type=int, default=32, dest="batch_size", help="rows decoded together")
+    e.add_argument("--batch-size", type=int, default=None, dest="batch_size",
+                   help="rows decoded together (default: 32; gsm8k: 1)")
+    from .gsm8k import PRESETS
+
+    e.add_argument("--data", help="gsm8k: a GSM8K-format JSONL (question, answer ending in '#### N'); yours")
+    e.add_argument("--preset", default="llada", choices=sorted(PRESETS), help="gsm8k: published decoding settings")
+    e.add_argument("--num-fewshot", type=int, default=None, dest="num_fewshot", help="gsm8k: few-shot examples")
+    e.add_argument("--fewshot-data", default=None, dest="fewshot_data", help="gsm8k: JSONL of few-shot examples")
+    e.add_argument("--records", default=None, help="gsm8k: write one JSON line per item to this file")
     e.add_argument("--stream-items", type=int, default=8, dest="stream_items",
                    help="items per task timed at batch size 1 for single-stream tok/s (0: skip)")
     e.add_argument("--examples", type=int, default=0, help="include this many replies per task in the JSON")
@@ -71,6 +82,21 @@ def handle(args: argparse.Namespace) -> int:
 
     from ..cli import resolve_model
     from .evaluate import evaluate
+
+    if args.benchmark == "gsm8k":
+        from .gsm8k import run as run_gsm8k
+
+        if not args.data:
+            raise ConfigError("--benchmark gsm8k needs --data FILE.jsonl (nothing is downloaded)")
+        if args.limit is not None and args.limit <= 0:
+            raise ConfigError("--limit must be positive")
+        args.batch_size = args.batch_size or 1
+        pipe = quicksilver.load(resolve_model(args.model))
+        names = set(SamplerConfig.__dataclass_fields__)
+        over = {k: v for k, v in vars(args).items() if k in names and v is not None}
+        return run_gsm8k(pipe, args, **over)
+    args.limit = 200 if args.limit is None else args.limit
+    args.batch_size = args.batch_size or 32
 
     tasks = [t.strip() for t in args.tasks.split(",") if t.strip()]
     if args.limit <= 0:
