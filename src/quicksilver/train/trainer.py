@@ -178,7 +178,8 @@ class Trainer:
         lr = lr_at(self.step, cfg)
         for g in self.opt.param_groups:
             g["lr"] = lr
-        with torch.autocast("cuda", dtype=torch.bfloat16, enabled=self.device.type == "cuda"):
+        bf16 = self.device.type == "cuda" or (cfg.cpu_bf16 and self.device.type == "cpu")
+        with torch.autocast(self.device.type, dtype=torch.bfloat16, enabled=bf16):
             out = self.loss_fn(self.ddp, batch, self.noise, self.gen)  # type: ignore[arg-type]
         out.loss.backward()
         if cfg.grad_clip > 0:
