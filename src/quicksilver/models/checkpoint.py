@@ -37,6 +37,17 @@ def register_loader(*architectures: str) -> Callable[[Loader], Loader]:
     return deco
 
 
+def read_json_object(f: Path, what: str = "a JSON object") -> dict:
+    """A JSON file that must hold an object; anything else is a one-line CheckpointError."""
+    try:
+        d = json.loads(f.read_text())
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise CheckpointError(f"{f}: invalid JSON ({e})") from None
+    if not isinstance(d, dict):
+        raise CheckpointError(f"{f}: expected {what}")
+    return d
+
+
 def read_config_json(path: Path) -> dict:
     if not path.exists():
         raise CheckpointError(f"{path}: no such checkpoint directory")
@@ -45,13 +56,7 @@ def read_config_json(path: Path) -> dict:
     cj = path / "config.json"
     if not cj.is_file():
         raise CheckpointError(f"{path}: missing config.json")
-    try:
-        d = json.loads(cj.read_text())
-    except (json.JSONDecodeError, UnicodeDecodeError) as e:
-        raise CheckpointError(f"{cj}: invalid JSON ({e})") from None
-    if not isinstance(d, dict):
-        raise CheckpointError(f"{cj}: expected a JSON object")
-    return d
+    return read_json_object(cj)
 
 
 def read_safetensors(path: Path) -> dict[str, torch.Tensor]:

@@ -14,7 +14,6 @@ these and applies each request's options on top.
 from __future__ import annotations
 
 import dataclasses
-import json
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -61,13 +60,10 @@ def generation_defaults(architecture: str, path: str | Path | None = None) -> di
     fam = family_of(architecture)
     out = dict(fam.defaults) if fam is not None else {}
     if path is not None and (Path(path) / SAMPLER_CONFIG_FILE).is_file():
+        from ..checkpoint import read_json_object
+
         f = Path(path) / SAMPLER_CONFIG_FILE
-        try:
-            extra = json.loads(f.read_text())
-        except (json.JSONDecodeError, UnicodeDecodeError) as e:
-            raise CheckpointError(f"{f}: invalid JSON ({e})") from None
-        if not isinstance(extra, dict):
-            raise CheckpointError(f"{f}: expected a JSON object of sampler options")
+        extra = read_json_object(f, "a JSON object of sampler options")
         known = {fl.name for fl in dataclasses.fields(SamplerConfig)}
         unknown = sorted(set(extra) - known)
         if unknown:

@@ -165,16 +165,10 @@ def fast_tokenizer_loader(roles: dict[str, str], stop_tokens: Sequence[str] = ()
 
 
 def _read_tokenizer_config(path: Path) -> dict[str, Any]:
+    from ..checkpoint import read_json_object
+
     tc = path / "tokenizer_config.json"
-    if not tc.is_file():
-        return {}
-    try:
-        d = json.loads(tc.read_text())
-    except (json.JSONDecodeError, UnicodeDecodeError) as e:
-        raise CheckpointError(f"{tc}: invalid JSON ({e})") from None
-    if not isinstance(d, dict):
-        raise CheckpointError(f"{tc}: expected a JSON object")
-    return d
+    return read_json_object(tc) if tc.is_file() else {}
 
 
 def bpe_tokenizer_from_vocab(path: Path, pattern: str = QWEN2_PATTERN) -> Tokenizer:
