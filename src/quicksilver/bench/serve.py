@@ -177,7 +177,28 @@ def level_summary(results: list[Result], wall: float, concurrency: int) -> dict[
         "e2e_p50_s": percentile([r.e2e for r in ok], 0.5), "e2e_p99_s": percentile([r.e2e for r in ok], 0.99),
         "output_tokens": out, "wall_s": wall, "aggregate_tok_s": out / wall if wall > 0 else 0.0,
         "single_request_tok_s_p50": median([r.out_tokens / r.e2e for r in ok if r.e2e > 0]),
+        "errors": sorted({r.error for r in results if not r.ok})[:3],
     }
+
+
+def to_openai_messages(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The task suite's messages in the wire format: tool-call arguments as JSON strings, with ids."""
+    out = []
+    for i, m in enumerate(messages):
+        m = dict(m)
+        if m.get("tool_calls"):
+            calls = []
+            for j, c in enumerate(m["tool_calls"]):
+                fn = dict(c.get("function", c))
+                args = fn.get("arguments", {})
+                fn["arguments"] = args if isinstance(args, str) else json.dumps(args)
+                calls.append({"id": c.get("id") or f"call_{i}_{j}", "type": "function",
+                              "function": {"name": fn["name"], "arguments": fn["arguments"]}})
+            m["tool_calls"] = calls
+        if m.get("role") == "tool" and not m.get("tool_call_id"):
+            m["tool_call_id"] = f"call_{i - 1}_0"
+        out.append(m)
+    return out
 
 
 def chat_bodies(n: int, seed: int, max_tokens: int) -> list[dict[str, Any]]:
@@ -189,7 +210,8 @@ def chat_bodies(n: int, seed: int, max_tokens: int) -> list[dict[str, Any]]:
     random.Random(seed).shuffle(items)
     bodies = []
     for it in (items * (n // max(len(items), 1) + 1))[:n]:
-        body: dict[str, Any] = {"model": "quicksilver", "messages": it.messages, "max_tokens": max_tokens}
+        body: dict[str, Any] = {"model": "quicksilver", "messages": to_openai_messages(it.messages or []),
+                                "max_tokens": max_tokens}
         if it.tools:
             body["tools"] = it.tools
         bodies.append(body)
