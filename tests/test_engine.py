@@ -141,3 +141,19 @@ def test_approximate_caches_are_exact_when_refreshed_every_step(mode: str) -> No
     assert fresh.tokens == base.tokens and len(approx.tokens) == 24 and approx.nfe == base.nfe
     with pytest.raises(ConfigError):
         Decoder(m, MASK, [EOS], cache_mode="block").new_row([5, 6], cfg)
+
+
+def test_a_request_can_add_its_own_stop_tokens() -> None:
+    """An extra stop token (the server's </think> for a reasoning phase) ends that request only."""
+    dec = _decoder()
+    e = Engine(dec)
+    e.add(_req("plain", [5, 6, 7, 8], n=24))
+    plain = _drain(e)["plain"][-1].result.tokens
+    stop = plain[3]  # a token the model does produce at position 3
+    e.add(EngineRequest("own", [5, 6, 7, 8], SamplerConfig(max_new_tokens=24, policy="threshold", threshold=0.2),
+                        stop_token_ids=[stop]))
+    e.add(_req("other", [5, 6, 7, 8], n=24))
+    out = _drain(e)
+    own = out["own"][-1]
+    assert own.finish_reason == "stop" and stop not in own.result.tokens and len(own.result.tokens) <= 3
+    assert out["other"][-1].result.tokens == plain

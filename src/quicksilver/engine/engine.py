@@ -41,6 +41,7 @@ class EngineRequest:
     suffix: list[int] | None = None  # tokens after the canvas (infilling)
     constraint: Constraint | None = None
     arrival: float = field(default_factory=time.perf_counter)
+    stop_token_ids: list[int] | None = None  # extra stop tokens for this request (e.g. </think> ends reasoning)
 
 
 @dataclass
@@ -116,7 +117,7 @@ class Engine:
     def add(self, req: EngineRequest) -> None:
         """Validate and queue a request. Raises ConfigError on bad input, EngineOverloaded when full."""
         row = self.decoder.new_row(req.prompt_ids, req.sampler, tag=req.request_id, prefill=req.prefill,
-                                   suffix=req.suffix, constraint=req.constraint)
+                                   suffix=req.suffix, constraint=req.constraint, extra_stops=req.stop_token_ids)
         with self._lock:
             if req.request_id in self._pending_ids:
                 raise ConfigError(f"duplicate request id {req.request_id!r}")

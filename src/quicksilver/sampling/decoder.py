@@ -374,7 +374,7 @@ class Decoder:
 
     def new_row(self, prompt_ids: Sequence[int], cfg: SamplerConfig, tag: object = None,
                 prefill: dict[int, int] | None = None, suffix: Sequence[int] | None = None,
-                constraint: Constraint | None = None) -> Row:
+                constraint: Constraint | None = None, extra_stops: Sequence[int] | None = None) -> Row:
         mcfg = self.model.config
         cfg.validate(mcfg.max_seq_len, len(prompt_ids) + len(suffix or ()))
         if suffix and mcfg.attention != "bidirectional":
@@ -391,7 +391,8 @@ class Decoder:
         mode = self.resolve_cache_mode()
         prompt = torch.tensor(list(prompt_ids), dtype=torch.long, device=self.device)
         sfx = torch.tensor(list(suffix), dtype=torch.long, device=self.device) if suffix else None
-        return Row(prompt, cfg, self.mask_id, self.stop_ids, bl, aligned=block_causal,
+        stops = self.stop_ids | frozenset(int(t) for t in extra_stops) if extra_stops else self.stop_ids
+        return Row(prompt, cfg, self.mask_id, stops, bl, aligned=block_causal,
                    model_block=mcfg.block_size if block_causal else None, generator=gen, tag=tag,
                    prefill=prefill, suffix=sfx, constraint=constraint, vocab_limit=self.vocab_limit,
                    cache=KVCache() if mode != "none" else None, cache_mode=mode, refresh_every=self.refresh_every)

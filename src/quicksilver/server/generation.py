@@ -4,7 +4,7 @@ A choice runs in up to two engine requests (phases):
 
 1. **Reasoning** (when the effort asks for it): the prompt ends with the assistant header, the
    canvas has ``<think>`` prefilled at position 0 and its own budget (``reasoning_budget``). The
-   phase ends when ``</think>`` becomes final (the request is cancelled there), when the model
+   phase ends when ``</think>`` is committed with everything before it (a stop token of the phase), when the model
    stops, or when the budget runs out.
 2. **Answer**: the prompt plus ``<think>reasoning</think>``, with the full ``max_tokens`` (or a
    structured canvas: skeleton + slots). Reasoning never eats the answer's budget: an empty
@@ -193,10 +193,11 @@ class ChoiceRunner:
         self._reasoning_ids: list[int] = []
 
     async def _phase(self, name: str, prompt: list[int], sampler: SamplerConfig, prefill: dict[int, int] | None = None,
-                     constraint: Any = None, suffix: list[int] | None = None) -> AsyncGenerator[EngineEvent, None]:
+                     constraint: Any = None, suffix: list[int] | None = None,
+                     stop_ids: list[int] | None = None) -> AsyncGenerator[EngineEvent, None]:
         rid = f"{self.rid}-{name}"
         self.b.engine.submit(EngineRequest(rid, prompt, sampler, prefill=prefill, suffix=suffix,
-                                           constraint=constraint))
+                                           constraint=constraint, stop_token_ids=stop_ids))
         async with contextlib.aclosing(self.b.engine.events(rid)) as events:
             async for ev in events:
                 if self.queue_time is None:
@@ -245,7 +246,9 @@ class ChoiceRunner:
         detok = IncrementalDetokenizer(self.b.tokenizer)
         self._reasoning_ids = []
         pos, ended, last = 0, False, None
-        async for ev in self._phase("think", prompt, cfg, prefill={0: think[0]}):
+        # </think> is a stop token of this phase: once it is committed with everything before it, the
+        # phase is over at once (honest length), not when its block has been checked
+        async for ev in self._phase("think", prompt, cfg, prefill={0: think[0]}, stop_ids=[think[1]]):
             last = ev
             fresh: list[int] = []
             for t in ev.new_tokens:

@@ -96,7 +96,7 @@ class ScriptedDecoder:
 
     def new_row(self, prompt_ids: Sequence[int], cfg: SamplerConfig, tag: object = None,
                 prefill: dict[int, int] | None = None, suffix: Sequence[int] | None = None,
-                constraint: Constraint | None = None) -> Row:
+                constraint: Constraint | None = None, extra_stops: Sequence[int] | None = None) -> Row:
         cfg.validate(self.max_context, len(prompt_ids) + len(suffix or ()))
         if prefill and any(not 0 <= p < cfg.max_new_tokens for p in prefill):
             raise ConfigError("prefilled positions must lie inside the canvas")
@@ -106,7 +106,8 @@ class ScriptedDecoder:
         text = self.tok.decode(prompt_ids, skip_special_tokens=False)
         if suffix:
             text += "<|fim_middle|>"
-        row = Row(torch.tensor(list(prompt_ids), dtype=torch.long), cfg, self.mask_id, self.stop_ids,
+        stops = self.stop_ids | frozenset(extra_stops or ())
+        row = Row(torch.tensor(list(prompt_ids), dtype=torch.long), cfg, self.mask_id, stops,
                   cfg.block_length or min(self.default_block, cfg.max_new_tokens), aligned=False, model_block=None,
                   vocab_limit=self.vocab, generator=gen, tag=tag, prefill=prefill, constraint=constraint,
                   suffix=torch.tensor(list(suffix), dtype=torch.long) if suffix else None)
