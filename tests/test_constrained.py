@@ -143,3 +143,49 @@ def test_ban_tokens(tiny_ckpt: Path) -> None:
     while not row.done:
         pipe.decoder.step([row])
     assert not set(row.result().tokens) & set(banned)
+
+
+def test_a_closing_token_means_the_value_ends_here() -> None:
+    """Token healing at slot ends: a model that wants to write `"}` after a string body (one BPE
+    token that the slot cannot take) has that probability moved to PAD, so the value ends cleanly
+    instead of the slot being filled with whatever else is allowed."""
+    from types import SimpleNamespace
+
+    import torch
+
+    tok = Tokenizer.byte_level(merges_from=['{"city": "Paris"}'] * 50, vocab_size=320)
+    schema = {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"],
+              "additionalProperties": False}
+    canvas = build_canvas(schema_pieces(schema, True, tok.encode), tok, tok.pad_id or 0)
+    con = canvas.constraint
+    start, budget, g = con.slots[0]
+    closing = [t for t, a in con.closers[0] if a is not None and tok.decode([t]) == '"}']
+    assert closing, "the tokenizer has a token spelling the string's end and the closing brace"
+    row = SimpleNamespace(canvas=torch.full((canvas.length,), 2), committed=torch.zeros(canvas.length, dtype=torch.bool))
+    for p, t in canvas.prefill.items():
+        row.canvas[p], row.committed[p] = t, True
+    P = tok.encode("P")[0]
+    row.canvas[start], row.committed[start] = P, True  # the value so far: "P"
+    logits = torch.zeros(budget, tok.vocab_size)
+    logits[1, closing] = 8.0  # the model's wish after "P": close the string
+    logits[1, tok.encode("x")[0]] = 5.0  # the best token the slot can take
+    out = con.mask_logits(row, start, logits.clone())
+    assert tok.decode([int(out[1].argmax())]) == '"'  # the value ends with its closing quote
+    plain = type(con)(con.slots, canvas.length)  # the same constraint without healing
+    assert int(plain.mask_logits(row, start, logits.clone())[1].argmax()) == tok.encode("x")[0]
+
+
+def test_revision_holes_inside_a_slot_do_not_stall_constrained_decoding(tmp_path: Path) -> None:
+    """With revision on, a re-masked token inside a slot is a hole left of the next position; the
+    decoder's fallback must fill the hole (slots are written left to right), not give up."""
+    from quicksilver.models.init import init_model
+
+    pipe = quicksilver.load(init_model(tmp_path / "m", "tiny", seed=3, attention="block_causal", block_size=16))
+    tok = pipe.tokenizer
+    cv = build_canvas(schema_pieces(SCHEMAS[0], True, tok.encode, Budgets(string=8)), tok, tok.pad_id or 0)
+    cfg = SamplerConfig(max_new_tokens=cv.length, threshold=0.01, revise_threshold=0.9, max_revisions=2)
+    row = pipe.decoder.new_row(tok.encode("hi"), cfg, prefill=cv.prefill, constraint=cv.constraint)
+    while not row.done:
+        pipe.decoder.step([row])
+    assert row.n_revisions > 0
+    jsonschema.validate(json.loads(tok.decode(row.result().tokens)), SCHEMAS[0])

@@ -273,7 +273,8 @@ def build_canvas(pieces: Sequence[Piece], tokenizer: Any, pad_id: int) -> Struct
         text = ""
 
     n_slots = 0
-    for p in pieces:
+    closers: list[list[int]] = []
+    for i, p in enumerate(pieces):
         if isinstance(p, str):
             text += p
             continue
@@ -285,18 +286,59 @@ def build_canvas(pieces: Sequence[Piece], tokenizer: Any, pad_id: int) -> Struct
         else:
             n_slots += 1
             slots.append((pos, p.budget, p.grammar(trie, pad_id)))
+            closers.append(_closers(pieces[i + 1:], tokenizer, trie))
             pos += p.budget
     flush()
     if n_slots > Budgets.max_slots:
         raise SchemaError(f"the schema has {n_slots} value slots; at most {Budgets.max_slots} are supported")
-    return StructuredCanvas(pos, prefill, SlotConstraint(slots, pos))
+    return StructuredCanvas(pos, prefill, SlotConstraint(slots, pos, closers))
+
+
+_HEAL: "OrderedDict[tuple[int, bytes], list[tuple[int, int | None]]]" = OrderedDict()
+
+
+def _closers(rest: Sequence[Piece], tokenizer: Any, trie: TokenTrie) -> list[tuple[int, int | None]]:
+    """Token healing at a slot's end. A BPE model often spells the end of a value and the start of
+    the skeleton after it as one token (``"}`` = ``"`` + ``}``), which the slot cannot take. For every
+    token ``a + b`` whose tail ``b`` starts the skeleton text after the slot, return ``(token, a's
+    id)`` — or ``(token, None)`` when the token lies wholly in the skeleton, meaning "the value is
+    over": at decoding time such a token's probability is moved to ``a`` (or to PAD)."""
+    follow = b""
+    for p in rest:
+        if isinstance(p, Slot):
+            break
+        follow += p.encode() if isinstance(p, str) else tokenizer.decode(p, skip_special_tokens=False).encode()
+    if not follow:
+        return []
+    key = (id(trie), follow)
+    if key not in _HEAL:
+        pairs: list[tuple[int, int | None]] = []
+        for tid, data in trie.bytes_of.items():
+            for k in range(len(data)):
+                if follow.startswith(data[k:]):
+                    if k == 0:
+                        pairs.append((tid, None))
+                    else:
+                        a = trie.exact(data[:k])
+                        if a is not None:
+                            pairs.append((tid, a))
+                    break
+        _HEAL[key] = pairs
+        while len(_HEAL) > 256:
+            _HEAL.popitem(last=False)
+    return _HEAL[key]
 
 
 class SlotConstraint:
     """The decoder's ``Constraint``: grammar-checked unmasking over independent slots."""
 
-    def __init__(self, slots: list[tuple[int, int, SlotGrammar]], length: int) -> None:
+    def __init__(self, slots: list[tuple[int, int, SlotGrammar]], length: int,
+                 closers: list[list[tuple[int, int | None]]] | None = None) -> None:
         self.slots = slots
+        self.closers = closers or [[] for _ in slots]
+        # healing pairs as tensors (source token, target token; -1 = the slot's PAD)
+        self._pairs = [(torch.tensor([t for t, _ in c], dtype=torch.long),
+                        torch.tensor([-1 if a is None else a for _, a in c], dtype=torch.long)) for c in self.closers]
         self.slot_of = [-1] * length
         for k, (start, budget, _) in enumerate(slots):
             for p in range(start, start + budget):
@@ -331,6 +373,11 @@ class SlotConstraint:
         if k < 0:
             return False  # skeleton positions are prefilled; nothing else lies on this canvas
         start, _, g = self.slots[k]
+        if pos > start and not bool(row.committed[start:pos].all()):
+            # a slot is written left to right (slots still fill in parallel): committed out of order, a
+            # value's end (the closing quote) lands at the end of its budget and junk fills the gap,
+            # because the model never learned where PAD goes inside JSON
+            return False
         toks = self._tokens(row, k)
         toks[pos - start] = int(token)
         co = self._completable(g, toks)
@@ -368,7 +415,30 @@ class SlotConstraint:
                 idx = torch.tensor(ids, dtype=torch.long)
                 row_ok[idx[idx < V]] = True
             allowed[i] = row_ok
+            self._heal(logits[i], row_ok, self._pairs[k], g.pad)
         return logits.masked_fill(~allowed.to(logits.device), float("-inf"))
+
+    @staticmethod
+    def _heal(logits: torch.Tensor, ok: torch.Tensor, pairs: tuple[torch.Tensor, torch.Tensor], pad: int) -> None:
+        """Move the probability of tokens that run into the skeleton to the token (or PAD) that ends
+        the value, where that one is allowed and they are not (logits (V,) of one position, in place)."""
+        src, dst = pairs
+        if not src.numel():
+            return
+        V = logits.shape[0]
+        dst = torch.where(dst < 0, torch.full_like(dst, pad), dst)
+        keep = (src < V) & (dst < V)
+        src, dst = src[keep], dst[keep]
+        keep = ok[dst] & ~ok[src]
+        if not bool(keep.any()):
+            return
+        src, dst = src[keep], dst[keep]
+        m = torch.maximum(logits[src].max(), logits[dst].max())
+        if not torch.isfinite(m):
+            return
+        mass = torch.zeros(V, dtype=logits.dtype).index_add_(0, dst, (logits[src] - m).exp())  # (V,)
+        tgt = dst.unique()
+        logits[tgt] = torch.log((logits[tgt] - m).exp() + mass[tgt]) + m
 
     @staticmethod
     def _forward(g: SlotGrammar, toks: list[int | None]) -> list[frozenset[State]]:

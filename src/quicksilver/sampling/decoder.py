@@ -314,9 +314,10 @@ class Row:
             if self.constraint.allow(self, pos, tok):
                 self.canvas[pos], self.committed[pos] = tok, True
                 committed.append((pos, tok))
-        if committed or not bool(masked.any()):
+        now = ~self.committed[lo:lo + masked.shape[0]]  # masked now (revision may have opened holes)
+        if committed or not bool(now.any()):
             return committed
-        i = int(masked.nonzero()[0])  # nothing allowed: the leftmost masked position, best allowed token
+        i = int(now.nonzero()[0])  # nothing allowed: the leftmost masked position, best allowed token
         for tok in logits[i].argsort(descending=True).tolist():
             if logits[i, tok] == float("-inf"):
                 break

@@ -251,6 +251,7 @@ class TokenTrie:
         dec = _byte_decoder()
         self.root: dict[Any, Any] = {}
         self.vocab_size = int(tokenizer.vocab_size)
+        self.bytes_of: dict[int, bytes] = {}  # token id -> its bytes (ordinary tokens only)
         for tid in range(self.vocab_size):
             if tid in added:
                 continue
@@ -263,10 +264,22 @@ class TokenTrie:
                 data = tokenizer.decode([tid], skip_special_tokens=False).encode()
             if not data:
                 continue
+            self.bytes_of[tid] = data
             node = self.root
             for b in data:
                 node = node.setdefault(b, {})
             node.setdefault(None, []).append(tid)
+
+
+    def exact(self, data: bytes) -> int | None:
+        """The id of a token spelling exactly ``data`` (None if there is none)."""
+        node = self.root
+        for b in data:
+            node = node.get(b)
+            if node is None:
+                return None
+        ids = node.get(None)
+        return ids[0] if ids else None
 
 
 _TRIES: "OrderedDict[int, tuple[Any, TokenTrie]]" = OrderedDict()
