@@ -87,6 +87,20 @@ def test_diffusion_loss_uniform_matches_formula() -> None:
     assert out.n_masked == int(masked.sum()) > 0
 
 
+def test_mdm_loss_masks_the_answer_with_one_rate_per_sequence() -> None:
+    from quicksilver.train.objective import mdm_loss
+
+    _, b = _batch()
+    cfg = NoiseConfig(2, 8)
+    g1, g2 = torch.Generator().manual_seed(5), torch.Generator().manual_seed(5)
+    out = mdm_loss(Uniform(300), b, cfg, g1)  # type: ignore[arg-type]
+    _, masked, _, t = corrupt(b.ids, b.answer, torch.zeros_like(b.ids), cfg, g2, b.ids[b.answer])
+    assert not (masked & ~b.answer).any()  # the prompt is never masked
+    assert all(len(set(t[i][b.answer[i]].tolist())) == 1 for i in range(t.shape[0]))  # one t per row
+    expect = math.log(300) * ((masked.float() / t).sum(1) / b.answer.sum(1)).mean().item()
+    assert out.loss.item() == pytest.approx(expect, rel=1e-5)
+
+
 def test_two_copy_layout_equals_inference_conditions() -> None:
     """Each noisy block's logits equal a plain block-causal pass with clean earlier blocks and no later ones."""
     tok, b = _batch()

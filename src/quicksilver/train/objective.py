@@ -18,6 +18,9 @@ tokens is replaced by a token drawn from the batch's answers; the model must pre
 token there (weight ``sub_weight``) and keep the visible tokens (weight ``keep_weight``), which is
 what makes low confidence in a committed token a signal for revision.
 
+``mdm``: plain masked diffusion for a *bidirectional* model (LLaDA's SFT): one t per sequence, the
+answer (with its block padding) masked at rate t anywhere, the whole sequence seen at once.
+
 ``ar``: the same network with a causal mask, next-token cross-entropy on answer tokens (stop token
 included, no trailing pads), averaged per example then over the batch.
 """
@@ -140,6 +143,14 @@ def diffusion_single_loss(model: DiffusionLM, batch: Batch, cfg: NoiseConfig,
     return LossOut(loss, int(masked.sum()), int(keep.sum()))
 
 
+def mdm_loss(model: DiffusionLM, batch: Batch, cfg: NoiseConfig, generator: torch.Generator | None) -> LossOut:
+    ids, ans, valid = batch.ids, batch.answer, batch.valid  # (B, L)
+    xt, masked, subst, t = corrupt(ids, ans, torch.zeros_like(ids), cfg, generator, ids[ans])  # one t per row
+    logits = model(xt, valid=valid)  # (B, L, V) bidirectional
+    loss = weighted_ce(logits, ids, masked, subst, ans & ~masked, t, ans.sum(1), cfg)
+    return LossOut(loss, int(masked.sum()), int(valid.sum()))
+
+
 def ar_loss(model: DiffusionLM, batch: Batch, cfg: NoiseConfig, generator: torch.Generator | None) -> LossOut:
     ids, ans = batch.ids, batch.answer  # (B, L); collated without trailing pads
     tgt = ans[:, 1:] & (torch.arange(1, ids.shape[1])[None, :] < batch.content_len[:, None])  # (B, L-1)
@@ -153,5 +164,6 @@ LossFn = Callable[[DiffusionLM, Batch, NoiseConfig, "torch.Generator | None"], L
 OBJECTIVES: dict[str, tuple[LossFn, str, bool]] = {  # name -> (loss, attention pattern, pad answers)
     "diffusion": (diffusion_loss, "block_causal", True),
     "diffusion_single": (diffusion_single_loss, "block_causal", True),
+    "mdm": (mdm_loss, "bidirectional", True),
     "ar": (ar_loss, "causal", False),
 }

@@ -96,6 +96,9 @@ RECIPES: dict[str, TrainConfig] = {
     "small-ar": TrainConfig(out="runs/small-ar", objective="ar"),
     # ablation: no substitution noise
     "small-nosub": TrainConfig(out="runs/small-nosub", sub_prob=0.0),
+    # a bidirectional (LLaDA-style) chat model: measures what the approximate prefix/dual caches cost
+    "chat-bidir": TrainConfig(out="runs/chat-bidir", objective="mdm", tasks="chat:1", eval_tasks="chat",
+                              steps=1500, eval_every=500),
     # a tiny run for tests and smoke checks (seconds)
     "tiny": TrainConfig(out="runs/tiny", d_model=64, n_layers=2, n_heads=2, mlp_hidden=172, vocab_size=384,
                         batch_size=8, steps=20, warmup=2, eval_every=0, ckpt_every=10, log_every=5,
