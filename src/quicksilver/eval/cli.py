@@ -44,6 +44,12 @@ def add_parser(sub: "argparse._SubParsersAction[argparse.ArgumentParser]") -> No
     e.add_argument("--sweep", action="store_true", help="grid over threshold, steps and policy; table + PNG")
     e.add_argument("--out", default="runs/eval", help="directory for sweep tables and plots")
     e.add_argument("--curves", help="plot learning curves: LABEL=RUN_DIR,... (metrics.jsonl eval records)")
+    from ..sampling.decoder import CACHE_MODES
+
+    e.add_argument("--cache", default="auto", choices=CACHE_MODES,
+                   help="KV cache (auto: exact block cache for block-causal models, none for bidirectional)")
+    e.add_argument("--refresh-every", type=int, default=0, dest="refresh_every",
+                   help="approximate caches: full recompute every N steps too (0: block starts only)")
     add_dataclass_args(e, SamplerConfig, rename={"max_new_tokens": "max-tokens"},
                        skip={"record_canvas", "max_new_tokens", "seed", "stop_at_eos"})
 
@@ -106,7 +112,7 @@ def handle(args: argparse.Namespace) -> int:
     base = SamplerConfig(**{k: v for k, v in vars(args).items() if k in names and v is not None})
     if not args.sweep:
         rep = evaluate(pipe.model, pipe.tokenizer, tasks, args.limit, base, args.instant, args.batch_size,
-                       args.seed, args.stream_items, args.examples)
+                       args.seed, args.stream_items, args.examples, args.cache, args.refresh_every)
         rep["settings"]["model"] = str(pipe.path)
         if args.loss:
             from .likelihood import heldout_loss
@@ -123,7 +129,8 @@ def handle(args: argparse.Namespace) -> int:
     out.mkdir(parents=True, exist_ok=True)
     for group, short, over in sweep_grid():
         cfg = base.replace(**{"steps": None, "revise_threshold": None, **over})
-        rep = evaluate(pipe.model, pipe.tokenizer, tasks, args.limit, cfg, args.instant, args.batch_size, args.seed)
+        rep = evaluate(pipe.model, pipe.tokenizer, tasks, args.limit, cfg, args.instant, args.batch_size, args.seed,
+                       cache=args.cache, refresh_every=args.refresh_every)
         toks = sum(r["tokens"] * r["n"] for r in rep["tasks"].values())
         nfe = sum(r["nfe"] * r["n"] for r in rep["tasks"].values())
         row = {"group": group, "short": short, "settings": over, "accuracy": rep["mean_accuracy"],

@@ -39,7 +39,8 @@ def stop_ids(model: DiffusionLM, tokenizer: Tokenizer) -> list[int]:
 
 @torch.no_grad()
 def decode_items(model: DiffusionLM, tokenizer: Tokenizer, items: list[Item], cfg: SamplerConfig,
-                 instant: bool = False, batch_size: int = 32) -> list[ItemResult]:
+                 instant: bool = False, batch_size: int = 32, cache: str = "auto",
+                 refresh_every: int = 0) -> list[ItemResult]:
     """Generate a reply for every item and verify it."""
     was_training = model.training
     model.eval()
@@ -47,7 +48,7 @@ def decode_items(model: DiffusionLM, tokenizer: Tokenizer, items: list[Item], cf
     out: list[ItemResult] = []
     causal = model.config.attention == "causal"
     decoder = Decoder(model, model.config.mask_token_id, stops, pad_id=tokenizer.pad_id or 0,
-                      vocab_limit=tokenizer.vocab_size)
+                      vocab_limit=tokenizer.vocab_size, cache_mode=cache, refresh_every=refresh_every)
     for i in range(0, len(items), 1 if causal else batch_size):
         chunk = items[i:i + (1 if causal else batch_size)]
         prompts = [tokenizer.encode(prompt_text(it, tokenizer, instant)) for it in chunk]
@@ -73,11 +74,11 @@ def decode_items(model: DiffusionLM, tokenizer: Tokenizer, items: list[Item], cf
 
 
 def single_stream_tok_s(model: DiffusionLM, tokenizer: Tokenizer, items: list[Item], cfg: SamplerConfig,
-                        instant: bool = False) -> float:
+                        instant: bool = False, cache: str = "auto", refresh_every: int = 0) -> float:
     """Committed tokens per second of one request at a time (batch size 1), summed over items."""
     if not items:
         return 0.0
-    res = decode_items(model, tokenizer, items, cfg, instant, batch_size=1)
+    res = decode_items(model, tokenizer, items, cfg, instant, batch_size=1, cache=cache, refresh_every=refresh_every)
     secs = sum(r.seconds for r in res)
     return sum(r.tokens for r in res) / secs if secs > 0 else 0.0
 
@@ -106,15 +107,16 @@ def summarize(task_name: str, results: list[ItemResult]) -> dict[str, Any]:
 
 def evaluate(model: DiffusionLM, tokenizer: Tokenizer, tasks: list[str], limit: int, cfg: SamplerConfig,
              instant: bool = False, batch_size: int = 32, seed: int = 1234, stream_items: int = 0,
-             examples: int = 0) -> dict[str, Any]:
+             examples: int = 0, cache: str = "auto", refresh_every: int = 0) -> dict[str, Any]:
     """The --json shape: {"tasks": {name: {...}}, "settings": {...}}."""
     report: dict[str, Any] = {"tasks": {}}
     for name in tasks:
         items = get_task(name).test_items(limit, seed)
-        res = decode_items(model, tokenizer, items, cfg, instant, batch_size)
+        res = decode_items(model, tokenizer, items, cfg, instant, batch_size, cache, refresh_every)
         rep = summarize(name, res)
         if stream_items:
-            rep["tok_s"] = single_stream_tok_s(model, tokenizer, items[:stream_items], cfg, instant)
+            rep["tok_s"] = single_stream_tok_s(model, tokenizer, items[:stream_items], cfg, instant, cache,
+                                               refresh_every)
         if examples:
             rep["examples"] = [{"reply": r.reply, "correct": r.correct} for r in res[:examples]]
         report["tasks"][name] = rep
@@ -125,5 +127,6 @@ def evaluate(model: DiffusionLM, tokenizer: Tokenizer, tasks: list[str], limit: 
                                      "revise_threshold", "max_revisions")}
     report["settings"] = {"decoding": decoding, "instant": instant, "limit": limit, "seed": seed,
                           "batch_size": 1 if model.config.attention == "causal" else batch_size,
-                          "attention": model.config.attention, "threads": torch.get_num_threads()}
+                          "attention": model.config.attention, "threads": torch.get_num_threads(),
+                          "cache": cache, "refresh_every": refresh_every}
     return report
