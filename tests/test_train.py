@@ -135,6 +135,47 @@ def test_two_copy_layout_equals_inference_conditions() -> None:
                 torch.testing.assert_close(ref, lg[i, lo - start[i]:hi - start[i]], atol=1e-5, rtol=1e-5)
 
 
+def test_shifted_two_copy_layout_equals_inference_conditions(monkeypatch: pytest.MonkeyPatch) -> None:
+    """With the one-position shift (an AR-initialised model), each noisy position's logits come from
+    its predecessor as inference sees it: the noisy block itself, or the clean block before it."""
+    import quicksilver.train.objective as obj
+
+    _, b = _batch()
+    bs = 8
+    cfg = ModelConfig(vocab_size=320, d_model=32, n_layers=2, n_heads=2, n_kv_heads=2, mlp_hidden=64,
+                      max_seq_len=512, attention="block_causal", block_size=bs, mask_token_id=2, logit_shift=True)
+    torch.manual_seed(0)
+    m = DiffusionLM(cfg).eval()
+    seen = {}
+    real = obj.weighted_ce
+
+    def spy(logits, x0, *a):  # type: ignore[no-untyped-def]
+        seen["logits"], seen["x0"] = logits, x0
+        return real(logits, x0, *a)
+
+    monkeypatch.setattr(obj, "weighted_ce", spy)
+    g = torch.Generator().manual_seed(0)
+    ncfg = NoiseConfig(2, bs, sub_prob=0.2)
+    with torch.no_grad():
+        obj.diffusion_loss(m, b, ncfg, g)
+    ids, nv = b.ids, b.valid.sum(1)
+    start = b.prompt_len // bs * bs
+    g2 = torch.Generator().manual_seed(0)  # the same noise, to rebuild the noisy blocks
+    N = int((nv - start).max())
+    j = torch.arange(N)[None]
+    npos = (start[:, None] + j).clamp_max(ids.shape[1] - 1)
+    xt, *_ = corrupt(ids.gather(1, npos), b.answer.gather(1, npos) & (j < (nv - start)[:, None]),
+                     npos // bs - (start // bs)[:, None], ncfg, g2, ids[b.answer])
+    with torch.no_grad():
+        for i in range(ids.shape[0]):
+            for blk in range(int(start[i]) // bs, int(nv[i]) // bs):
+                lo, hi = blk * bs, (blk + 1) * bs
+                x = ids[i, :hi].clone()
+                x[lo:hi] = xt[i, lo - start[i]:hi - start[i]]
+                ref = m(x[None])[0, lo:hi]  # the model's own shifted logits under inference conditions
+                torch.testing.assert_close(ref, seen["logits"][i, lo - start[i]:hi - start[i]], atol=1e-5, rtol=1e-5)
+
+
 def test_render_layout_and_pads() -> None:
     tok = Tokenizer.byte_level(individual_digits=True)
     item = get_task("multiply").sample(random.Random(0), "train")

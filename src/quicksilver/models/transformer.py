@@ -298,8 +298,11 @@ class DiffusionLM(nn.Module):
         cache: KVCache | None = None,
         append: bool = False,
         attn_mask: torch.Tensor | None = None,
+        raw: bool = False,
     ) -> torch.Tensor:
         """Logits (B, T, V) for ``input_ids`` (B, T): the padded-batch path (training, parity, tests).
+
+        raw: skip the one-position logit shift (training layouts that place predictors themselves).
 
         positions: (B, T) absolute positions (default: continue after the cache, or 0..T-1).
         valid: (B, T) bool, False for padding / dropped positions: nobody attends to them.
@@ -330,7 +333,7 @@ class DiffusionLM(nn.Module):
             x = layer(x, cos, sin, attn_mask, cache, i)
         logits = self.lm_head(self.model.norm(x))  # (B, T, V)
         raw_last = logits[:, -1]
-        if cfg.logit_shift:
+        if cfg.logit_shift and not raw:
             first = cache.last_logits[:, None] if cache is not None and cache.last_logits is not None else logits[:, :1]
             logits = torch.cat((first, logits[:, :-1]), dim=1)  # (B, T, V): j predicted from j-1
         if cache is not None and append:

@@ -121,7 +121,15 @@ def diffusion_loss(model: DiffusionLM, batch: Batch, cfg: NoiseConfig, generator
     noisy = torch.cat((torch.zeros(B, L, dtype=torch.bool), torch.ones(B, N, dtype=torch.bool)), dim=1)
     allv = torch.cat((valid, nvalid), dim=1)
     mask = two_copy_mask(pos, noisy, allv, bs)
-    logits = model(seq, positions=pos, attn_mask=mask)[:, L:]  # (B, N, V)
+    shift = bool(getattr(getattr(getattr(model, "module", model), "config", None), "logit_shift", False))
+    out = model(seq, positions=pos, attn_mask=mask, raw=True)  # (B, L + N, V)
+    if shift:  # Dream / Fast-dLLM v2 convention: position p is predicted from p - 1 as the block sees it:
+        q = npos - 1  # the noisy copy inside the block, the clean copy across a block boundary
+        same = (j > 0) & (torch.div(q, bs, rounding_mode="floor") == torch.div(npos, bs, rounding_mode="floor"))
+        src = torch.where(same, L + j - 1, q.clamp_min(0))  # (B, N)
+        logits = out.gather(1, src[..., None].expand(-1, -1, out.shape[-1]))  # (B, N, V)
+    else:
+        logits = out[:, L:]  # (B, N, V)
     loss = weighted_ce(logits, x0, masked, subst, nans & ~masked, t, ans.sum(1), cfg)
     return LossOut(loss, int(masked.sum()), int(allv.sum()))
 

@@ -26,6 +26,8 @@ class TrainConfig:
     n_heads: int = 4
     mlp_hidden: int = 512
     block_size: int = 32
+    logit_shift: bool = False  # position p predicted from p - 1 (Dream / Fast-dLLM v2; keeps an AR init's head)
+    init_from: str = ""  # start from this checkpoint's weights and tokenizer (e.g. adapt the AR baseline)
     max_seq_len: int = 384
     vocab_size: int = 1024  # BPE vocabulary trained on generated text (individual digits)
     # data
@@ -94,6 +96,11 @@ RECIPES: dict[str, TrainConfig] = {
     "small": TrainConfig(out="runs/small"),
     # the equal-size AR baseline: same network with a causal mask, same data stream and budget
     "small-ar": TrainConfig(out="runs/small-ar", objective="ar"),
+    # the AR baseline adapted to block diffusion (as Dream / Fast-dLLM v2 adapt Qwen2.5): its step-2000
+    # weights, the one-position logit shift, then 8000 block-diffusion steps on fresh data (seed 1) —
+    # 10000 steps in all, the AR baseline's budget
+    "small-ar2d": TrainConfig(out="runs/small-ar2d", init_from="runs/small-ar/step_2000", logit_shift=True,
+                              seed=1, steps=8000, lr=5e-4, cpu_bf16=True),
     # ablation: no substitution noise
     "small-nosub": TrainConfig(out="runs/small-nosub", sub_prob=0.0),
     # a bidirectional (LLaDA-style) chat model: measures what the approximate prefix/dual caches cost

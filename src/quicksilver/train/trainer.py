@@ -21,6 +21,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from ..errors import ConfigError
 from ..models.checkpoint import save_checkpoint
 from ..models.config import ModelConfig
 from ..models.transformer import DiffusionLM
@@ -46,7 +47,8 @@ def model_config(cfg: TrainConfig, tok: Tokenizer) -> ModelConfig:
     return ModelConfig(vocab_size=-(-tok.vocab_size // 64) * 64, d_model=cfg.d_model, n_layers=cfg.n_layers,
                        n_heads=cfg.n_heads, n_kv_heads=cfg.n_heads, mlp_hidden=cfg.mlp_hidden,
                        max_seq_len=cfg.max_seq_len, attention=attention, block_size=cfg.block_size,
-                       mask_token_id=tok.mask_id, eos_token_ids=stops, pad_token_id=tok.pad_id)
+                       logit_shift=cfg.logit_shift, mask_token_id=tok.mask_id, eos_token_ids=stops,
+                       pad_token_id=tok.pad_id)
 
 
 class Dist:
@@ -78,7 +80,10 @@ def load_or_build_tokenizer(cfg: TrainConfig, out: Path, d: Dist) -> Tokenizer:
     tdir = out / "tokenizer"
     if d.main and not (tdir / "tokenizer.json").is_file():
         tdir.mkdir(parents=True, exist_ok=True)
-        build_tokenizer(cfg.vocab_size, seed=cfg.seed).save(tdir)
+        if cfg.init_from:  # the initial weights' vocabulary
+            Tokenizer.from_dir(cfg.init_from).save(tdir)
+        else:
+            build_tokenizer(cfg.vocab_size, seed=cfg.seed).save(tdir)
     d.barrier()
     return Tokenizer.from_dir(tdir)
 
@@ -95,6 +100,8 @@ class Trainer:
         self.tok = load_or_build_tokenizer(cfg, self.out, self.d)
         torch.manual_seed(cfg.seed)
         self.model = DiffusionLM(model_config(cfg, self.tok)).to(self.device)
+        if cfg.init_from and not (cfg.resume and (self.out / "ckpt.pt").is_file()):
+            self.init_weights(Path(cfg.init_from))
         self.loss_fn, _, self.pad_answers = OBJECTIVES[cfg.objective]
         self.noise = NoiseConfig(self.model.config.mask_token_id, cfg.block_size, cfg.eps, cfg.sub_prob,
                                  cfg.sub_weight, cfg.keep_weight)
@@ -114,6 +121,18 @@ class Trainer:
         self.elapsed = 0.0
         if cfg.resume and (self.out / "ckpt.pt").is_file():
             self.load_state(self.out / "ckpt.pt")
+
+    def init_weights(self, path: Path) -> None:
+        """Copy another checkpoint's weights (same shapes; its attention pattern and shift may differ:
+        adapting an AR model to block diffusion, as Dream and Fast-dLLM v2 were made)."""
+        from ..models.checkpoint import read_safetensors
+
+        state = read_safetensors(path)
+        own = self.model.state_dict()
+        bad = sorted(k for k in own if k not in state or state[k].shape != own[k].shape)
+        if bad or set(state) - set(own):
+            raise ConfigError(f"{path}: weights do not fit this model ({(bad or sorted(set(state) - set(own)))[:3]})")
+        self.model.load_state_dict({k: v.to(own[k].dtype) for k, v in state.items()})
 
     # ---- state ----------------------------------------------------------------------------------
     def state(self) -> dict[str, Any]:
