@@ -37,12 +37,21 @@ def plot_accuracy_vs_tpf(rows: list[dict[str, Any]], path: str | Path, title: st
 
 
 def read_curve(run_dir: str | Path) -> list[dict[str, Any]]:
+    """The run's eval records. A run started from another checkpoint (``init_from``) continues that
+    one's step count, so curves compare equal training budgets."""
     recs = []
+    offset = 0
     for line in (Path(run_dir) / "metrics.jsonl").read_text().splitlines():
         r = json.loads(line)
         if "eval" in r:
             recs.append(r)
-    return recs
+    cfgs = sorted(Path(run_dir).glob("step_*/train_config.json"))
+    if cfgs:
+        init = json.loads(cfgs[0].read_text()).get("init_from")
+        state = Path(init) / "train_state.json" if init else None
+        if state is not None and state.is_file():
+            offset = int(json.loads(state.read_text()).get("step", 0))
+    return [{**r, "step": r["step"] + offset} for r in recs]
 
 
 def plot_learning_curves(runs: dict[str, str | Path], path: str | Path) -> Path:
