@@ -26,7 +26,7 @@ from ..sampling import SamplerConfig, reference_generate
 from ..sampling.autoregressive import ar_stream
 from .common import bar_plot, emit_json, hardware, median, print_table
 
-DEFAULT_TASKS = "path_star,sudoku4,countdown3,multiply,tool_call"
+DEFAULT_TASKS = "chat,tool_call,sudoku4,countdown3,path_star,multiply"
 
 
 @dataclass
@@ -45,11 +45,14 @@ class MethodStats:
     ttft: list[float] = field(default_factory=list)
     tokens: list[float] = field(default_factory=list)
     correct: list[bool] = field(default_factory=list)
+    task: list[str] = field(default_factory=list)
 
-    def summary(self) -> dict[str, float]:
+    def summary(self) -> dict[str, Any]:
+        per_task = {t: sum(c for c, tt in zip(self.correct, self.task) if tt == t) / self.task.count(t)
+                    for t in dict.fromkeys(self.task)}
         return {"tok_s": median(self.tok_s), "tpf": median(self.tpf), "nfe": median(self.nfe),
                 "ttft_ms": 1000 * median(self.ttft), "tokens": median(self.tokens),
-                "accuracy": sum(self.correct) / max(len(self.correct), 1)}
+                "accuracy": sum(self.correct) / max(len(self.correct), 1), "task_accuracy": per_task}
 
 
 def engine_run(pipe: Pipeline, ids: list[int], cfg: SamplerConfig) -> Run:
@@ -142,6 +145,7 @@ def run_speed_bench(args: argparse.Namespace) -> int:
             s.ttft.append(median([x.ttft for x in runs]))
             s.tokens.append(len(r.tokens))
             s.correct.append(bool(task.verify(it, split_reply(tok.decode(r.tokens))[1])))
+            s.task.append(it.task)
     summary = {m: s.summary() for m, s in stats.items()}
     d = summary["default"]
     ar_tok_s = summary["ar_kv_cache"]["tok_s"]
