@@ -52,7 +52,8 @@ def load_pipeline(args: argparse.Namespace) -> Any:
     import quicksilver
 
     dtype = getattr(torch, DTYPES[args.dtype]) if DTYPES.get(args.dtype) else None
-    return quicksilver.load(resolve_model(args.model), dtype=dtype, cache=args.cache, refresh_every=args.refresh_every)
+    return quicksilver.load(resolve_model(args.model), dtype=dtype, cache=args.cache, refresh_every=args.refresh_every,
+                            compile=getattr(args, "compile", False))
 
 
 def sampler_from_args(args: argparse.Namespace) -> Any:
@@ -163,6 +164,8 @@ def add_cache_args(p: argparse.ArgumentParser) -> None:
                         "approximate prefix/dual caches for bidirectional models")
     p.add_argument("--refresh-every", type=int, default=0, dest="refresh_every",
                    help="approximate caches: also recompute everything every N steps (0: at block starts only)")
+    p.add_argument("--compile", action="store_true",
+                   help="torch.compile the per-token parts of each block (GPU; measured slower on a 2-core CPU)")
 
 
 @command("serve")
@@ -248,6 +251,8 @@ def build_parser() -> argparse.ArgumentParser:
     bs.add_argument("--seed", type=int, default=1234, help="test-split seed")
     bs.add_argument("--repeats", type=int, default=3, help="timed repeats per item (median)")
     bs.add_argument("--threshold", type=float, default=0.9, help="threshold of the default configuration")
+    bs.add_argument("--dtype", default="float32", choices=sorted(DTYPES), help="compute dtype of both models")
+    bs.add_argument("--compile", action="store_true", help="torch.compile both models' blocks (GPU)")
     bs.add_argument("--skip-reference", action="store_true", dest="skip_reference",
                     help="leave out the slow reference decoder")
     bs.add_argument("--out", default="runs/bench_speed", help="directory for the PNG plot")

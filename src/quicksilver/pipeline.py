@@ -110,11 +110,14 @@ class Pipeline:
 
 
 def load(path: str | Path, dtype: torch.dtype | None = None, device: str | torch.device | None = None,
-         cache: str = "auto", refresh_every: int = 0) -> Pipeline:
+         cache: str = "auto", refresh_every: int = 0, compile: bool = False) -> Pipeline:
     """Load a checkpoint directory (never touches the network). Default: CPU float32, CUDA bfloat16.
 
     cache: ``auto`` (the exact block cache for block-causal models, none for bidirectional ones),
     ``none``, ``block``, or the approximate ``prefix`` / ``dual`` caches for bidirectional models,
-    refreshed at every block start and every ``refresh_every`` steps (0: block starts only)."""
+    refreshed at every block start and every ``refresh_every`` steps (0: block starts only).
+    compile: ``torch.compile`` the per-token parts of every block (for GPUs; slower on small CPUs)."""
     model, tok = load_checkpoint(path, dtype, device)
+    if compile:
+        model.compile_blocks()
     return Pipeline(model, tok, path, cache=cache, refresh_every=refresh_every)

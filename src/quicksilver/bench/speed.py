@@ -108,7 +108,9 @@ def run_speed_bench(args: argparse.Namespace) -> int:
     if ar_path is None:
         raise QuicksilverError("no --ar-model given and no embedded AR baseline is installed")
     torch.manual_seed(0)
-    pipe, ar = load(model_path), load(ar_path)
+    dtype = getattr(torch, args.dtype) if getattr(args, "dtype", "float32") != "float32" else None
+    compile_ = bool(getattr(args, "compile", False))
+    pipe, ar = load(model_path, dtype=dtype, compile=compile_), load(ar_path, dtype=dtype, compile=compile_)
     if ar.config.attention != "causal":
         raise QuicksilverError(f"{ar_path} is not a causal (AR) model")
     tok = pipe.tokenizer
@@ -166,6 +168,7 @@ def run_speed_bench(args: argparse.Namespace) -> int:
         "accuracy_vs_one_per_step": d["accuracy"] - summary["one_token_per_step"]["accuracy"],
         "methods": summary, "model": str(model_path), "ar_model": str(ar_path), "tasks": tasks,
         "items": len(items), "repeats": args.repeats, "settings": {"policy": default.policy,
-                                                                   "threshold": default.threshold, "block": block},
+                                                                   "threshold": default.threshold, "block": block,
+                                                                   "dtype": args.dtype, "compile": compile_},
         "plot": str(png), "hardware": hardware(), "date": datetime.date.today().isoformat()})
     return 0

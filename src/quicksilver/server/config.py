@@ -36,6 +36,7 @@ class ServerConfig:
     dtype: str | None = None  # float32 | bfloat16 | float16 (default: float32 on CPU, bfloat16 on CUDA)
     cache: str = "auto"  # KV cache mode: auto | none | block | prefix | dual (see quicksilver generate --help)
     refresh_every: int = 0  # approximate caches: full recompute every N steps (0: at block starts only)
+    compile: bool = False  # torch.compile the per-token parts of each block (GPU; slower on small CPUs)
     prefix_cache_mb: int = 256  # cross-request prefix cache for block-causal models (0: off)
     threads: int = 0  # torch intra-op threads (0: leave the default)
     max_body_bytes: int = MAX_BODY_BYTES

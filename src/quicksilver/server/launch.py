@@ -37,7 +37,8 @@ def build_backend(cfg: ServerConfig, mock_step_delay: float = 0.0) -> Backend:
     if cfg.dtype not in (None, "float32", "bfloat16", "float16"):
         raise QuicksilverError(f"--dtype must be float32, bfloat16 or float16, got {cfg.dtype!r}")
     dtype = getattr(torch, cfg.dtype) if cfg.dtype else None
-    pipe = quicksilver.load(path, dtype=dtype, device=cfg.device, cache=cfg.cache, refresh_every=cfg.refresh_every)
+    pipe = quicksilver.load(path, dtype=dtype, device=cfg.device, cache=cfg.cache, refresh_every=cfg.refresh_every,
+                            compile=cfg.compile)
     pipe.model.eval()
     from ..assets import embedded_model_path
 
