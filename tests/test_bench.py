@@ -59,3 +59,12 @@ def test_bench_serve_levels_and_agent_loop(pair: tuple[Path, Path], tmp_path: Pa
     loop = out["agent_loop"]
     assert len(loop["seconds_per_turn"]["prefix_cache"]) == 2 and len(loop["seconds_per_turn"]["no_prefix_cache"]) == 2
     assert (tmp_path / "serve.png").stat().st_size > 1000
+
+
+def test_json_line_is_strict_json(capsys: pytest.CaptureFixture[str]) -> None:
+    from quicksilver.bench.common import emit_json
+
+    emit_json({"ratio": float("nan"), "xs": [1.5, float("inf")], "nested": {"y": -float("inf")}})
+    line = capsys.readouterr().out.strip()
+    assert json.loads(line, parse_constant=lambda c: pytest.fail(f"non-standard {c}")) == {
+        "ratio": None, "xs": [1.5, None], "nested": {"y": None}}

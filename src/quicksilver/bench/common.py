@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import json
+import math
 import platform
 import statistics
 from pathlib import Path
@@ -65,5 +66,15 @@ def bar_plot(path: Path, labels: list[str], series: dict[str, list[float]], titl
 
 
 def emit_json(obj: dict[str, Any]) -> None:
-    """The benchmark's last line: one JSON object."""
-    print(json.dumps(obj, separators=(",", ":")), flush=True)
+    """The benchmark's last line: one strict JSON object (NaN and infinities become null)."""
+    print(json.dumps(_finite(obj), separators=(",", ":"), allow_nan=False), flush=True)
+
+
+def _finite(x: Any) -> Any:
+    if isinstance(x, float):
+        return x if math.isfinite(x) else None
+    if isinstance(x, dict):
+        return {k: _finite(v) for k, v in x.items()}
+    if isinstance(x, (list, tuple)):
+        return [_finite(v) for v in x]
+    return x

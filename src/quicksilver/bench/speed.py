@@ -108,9 +108,11 @@ def run_speed_bench(args: argparse.Namespace) -> int:
     if ar_path is None:
         raise QuicksilverError("no --ar-model given and no embedded AR baseline is installed")
     torch.manual_seed(0)
-    dtype = getattr(torch, args.dtype) if getattr(args, "dtype", "float32") != "float32" else None
+    dtype_name = getattr(args, "dtype", "float32")
+    ar_dtype_name = getattr(args, "ar_dtype", None) or dtype_name
     compile_ = bool(getattr(args, "compile", False))
-    pipe, ar = load(model_path, dtype=dtype, compile=compile_), load(ar_path, dtype=dtype, compile=compile_)
+    pipe = load(model_path, dtype=getattr(torch, dtype_name), compile=compile_)
+    ar = load(ar_path, dtype=getattr(torch, ar_dtype_name), compile=compile_)
     if ar.config.attention != "causal":
         raise QuicksilverError(f"{ar_path} is not a causal (AR) model")
     tok = pipe.tokenizer
@@ -169,6 +171,7 @@ def run_speed_bench(args: argparse.Namespace) -> int:
         "methods": summary, "model": str(model_path), "ar_model": str(ar_path), "tasks": tasks,
         "items": len(items), "repeats": args.repeats, "settings": {"policy": default.policy,
                                                                    "threshold": default.threshold, "block": block,
-                                                                   "dtype": args.dtype, "compile": compile_},
+                                                                   "dtype": dtype_name, "ar_dtype": ar_dtype_name,
+                                                                   "compile": compile_},
         "plot": str(png), "hardware": hardware(), "date": datetime.date.today().isoformat()})
     return 0
