@@ -1,7 +1,7 @@
 """``quicksilver bench serve``: load on a live server, and an agent loop with and without prefix caching.
 
 Load: for each concurrency level (default 1, 4, 16, 64) requests arrive as a Poisson process
-(``--rate`` per second; ``inf`` sends them as fast as the concurrency cap allows), at most that many
+(``--rate`` per second, default 32; ``inf`` sends them as fast as the concurrency cap allows), at most that many
 in flight, bounded in count and time. Each request streams (SSE) with usage; per level we report TTFT,
 inter-token latency (gaps between content chunks) and end-to-end latency p50/p99, aggregate output
 tok/s (all output tokens / wall time of the level) and failed requests.
@@ -259,7 +259,8 @@ def run_serve_bench(args: argparse.Namespace) -> int:
     levels = [int(x) for x in args.concurrency.split(",") if x]
     rate = float(args.rate)
     extra = [f"--max-batch={max(levels)}"] if not args.url else []
-    report: dict[str, Any] = {"bench": "serve", "levels": [], "date": datetime.date.today().isoformat(),
+    report: dict[str, Any] = {"bench": "serve", "levels": [], "arrival_rate_per_s": args.rate,
+                              "max_tokens": args.max_tokens, "date": datetime.date.today().isoformat(),
                               "hardware": hardware()}
     ctx = contextlib.nullcontext(args.url) if args.url else launch_server(args.model, extra)
     with ctx as url:
@@ -327,7 +328,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--url", help="benchmark an already running server instead of starting one")
     p.add_argument("--api-key", dest="api_key", help="API key of a running server")
     p.add_argument("--concurrency", default="1,4,16,64", help="comma-separated concurrency levels")
-    p.add_argument("--rate", default="inf", help="Poisson arrival rate per second (inf: as fast as allowed)")
+    p.add_argument("--rate", default="32", help="Poisson arrival rate per second (inf: all at once, as fast as the "
+                                                 "concurrency cap allows)")
     p.add_argument("--min-requests", type=int, default=8, dest="min_requests")
     p.add_argument("--max-requests", type=int, default=128, dest="max_requests")
     p.add_argument("--time-limit", type=float, default=300.0, dest="time_limit", help="seconds per level")
