@@ -58,7 +58,15 @@ def bar_plot(path: Path, labels: list[str], series: dict[str, list[float]], titl
         ax.set_title(name)
         ax.tick_params(axis="x", rotation=20)
     fig.suptitle(title)
+    return save_figure(fig, path)
+
+
+def save_figure(fig: Any, path: str | Path) -> Path:
+    """Lay out, write (creating the folder) and close a matplotlib figure; the PNG's path."""
+    import matplotlib.pyplot as plt
+
     fig.tight_layout()
+    path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path, dpi=110)
     plt.close(fig)

@@ -28,7 +28,7 @@ from pathlib import Path
 from typing import Any, Iterator
 
 from ..errors import QuicksilverError
-from .common import emit_json, hardware, median, print_table
+from .common import emit_json, hardware, median, print_table, save_figure
 
 
 def percentile(xs: list[float], q: float) -> float:
@@ -317,10 +317,7 @@ def _plot(report: dict[str, Any], out: Path) -> None:
             ax[2].plot(range(1, len(v) + 1), v, "o-", label=k)
         ax[2].set(xlabel="turn", ylabel="seconds", title="agent loop")
         ax[2].legend()
-    fig.tight_layout()
-    out.mkdir(parents=True, exist_ok=True)
-    fig.savefig(out / "serve.png", dpi=110)
-    plt.close(fig)
+    save_figure(fig, out / "serve.png")
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:

@@ -11,6 +11,8 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
+from ..bench.common import save_figure  # noqa: E402
+
 
 def plot_accuracy_vs_tpf(rows: list[dict[str, Any]], path: str | Path, title: str = "") -> Path:
     """rows: {"label", "tpf", "accuracy", "tasks": {name: acc}}; one point per decoding setting."""
@@ -28,12 +30,7 @@ def plot_accuracy_vs_tpf(rows: list[dict[str, Any]], path: str | Path, title: st
     ax.set_title(title or "accuracy vs tokens per forward pass")
     ax.grid(alpha=0.3)
     ax.legend(fontsize=8)
-    fig.tight_layout()
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return path
+    return save_figure(fig, path)
 
 
 def read_curve(run_dir: str | Path) -> list[dict[str, Any]]:
@@ -77,9 +74,4 @@ def plot_learning_curves(runs: dict[str, str | Path], path: str | Path) -> Path:
             ax.legend(fontsize=7)
     for j in range(n, rows * cols):
         axes[j // cols][j % cols].axis("off")
-    fig.tight_layout()
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return path
+    return save_figure(fig, path)

@@ -20,7 +20,7 @@ from .errors import bad_request
 from .generation import ChoiceResult, Delta, Plan
 from .protocol import usage
 from .protocol_chat import ChatCompletionRequest, NamedToolChoice
-from .serving_engine import OpenAIServing, sse
+from .serving_engine import OpenAIServing, sse, sse_chunk
 from .tools import ToolStreamFilter, forced_call_pieces, parse_tool_calls, template_messages, tool_dicts
 
 
@@ -166,13 +166,8 @@ class OpenAIServingChat(OpenAIServing):
         include_usage = bool(req.stream_options and req.stream_options.include_usage)
 
         def chunk(index: int, delta: dict[str, Any], finish: str | None = None, **extra: Any) -> str:
-            choice: dict[str, Any] = {"index": index, "delta": delta, "logprobs": None, "finish_reason": finish}
-            choice.update(extra)
-            obj: dict[str, Any] = {"id": cid, "object": "chat.completion.chunk", "created": created,
-                                   "model": self.b.name, "choices": [choice]}
-            if include_usage:
-                obj["usage"] = None
-            return sse(obj)
+            choice = {"index": index, "delta": delta, "logprobs": None, "finish_reason": finish, **extra}
+            return sse_chunk(cid, "chat.completion.chunk", created, self.b.name, choice, include_usage)
 
         filters = {r.result.index: ToolStreamFilter() for r in runners}
         for r in runners:

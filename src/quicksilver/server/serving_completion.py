@@ -15,7 +15,7 @@ from .errors import bad_request
 from .generation import Delta, EFFORTS, Plan
 from .protocol import usage
 from .protocol_completion import CompletionRequest
-from .serving_engine import OpenAIServing, sse
+from .serving_engine import OpenAIServing, sse, sse_chunk
 
 FIM_TOKENS = ("<|fim_prefix|>", "<|fim_suffix|>", "<|fim_middle|>")
 
@@ -104,13 +104,8 @@ class OpenAIServingCompletion(OpenAIServing):
         include_usage = bool(req.stream_options and req.stream_options.include_usage)
 
         def chunk(index: int, text: str, finish: str | None = None, **extra: Any) -> str:
-            choice: dict[str, Any] = {"index": index, "text": text, "logprobs": None, "finish_reason": finish}
-            choice.update(extra)
-            obj: dict[str, Any] = {"id": cid, "object": "text_completion", "created": created,
-                                   "model": self.b.name, "choices": [choice]}
-            if include_usage:
-                obj["usage"] = None
-            return sse(obj)
+            choice = {"index": index, "text": text, "logprobs": None, "finish_reason": finish, **extra}
+            return sse_chunk(cid, "text_completion", created, self.b.name, choice, include_usage)
 
         gen = 0
         async for i, item in self.merged(runners):

@@ -170,6 +170,15 @@ def sse(obj: dict[str, Any]) -> str:
     return f"data: {json.dumps(obj, ensure_ascii=False)}\n\n"
 
 
+def sse_chunk(cid: str, kind: str, created: int, model: str, choice: dict[str, Any], include_usage: bool) -> str:
+    """One streamed chunk with a single choice; ``usage: null`` on every chunk when the client asked for
+    a usage chunk at the end (the OpenAI convention)."""
+    obj: dict[str, Any] = {"id": cid, "object": kind, "created": created, "model": model, "choices": [choice]}
+    if include_usage:
+        obj["usage"] = None
+    return sse(obj)
+
+
 async def sse_guard(gen: AsyncGenerator[str, None], metrics: Metrics) -> AsyncGenerator[str, None]:
     """Wraps a stream: an error mid-stream becomes one error event; a client that goes away (the
     response task is cancelled) closes the inner generator, which cancels the engine requests."""
