@@ -218,8 +218,10 @@ def chat_bodies(n: int, seed: int, max_tokens: int) -> list[dict[str, Any]]:
     return bodies
 
 
-async def agent_loop(url: str, turns: int, seed: int, max_tokens: int) -> list[float]:
-    """A tool-calling conversation resent in full every turn: seconds per turn."""
+async def agent_loop(url: str, turns: int, seed: int, max_tokens: int) -> tuple[list[float], list[str]]:
+    """A tool-calling conversation resent in full every turn: seconds per turn (NaN for a failed turn)
+    and the errors. Kept compact (short system prompt and tool results) so that five turns fit the
+    embedded model's 384-token context."""
     import httpx
 
     from ..train.tasks import get_task
@@ -227,8 +229,9 @@ async def agent_loop(url: str, turns: int, seed: int, max_tokens: int) -> list[f
     task = get_task("tool_call")
     items = [it for it in task.test_items(turns + 4, seed) if it.stratum == "call"]
     tools = items[0].tools or []
-    messages: list[dict[str, Any]] = [{"role": "system", "content": "You are a helpful assistant with tools."}]
+    messages: list[dict[str, Any]] = [{"role": "system", "content": "Use the tools."}]
     times: list[float] = []
+    errors: list[str] = []
     async with httpx.AsyncClient(timeout=120) as client:
         k = 0
         while len(times) < turns:
@@ -239,20 +242,22 @@ async def agent_loop(url: str, turns: int, seed: int, max_tokens: int) -> list[f
             r = await stream_chat(client, url, {"model": "quicksilver", "messages": messages, "tools": tools,
                                                 "max_tokens": max_tokens, "temperature": 0}, None)
             times.append(r.e2e if r.ok else float("nan"))
+            errors += [r.error] if not r.ok else []
             if r.tool_calls and len(times) < turns:
                 call = r.tool_calls[0]
                 messages.append({"role": "assistant", "content": None, "tool_calls": [
                     {"id": call["id"] or "call_0", "type": "function",
                      "function": {"name": call["name"], "arguments": call["arguments"] or "{}"}}]})
                 messages.append({"role": "tool", "tool_call_id": call["id"] or "call_0",
-                                 "content": json.dumps({"result": "ok", "value": 42})})
+                                 "content": json.dumps({"value": 42})})
                 r2 = await stream_chat(client, url, {"model": "quicksilver", "messages": messages, "tools": tools,
                                                      "max_tokens": max_tokens, "temperature": 0}, None)
                 times.append(r2.e2e if r2.ok else float("nan"))
+                errors += [r2.error] if not r2.ok else []
                 messages.append({"role": "assistant", "content": r2.content})
             else:
                 messages.append({"role": "assistant", "content": r.content})
-    return times[:turns]
+    return times[:turns], errors
 
 
 def run_serve_bench(args: argparse.Namespace) -> int:
@@ -280,14 +285,22 @@ def run_serve_bench(args: argparse.Namespace) -> int:
                   lv["speedup_vs_concurrency_1"]] for lv in report["levels"]])
     if args.agent_turns and not args.url:
         loop: dict[str, list[float]] = {}
+        loop_errors: list[str] = []
         for label, flags in (("prefix_cache", []), ("no_prefix_cache", ["--prefix-cache-mb=0"])):
             with launch_server(args.model, flags) as url:
-                asyncio.run(agent_loop(url, 2, args.seed + 99, args.max_tokens))  # warm-up
-                loop[label] = asyncio.run(agent_loop(url, args.agent_turns, args.seed, args.max_tokens))
+                asyncio.run(agent_loop(url, 2, args.seed + 99, args.agent_max_tokens))  # warm-up
+                runs = []
+                for _ in range(max(1, args.agent_repeats)):  # the same conversation again: median per turn
+                    times, errs = asyncio.run(agent_loop(url, args.agent_turns, args.seed, args.agent_max_tokens))
+                    runs.append(times)
+                    loop_errors += errs
+                loop[label] = [median(list(ts)) for ts in zip(*runs)]
         on, off = sum(loop["prefix_cache"]), sum(loop["no_prefix_cache"])
-        report["agent_loop"] = {"turns": args.agent_turns, "seconds_per_turn": loop,
+        report["agent_loop"] = {"turns": args.agent_turns, "repeats": args.agent_repeats,
+                                "max_tokens": args.agent_max_tokens, "seconds_per_turn": loop,
                                 "total_s": {"prefix_cache": on, "no_prefix_cache": off},
-                                "time_cut": 1 - on / off if off else float("nan")}
+                                "time_cut": 1 - on / off if off else float("nan"),
+                                "errors": sorted(set(loop_errors))[:3]}
         print_table("agent loop — seconds per turn", ["turn", "prefix cache", "no prefix cache"],
                     [[i + 1, a, b] for i, (a, b) in enumerate(zip(loop["prefix_cache"], loop["no_prefix_cache"]))])
     _plot(report, Path(args.out))
@@ -327,11 +340,15 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--concurrency", default="1,4,16,64", help="comma-separated concurrency levels")
     p.add_argument("--rate", default="32", help="Poisson arrival rate per second (inf: all at once, as fast as the "
                                                  "concurrency cap allows)")
-    p.add_argument("--min-requests", type=int, default=8, dest="min_requests")
+    p.add_argument("--min-requests", type=int, default=32, dest="min_requests")
     p.add_argument("--max-requests", type=int, default=128, dest="max_requests")
     p.add_argument("--time-limit", type=float, default=300.0, dest="time_limit", help="seconds per level")
     p.add_argument("--max-tokens", type=int, default=96, dest="max_tokens")
     p.add_argument("--agent-turns", type=int, default=5, dest="agent_turns", help="0 skips the agent loop")
+    p.add_argument("--agent-max-tokens", type=int, default=48, dest="agent_max_tokens",
+                   help="max_tokens of each agent-loop turn")
+    p.add_argument("--agent-repeats", type=int, default=3, dest="agent_repeats",
+                   help="times the agent conversation is replayed (median per turn)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--out", default="runs/bench_serve")
     p.add_argument("--json", action="store_true", help="(the JSON line is always printed last)")
