@@ -27,15 +27,23 @@ def test_size_and_format() -> None:
     assert (PATH / "train_config.json").is_file()
 
 
-# What the shipped model reliably does today (see docs/MODEL.md for the measured accuracies): the
-# chat task, and the format of a tool call. Raise these bars when a better model ships.
-@pytest.mark.parametrize("task,n,need", [("chat", 10, 8)])
+# What the shipped model reliably does today (docs/MODEL.md has the measured accuracies: chat 0.98,
+# sudoku4 0.71, tool-call answers 0.89 on 200 held-out items), with margin for a 2-core CPU's
+# numerics. Today's model: chat 10/10, sudoku4 9/12. Raise these bars when a better model ships.
+@pytest.mark.parametrize("task,n,need", [("chat", 10, 9), ("sudoku4", 12, 7)])
 def test_solves_fixed_items(task: str, n: int, need: int) -> None:
     pipe = quicksilver.load(PATH)
     items = get_task(task).test_items(n)
     res = decode_items(pipe.model, pipe.tokenizer, items, SamplerConfig())
     assert sum(r.correct for r in res) >= need, [r.reply for r in res]
     assert sum(r.nfe for r in res) < sum(r.tokens for r in res)  # parallel decoding: TPF > 1
+
+
+def test_answers_from_a_tool_result() -> None:
+    pipe = quicksilver.load(PATH)
+    items = [it for it in get_task("tool_call").test_items(24) if it.stratum == "answer"]
+    res = decode_items(pipe.model, pipe.tokenizer, items, SamplerConfig())
+    assert sum(r.correct for r in res) >= len(items) // 2, [r.reply for r in res]  # today: 8 of 11
 
 
 def test_tool_call_format() -> None:
