@@ -126,6 +126,18 @@ def test_tool_call_auto_is_parsed(client: TestClient) -> None:
     assert json.loads(call["function"]["arguments"]) == {"city": "Paris", "days": 3}
 
 
+def test_tool_call_parser_keeps_text_before_calls_only() -> None:
+    from quicksilver.server.tools import parse_tool_calls
+
+    call = '<tool_call>{"name": "f", "arguments": {"x": 1}}</tool_call>'
+    content, calls = parse_tool_calls("Let me look. " + call + '": "')
+    assert content == "Let me look." and [c["function"]["name"] for c in calls] == ["f"]
+    assert parse_tool_calls(call + " junk")[0] is None
+    assert [c["function"]["arguments"] for c in parse_tool_calls(call + call)[1]] == ['{"x": 1}'] * 2
+    text = '<tool_call>{"name": "f", "arguments": {"x": 3139 3</tool_call>'  # unparsable: stays text
+    assert parse_tool_calls(text) == (text, [])
+
+
 def test_tool_loop_second_turn_answers_with_the_result(client: TestClient) -> None:
     first = chat(client, tools=TOOLS, reasoning_effort="none")["choices"][0]["message"]
     call = first["tool_calls"][0]

@@ -63,8 +63,12 @@ def new_call_id() -> str:
 
 
 def parse_tool_calls(text: str) -> tuple[str | None, list[dict[str, Any]]]:
-    """(content without the calls or None, OpenAI tool_calls) from a reply; unparsable calls stay text."""
-    calls, kept, pos = [], [], 0
+    """(content or None, OpenAI tool_calls) from a reply; with no parsable call, the text unchanged.
+
+    As vLLM's Hermes-style parser does, the content of a reply with calls is the text before the
+    first call: what a model writes between or after its calls (a small model sometimes trails junk
+    such as ``": "`` after ``</tool_call>``) is not an answer, since the turn ends in tool calls."""
+    calls, first = [], None
     for m in CALL_RE.finditer(text):
         try:
             obj = json.loads(m.group(1))
@@ -78,13 +82,12 @@ def parse_tool_calls(text: str) -> tuple[str | None, list[dict[str, Any]]]:
                 args = json.loads(args)
             except json.JSONDecodeError:
                 continue
-        kept.append(text[pos:m.start()])
-        pos = m.end()
+        first = m.start() if first is None else first
         calls.append({"id": new_call_id(), "type": "function",
                       "function": {"name": obj["name"], "arguments": json.dumps(args, ensure_ascii=False)}})
-    kept.append(text[pos:])
-    content = "".join(kept).strip() if calls else text
-    return (content or None) if calls else text, calls
+    if not calls:
+        return text, calls
+    return text[:first].strip() or None, calls
 
 
 def forced_call_pieces(tools: list[Tool], name: str | None, tok: Tokenizer, budgets: Budgets) -> list[Piece]:
