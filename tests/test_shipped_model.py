@@ -58,3 +58,13 @@ def test_generate_cli_uses_embedded_model(capsys: pytest.CaptureFixture[str]) ->
     assert main(["generate", "Solve the sudoku: 1.3./3..2/..2./2.1.", "--json"]) == 0
     out = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
     assert out["finish_reason"] == "stop" and out["text"]
+
+
+def test_forced_tool_calls_through_the_server_always_parse() -> None:
+    from quicksilver.eval.served import reply_from_message, served_tool_calls
+
+    msg = {"content": None, "tool_calls": [{"function": {"name": "f", "arguments": '{"x": 1}'}}]}
+    assert reply_from_message(msg) == '<tool_call>{"name": "f", "arguments": {"x": 1}}</tool_call>'
+    assert PATH is not None
+    rep = served_tool_calls(PATH, "required", limit=8, seed=1234)
+    assert rep["n"] >= 3 and rep["failed"] == 0 and rep["parseable"] == 1.0, rep

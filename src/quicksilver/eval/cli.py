@@ -44,6 +44,9 @@ def add_parser(sub: "argparse._SubParsersAction[argparse.ArgumentParser]") -> No
     e.add_argument("--sweep", action="store_true", help="grid over threshold, steps and policy; table + PNG")
     e.add_argument("--out", default="runs/eval", help="directory for sweep tables and plots")
     e.add_argument("--curves", help="plot learning curves: LABEL=RUN_DIR,... (metrics.jsonl eval records)")
+    e.add_argument("--tool-choice", dest="tool_choice", choices=["auto", "required"],
+                   help="also score tool_call's call turns through the server's own path with this tool_choice "
+                        "(required: schema-constrained canvas); reported under tasks.tool_call.served")
     from ..sampling.decoder import CACHE_MODES
 
     e.add_argument("--cache", default="auto", choices=CACHE_MODES,
@@ -60,6 +63,10 @@ def print_table(rep: dict[str, Any]) -> None:
         strata = " ".join(f"{k}={v['accuracy']:.2f}" for k, v in r["strata"].items())
         extra = f" parseable={r['parseable']:.2f}" if "parseable" in r else ""
         print(f"{name:<12}{r['accuracy']:>7.3f}{r['tpf']:>7.2f}{r['nfe']:>7.1f}{r.get('tok_s', 0):>8.0f}  {strata}{extra}")
+        if "served" in r:
+            sv = r["served"]
+            print(f"{'':<12}served, tool_choice={sv['tool_choice']}: call turns {sv['accuracy']:.3f} "
+                  f"(parseable {sv['parseable']:.2f}, n={sv['n']}, failed requests {sv['failed']})")
     loss = f"; held-out loss {rep['heldout_loss']:.4f}" if "heldout_loss" in rep else ""
     print(f"mean accuracy {rep['mean_accuracy']:.3f}{loss}; settings {json.dumps(rep['settings'])}")
 
@@ -114,6 +121,11 @@ def handle(args: argparse.Namespace) -> int:
         rep = evaluate(pipe.model, pipe.tokenizer, tasks, args.limit, base, args.instant, args.batch_size,
                        args.seed, args.stream_items, args.examples, args.cache, args.refresh_every)
         rep["settings"]["model"] = str(pipe.path)
+        if args.tool_choice and "tool_call" in rep["tasks"]:
+            from .served import served_tool_calls
+
+            rep["tasks"]["tool_call"]["served"] = served_tool_calls(pipe.path, args.tool_choice, args.limit,
+                                                                    args.seed, base.threshold)
         if args.loss:
             from .likelihood import heldout_loss
 
