@@ -34,10 +34,11 @@ test-all: $(STAMP)
 
 # Reproduce the shipped models from scratch, in the stages they were trained in (CPU, ~2.5 h each on
 # 2 cores; every stage resumes from runs/*/ckpt.pt). The AR baseline: 2000 steps in fp32, then the
-# schedule extended to 10000 steps in bf16 autocast and stopped at 5000 (assets/model-ar).
+# schedule extended to 10000 steps in bf16 autocast and stopped at 7900, where its data tokens
+# (20.2M) equal the diffusion model's AR + diffusion tokens (assets/model-ar).
 train-ar: $(STAMP)
 	$(BIN)/quicksilver train --recipe small-ar --stop-at 2000
-	$(BIN)/quicksilver train --recipe small-ar --steps 10000 --cpu-bf16 --stop-at 5000
+	$(BIN)/quicksilver train --recipe small-ar --steps 10000 --cpu-bf16 --stop-at 7900
 
 # The embedded diffusion model: the AR baseline's step-2000 weights adapted to block diffusion
 # (assets/model = runs/small-ar2d/final). Its first 1000 steps ran on an 8000-step schedule.
