@@ -142,12 +142,18 @@ def test_sdar_matches_qwen3_block_causal(tmp_path: Path) -> None:
     write_tiny("sdar", tmp_path)
     cj = json.loads((tmp_path / "config.json").read_text())
     ref = reference("qwen3", cj, read_safetensors(tmp_path))
+    check_block_causal(ref, tmp_path, cj, "SDAR vs Qwen3")
+
+
+def check_block_causal(ref: torch.nn.Module, path: Path, cj: dict, label: str) -> None:
+    """Our logits equal the reference's under a block-causal mask, and differ from full attention
+    (so the mask is really in effect)."""
     ids = ids_for(cj["vocab_size"])
     B = ids.shape[0]
     with torch.no_grad():
         want = ref(ids, attention_mask=additive(block_causal(T, cj["block_size"], B))).logits
         full = ref(ids, attention_mask=additive(torch.ones(B, T, T, dtype=torch.bool))).logits
-    got = ours(tmp_path, ids)
+    got = ours(path, ids)
     diff = (got - want).abs().max().item()
-    assert diff <= TOL, f"SDAR vs Qwen3(block-causal): max |diff| {diff:.2e}"
+    assert diff <= TOL, f"{label} (block-causal): max |diff| {diff:.2e}"
     assert (got - full).abs().max().item() > 1e-2

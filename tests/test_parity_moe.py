@@ -30,7 +30,7 @@ import quicksilver  # noqa: E402
 from quicksilver.models.checkpoint import read_safetensors  # noqa: E402
 from quicksilver.models.families.fixtures import write_tiny  # noqa: E402
 
-from test_parity_dense import T, TOL, additive, block_causal, ids_for, ours  # noqa: E402
+from test_parity_dense import T, TOL, additive, block_causal, check_block_causal, ids_for, ours  # noqa: E402
 
 
 class SharedExpertShim(torch.nn.Module):
@@ -123,15 +123,7 @@ def test_llada2_matches_glm4_moe_block_causal(tmp_path: Path) -> None:
     ref = transformers.Glm4MoeForCausalLM(cfg)
     ref.load_state_dict(llada2_to_glm(read_safetensors(tmp_path), cj), strict=True)
     ref.eval()
-    ids = ids_for(cj["vocab_size"])
-    B = ids.shape[0]
-    with torch.no_grad():
-        want = ref(ids, attention_mask=additive(block_causal(T, cj["block_size"], B))).logits
-        full = ref(ids, attention_mask=additive(torch.ones(B, T, T, dtype=torch.bool))).logits
-    got = ours(tmp_path, ids)
-    diff = (got - want).abs().max().item()
-    assert diff <= TOL, f"LLaDA2 vs GLM-4-MoE(block-causal): max |diff| {diff:.2e}"
-    assert (got - full).abs().max().item() > 1e-2
+    check_block_causal(ref, tmp_path, cj, "LLaDA2 vs GLM-4-MoE")
 
 
 def test_sdar_moe_matches_qwen3_moe_block_causal(tmp_path: Path) -> None:

@@ -134,6 +134,14 @@ def _mlp(r: _Rand, prefix: str, C: int, F: int) -> dict[str, torch.Tensor]:
             f"{prefix}.down_proj.weight": r.w(C, F)}
 
 
+def _routed(r: _Rand, i: int, C: int, E: int, FE: int) -> dict[str, torch.Tensor]:
+    """Layer i's router and routed experts (Qwen-MoE names)."""
+    state = {f"model.layers.{i}.mlp.gate.weight": r.w(E, C, std=0.5)}
+    for e in range(E):
+        state.update(_mlp(r, f"model.layers.{i}.mlp.experts.{e}", C, FE))
+    return state
+
+
 def _save(out: Path, state: dict[str, torch.Tensor], shards: int) -> None:
     state = {k: v.contiguous() for k, v in state.items()}
     if shards <= 1:
@@ -254,9 +262,7 @@ def write_tiny(family: str, out: str | Path, seed: int = 0, **over: Any) -> Path
             state.update(_qwen_layers(r, L, C, H, KV, hd, 0, bias=False, qk_norm=True))
             state.update(_mlp(r, "model.layers.0.mlp", C, F))
             for i in range(1, L):
-                state[f"model.layers.{i}.mlp.gate.weight"] = r.w(E, C, std=0.5)
-                for e in range(E):
-                    state.update(_mlp(r, f"model.layers.{i}.mlp.experts.{e}", C, FE))
+                state.update(_routed(r, i, C, E, FE))
         state["model.norm.weight"] = r.norm(C)
         state["lm_head.weight"] = r.w(V, C)
     elif family == "llada_moe":
@@ -275,9 +281,7 @@ def write_tiny(family: str, out: str | Path, seed: int = 0, **over: Any) -> Path
         state.update(_qwen_layers(r, L, C, H, KV, hd, 0, bias=False, qk_norm=True))
         state.update(_mlp(r, "model.layers.0.mlp", C, F))
         for i in range(1, L):
-            state[f"model.layers.{i}.mlp.gate.weight"] = r.w(E, C, std=0.5)
-            for e in range(E):
-                state.update(_mlp(r, f"model.layers.{i}.mlp.experts.{e}", C, FE))
+            state.update(_routed(r, i, C, E, FE))
             state.update(_mlp(r, f"model.layers.{i}.shared_expert", C, FS))
         state["model.norm.weight"] = r.norm(C)
         state["lm_head.weight"] = r.w(V, C)
