@@ -7,7 +7,7 @@ TORCH   := torch==2.13.0
 HOST    ?= 127.0.0.1
 PORT    ?= 8000
 
-.PHONY: install run test test-slow test-all train-ar train-model clean
+.PHONY: install run lint test test-slow test-all train-ar train-model clean
 
 $(STAMP): pyproject.toml Makefile
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
@@ -23,7 +23,13 @@ install: $(STAMP)
 run: $(STAMP)
 	$(BIN)/quicksilver serve --host $(HOST) --port $(PORT) $(if $(MODEL),--model $(MODEL)) $(ARGS)
 
-test: $(STAMP)
+# Formatter, linter and types (mypy on engine/ and server/), then the default suite.
+lint: $(STAMP)
+	$(BIN)/ruff format --check src tests
+	$(BIN)/ruff check src tests
+	$(BIN)/python -m mypy src/quicksilver/engine src/quicksilver/server
+
+test: lint
 	$(BIN)/python -m pytest
 
 test-slow: $(STAMP)

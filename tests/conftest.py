@@ -1,4 +1,5 @@
 """Shared fixtures: tiny random checkpoints in the real on-disk format."""
+
 from __future__ import annotations
 
 from pathlib import Path
@@ -20,8 +21,13 @@ def tiny_ckpt(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def tiny_block_ckpt(tmp_path_factory: pytest.TempPathFactory) -> Path:
     from quicksilver.models.init import init_model
 
-    return init_model(tmp_path_factory.mktemp("ckpt") / "tiny-block", "tiny", seed=1, attention="block_causal",
-                      block_size=8)
+    return init_model(
+        tmp_path_factory.mktemp("ckpt") / "tiny-block",
+        "tiny",
+        seed=1,
+        attention="block_causal",
+        block_size=8,
+    )
 
 
 @pytest.fixture(scope="session")

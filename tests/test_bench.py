@@ -1,4 +1,5 @@
 """The speed and serving benchmarks run end to end on tiny checkpoints and end with their JSON line."""
+
 from __future__ import annotations
 
 import json
@@ -13,8 +14,13 @@ ENV = {**os.environ, "OMP_NUM_THREADS": "1"}
 
 
 def qs(*args: str, timeout: float = 300) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "quicksilver.cli", *args], capture_output=True, text=True,
-                          timeout=timeout, env=ENV)
+    return subprocess.run(
+        [sys.executable, "-m", "quicksilver.cli", *args],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        env=ENV,
+    )
 
 
 @pytest.fixture(scope="module")
@@ -22,14 +28,34 @@ def pair(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
     from quicksilver.models.init import init_model
 
     d = tmp_path_factory.mktemp("bench")
-    return (init_model(d / "diff", "tiny", seed=0, attention="block_causal", block_size=16, max_seq_len=2048),
-            init_model(d / "ar", "tiny", seed=1, attention="causal"))
+    return (
+        init_model(
+            d / "diff", "tiny", seed=0, attention="block_causal", block_size=16, max_seq_len=2048
+        ),
+        init_model(d / "ar", "tiny", seed=1, attention="causal"),
+    )
 
 
-def test_bench_speed_reports_all_four_methods_and_ratios(pair: tuple[Path, Path], tmp_path: Path) -> None:
+def test_bench_speed_reports_all_four_methods_and_ratios(
+    pair: tuple[Path, Path], tmp_path: Path
+) -> None:
     diff, ar = pair
-    r = qs("bench", "speed", "--model", str(diff), "--ar-model", str(ar), "--tasks", "chat,sudoku4",
-           "--limit", "1", "--repeats", "1", "--out", str(tmp_path))
+    r = qs(
+        "bench",
+        "speed",
+        "--model",
+        str(diff),
+        "--ar-model",
+        str(ar),
+        "--tasks",
+        "chat,sudoku4",
+        "--limit",
+        "1",
+        "--repeats",
+        "1",
+        "--out",
+        str(tmp_path),
+    )
     assert r.returncode == 0, r.stderr[-2000:]
     out = json.loads(r.stdout.strip().splitlines()[-1])
     assert set(out["methods"]) == {"ar_kv_cache", "reference", "one_token_per_step", "default"}
@@ -49,15 +75,35 @@ def test_bench_speed_refuses_a_non_causal_baseline(pair: tuple[Path, Path]) -> N
 
 def test_bench_serve_levels_and_agent_loop(pair: tuple[Path, Path], tmp_path: Path) -> None:
     diff, _ = pair
-    r = qs("bench", "serve", "--model", str(diff), "--concurrency", "1,2", "--min-requests", "2",
-           "--max-requests", "2", "--max-tokens", "16", "--agent-turns", "2", "--out", str(tmp_path), timeout=600)
+    r = qs(
+        "bench",
+        "serve",
+        "--model",
+        str(diff),
+        "--concurrency",
+        "1,2",
+        "--min-requests",
+        "2",
+        "--max-requests",
+        "2",
+        "--max-tokens",
+        "16",
+        "--agent-turns",
+        "2",
+        "--out",
+        str(tmp_path),
+        timeout=600,
+    )
     assert r.returncode == 0, r.stderr[-2000:]
     out = json.loads(r.stdout.strip().splitlines()[-1])
     assert [lv["concurrency"] for lv in out["levels"]] == [1, 2]
     for lv in out["levels"]:
         assert lv["failed"] == 0 and lv["requests"] == 2 and lv["aggregate_tok_s"] > 0
     loop = out["agent_loop"]
-    assert len(loop["seconds_per_turn"]["prefix_cache"]) == 2 and len(loop["seconds_per_turn"]["no_prefix_cache"]) == 2
+    assert (
+        len(loop["seconds_per_turn"]["prefix_cache"]) == 2
+        and len(loop["seconds_per_turn"]["no_prefix_cache"]) == 2
+    )
     assert (tmp_path / "serve.png").stat().st_size > 1000
 
 
@@ -67,4 +113,7 @@ def test_json_line_is_strict_json(capsys: pytest.CaptureFixture[str]) -> None:
     emit_json({"ratio": float("nan"), "xs": [1.5, float("inf")], "nested": {"y": -float("inf")}})
     line = capsys.readouterr().out.strip()
     assert json.loads(line, parse_constant=lambda c: pytest.fail(f"non-standard {c}")) == {
-        "ratio": None, "xs": [1.5, None], "nested": {"y": None}}
+        "ratio": None,
+        "xs": [1.5, None],
+        "nested": {"y": None},
+    }

@@ -1,4 +1,5 @@
 """Checkpoint directories: bit-exact round trip, dtype, the loader registry, clear errors, no network."""
+
 from __future__ import annotations
 
 import json
@@ -21,7 +22,9 @@ def test_round_trip_is_bit_exact(tiny_ckpt: Path, tmp_path: Path) -> None:
     a, b = pipe.model.state_dict(), again.model.state_dict()
     assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
     assert again.config == pipe.config
-    assert json.loads((out / "config.json").read_text())["architectures"] == ["QuicksilverForDiffusionLM"]
+    assert json.loads((out / "config.json").read_text())["architectures"] == [
+        "QuicksilverForDiffusionLM"
+    ]
     for f in ("model.safetensors", "tokenizer.json", "tokenizer_config.json"):
         assert (out / f).is_file()
     tc = json.loads((out / "tokenizer_config.json").read_text())
@@ -36,7 +39,9 @@ def test_bf16_checkpoint_round_trips_its_values(tiny_ckpt: Path, tmp_path: Path)
     again = quicksilver.load(out)
     for k, v in pipe.model.state_dict().items():
         assert torch.equal(again.model.state_dict()[k], v.to(torch.bfloat16).float())
-    assert (out / "model.safetensors").stat().st_size < (tiny_ckpt / "model.safetensors").stat().st_size * 0.6
+    assert (out / "model.safetensors").stat().st_size < (
+        tiny_ckpt / "model.safetensors"
+    ).stat().st_size * 0.6
 
 
 def test_tied_embeddings_round_trip(tmp_path: Path) -> None:
@@ -89,7 +94,9 @@ def test_errors_are_checkpoint_errors(tiny_ckpt: Path, tmp_path: Path) -> None:
         quicksilver.load(f)
 
 
-def test_loading_never_touches_the_network(tiny_ckpt: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_loading_never_touches_the_network(
+    tiny_ckpt: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     def refuse(*a, **k):  # type: ignore[no-untyped-def]
         raise AssertionError("network access during load")
 

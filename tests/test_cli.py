@@ -1,4 +1,5 @@
 """The command line: generate/info/init-model/bench work, and bad input is one line + exit 2."""
+
 from __future__ import annotations
 
 import json
@@ -13,13 +14,31 @@ ENV = {**os.environ, "OMP_NUM_THREADS": "1"}
 
 
 def qs(*args: str, timeout: float = 180) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "quicksilver.cli", *args], capture_output=True, text=True,
-                          timeout=timeout, env=ENV)
+    return subprocess.run(
+        [sys.executable, "-m", "quicksilver.cli", *args],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        env=ENV,
+    )
 
 
 def test_generate_json_on_an_init_model_checkpoint(tiny_ckpt: Path) -> None:
-    r = qs("generate", "What is 2+2?", "--model", str(tiny_ckpt), "--json", "--max-tokens", "16",
-           "--policy", "low_confidence", "--steps", "8", "--seed", "1")
+    r = qs(
+        "generate",
+        "What is 2+2?",
+        "--model",
+        str(tiny_ckpt),
+        "--json",
+        "--max-tokens",
+        "16",
+        "--policy",
+        "low_confidence",
+        "--steps",
+        "8",
+        "--seed",
+        "1",
+    )
     assert r.returncode == 0, r.stderr
     out = json.loads(r.stdout.strip().splitlines()[-1])
     assert {"text", "tokens", "nfe", "steps", "tpf", "seconds"} <= set(out)
@@ -35,32 +54,54 @@ def test_generate_show_and_raw(tiny_ckpt: Path) -> None:
 
 def test_info_and_init_model(tmp_path: Path) -> None:
     out = tmp_path / "m"
-    r = qs("init-model", str(out), "--preset", "tiny", "--attention", "block_causal", "--block-size", "16")
+    r = qs(
+        "init-model",
+        str(out),
+        "--preset",
+        "tiny",
+        "--attention",
+        "block_causal",
+        "--block-size",
+        "16",
+    )
     assert r.returncode == 0, r.stderr
     info = json.loads(qs("info", str(out), "--json").stdout)
-    assert info["attention"] == "block_causal" and info["block_size"] == 16 and info["parameters"] > 0
+    assert (
+        info["attention"] == "block_causal" and info["block_size"] == 16 and info["parameters"] > 0
+    )
     again = qs("init-model", str(out))
     assert again.returncode == 2 and "not empty" in again.stderr
 
 
-@pytest.mark.parametrize("args,msg", [
-    (["--model", "/nonexistent/ckpt"], "no such checkpoint"),
-    (["--policy", "bogus"], "unknown policy"),
-    (["--threshold", "0"], "threshold must be in (0, 1]"),
-    (["--threshold", "1.01"], "threshold must be in (0, 1]"),
-    (["--max-tokens", "0"], "max_new_tokens must be a positive integer"),
-    (["--max-tokens", "100000"], "exceeds the context"),
-])
+@pytest.mark.parametrize(
+    "args,msg",
+    [
+        (["--model", "/nonexistent/ckpt"], "no such checkpoint"),
+        (["--policy", "bogus"], "unknown policy"),
+        (["--threshold", "0"], "threshold must be in (0, 1]"),
+        (["--threshold", "1.01"], "threshold must be in (0, 1]"),
+        (["--max-tokens", "0"], "max_new_tokens must be a positive integer"),
+        (["--max-tokens", "100000"], "exceeds the context"),
+    ],
+)
 def test_bad_input_is_one_line_and_exit_2(tiny_ckpt: Path, args: list[str], msg: str) -> None:
-    full = ["generate", "hi", "--model", str(tiny_ckpt), *args] if "--model" not in args else ["generate", "hi", *args]
+    full = (
+        ["generate", "hi", "--model", str(tiny_ckpt), *args]
+        if "--model" not in args
+        else ["generate", "hi", *args]
+    )
     r = qs(*full)
     assert r.returncode == 2
-    assert msg in r.stderr and "Traceback" not in r.stderr and len(r.stderr.strip().splitlines()) == 1
+    assert (
+        msg in r.stderr and "Traceback" not in r.stderr and len(r.stderr.strip().splitlines()) == 1
+    )
 
 
 def test_prompt_longer_than_context(tiny_ckpt: Path) -> None:
     r = qs("generate", "x " * 2000, "--model", str(tiny_ckpt), "--raw")
-    assert r.returncode == 2 and "does not fit the context" in r.stderr and "Traceback" not in r.stderr
+    assert (
+        r.returncode == 2 and "does not fit the context" in r.stderr and "Traceback" not in r.stderr
+    )
 
 
 def test_malformed_checkpoint_is_one_line(tmp_path: Path) -> None:
@@ -70,8 +111,20 @@ def test_malformed_checkpoint_is_one_line(tmp_path: Path) -> None:
 
 
 def test_bench_decode_ends_with_json(tiny_ckpt: Path, tmp_path: Path) -> None:
-    r = qs("bench", "decode", "--model", str(tiny_ckpt), "--prompts", "2", "--repeats", "1", "--max-tokens", "16",
-           "--out", str(tmp_path))
+    r = qs(
+        "bench",
+        "decode",
+        "--model",
+        str(tiny_ckpt),
+        "--prompts",
+        "2",
+        "--repeats",
+        "1",
+        "--max-tokens",
+        "16",
+        "--out",
+        str(tmp_path),
+    )
     assert r.returncode == 0, r.stderr
     last = json.loads(r.stdout.strip().splitlines()[-1])
     assert set(last["methods"]) == {"one_token_per_step", "threshold", "reference"}

@@ -1,5 +1,6 @@
 """Structured output: schemas compile to skeleton + slots, and decoding under them always yields JSON
 that validates — on random-weight models (which write garbage without the constraint)."""
+
 from __future__ import annotations
 
 import json
@@ -10,28 +11,76 @@ import pytest
 
 import quicksilver
 from quicksilver.sampling import SamplerConfig
-from quicksilver.sampling.constrained import (BanTokens, Budgets, SchemaError, Slot, build_canvas, schema_pieces,
-                                              token_trie)
-from quicksilver.sampling.grammar import Alt, Lit, Number, Rep, SEP_COMMA, Seq, SlotGrammar, StrBody, any_json
+from quicksilver.sampling.constrained import (
+    BanTokens,
+    Budgets,
+    SchemaError,
+    Slot,
+    build_canvas,
+    schema_pieces,
+    token_trie,
+)
+from quicksilver.sampling.grammar import (
+    SEP_COMMA,
+    Alt,
+    Lit,
+    Number,
+    Rep,
+    Seq,
+    SlotGrammar,
+    StrBody,
+    any_json,
+)
 from quicksilver.tokenizer import Tokenizer
 
 SCHEMAS = [
-    {"type": "object", "properties": {
-        "city": {"type": "string"}, "nights": {"type": "integer"}, "ok": {"type": "boolean"},
-        "kind": {"enum": ["a", "bb", 3, None]}, "score": {"type": "number"},
-        "tags": {"type": "array", "items": {"type": "string", "maxLength": 4}, "maxItems": 3},
-        "inner": {"type": "object", "properties": {"x": {"type": ["integer", "null"]}}, "required": ["x"],
-                  "additionalProperties": False},
-        "free": {"type": "object"}},
-     "required": ["city", "nights", "ok", "kind", "score", "tags", "inner", "free"], "additionalProperties": False},
-    {"type": "array", "items": {"type": "object", "properties": {"a": {"type": "string", "maxLength": 5}},
-                                "required": ["a"]}, "minItems": 1, "maxItems": 2},
-    {"$defs": {"pt": {"type": "object", "properties": {"x": {"type": "number"}, "y": {"type": "number"}},
-                      "required": ["x", "y"], "additionalProperties": False}},
-     "type": "object", "properties": {"a": {"$ref": "#/$defs/pt"}, "label": {"anyOf": [{"type": "string",
-                                                                                        "minLength": 2},
-                                                                                       {"type": "null"}]}},
-     "required": ["a", "label"], "additionalProperties": False},
+    {
+        "type": "object",
+        "properties": {
+            "city": {"type": "string"},
+            "nights": {"type": "integer"},
+            "ok": {"type": "boolean"},
+            "kind": {"enum": ["a", "bb", 3, None]},
+            "score": {"type": "number"},
+            "tags": {"type": "array", "items": {"type": "string", "maxLength": 4}, "maxItems": 3},
+            "inner": {
+                "type": "object",
+                "properties": {"x": {"type": ["integer", "null"]}},
+                "required": ["x"],
+                "additionalProperties": False,
+            },
+            "free": {"type": "object"},
+        },
+        "required": ["city", "nights", "ok", "kind", "score", "tags", "inner", "free"],
+        "additionalProperties": False,
+    },
+    {
+        "type": "array",
+        "items": {
+            "type": "object",
+            "properties": {"a": {"type": "string", "maxLength": 5}},
+            "required": ["a"],
+        },
+        "minItems": 1,
+        "maxItems": 2,
+    },
+    {
+        "$defs": {
+            "pt": {
+                "type": "object",
+                "properties": {"x": {"type": "number"}, "y": {"type": "number"}},
+                "required": ["x", "y"],
+                "additionalProperties": False,
+            }
+        },
+        "type": "object",
+        "properties": {
+            "a": {"$ref": "#/$defs/pt"},
+            "label": {"anyOf": [{"type": "string", "minLength": 2}, {"type": "null"}]},
+        },
+        "required": ["a", "label"],
+        "additionalProperties": False,
+    },
 ]
 
 
@@ -46,7 +95,7 @@ def test_machines_accept_exactly_their_language() -> None:
     body = Seq([Lit('"'), StrBody()])
     for ok in ['""', '"abc"', '"a\\"b"', '"\\n\\t"', '"é漢"']:
         assert accepts(body, ok), ok
-    for bad in ['"a', '"a"b', '"a\nb"', '"\\x"', 'abc']:
+    for bad in ['"a', '"a"b', '"a\nb"', '"\\x"', "abc"]:
         assert not accepts(body, bad), bad
     num, integer = Number(), Number(integer=True)
     for ok in ["0", "-1", "12.5", "1e9", "-0.5E-3"]:
@@ -55,9 +104,20 @@ def test_machines_accept_exactly_their_language() -> None:
         assert not accepts(num, bad), bad
     assert accepts(integer, "-42") and not accepts(integer, "4.2")
     arr = Seq([Lit("["), Rep(Number(integer=True), SEP_COMMA, lo=1, hi=2), Lit("]")])
-    assert accepts(arr, "[1]") and accepts(arr, "[1, 2]") and not accepts(arr, "[1,2,3]") and not accepts(arr, "[]")
-    assert accepts(StrBody(2, 3), 'ab"') and not accepts(StrBody(2, 3), 'a"') and not accepts(StrBody(2, 3), 'abcd"')
-    assert accepts(any_json(3), '{"a": [1, {"b": null}]}') and not accepts(any_json(2), '{"a": [1, {"b": null}]}')
+    assert (
+        accepts(arr, "[1]")
+        and accepts(arr, "[1, 2]")
+        and not accepts(arr, "[1,2,3]")
+        and not accepts(arr, "[]")
+    )
+    assert (
+        accepts(StrBody(2, 3), 'ab"')
+        and not accepts(StrBody(2, 3), 'a"')
+        and not accepts(StrBody(2, 3), 'abcd"')
+    )
+    assert accepts(any_json(3), '{"a": [1, {"b": null}]}') and not accepts(
+        any_json(2), '{"a": [1, {"b": null}]}'
+    )
     assert not accepts(any_json(2), '{"a": }')
     assert accepts(Alt([Lit("true"), Lit("false")]), "false")
 
@@ -72,7 +132,9 @@ def test_slot_grammar_distance_and_pad() -> None:
     s1 = g.next(s0, quote)
     assert s1 and not g.next(s0, tok.pad_id)  # no padding before the value is complete
     closed = {t for s in s1 for t in g.next(s, quote)}
-    assert any(g.accepts(s) for s in closed) and all(g.next(s, tok.pad_id) for s in closed if g.accepts(s))
+    assert any(g.accepts(s) for s in closed) and all(
+        g.next(s, tok.pad_id) for s in closed if g.accepts(s)
+    )
     think = tok.token_to_id("<think>")
     assert all(think not in g.trans(s) for s in s1)  # special/added tokens never enter a value
 
@@ -80,23 +142,36 @@ def test_slot_grammar_distance_and_pad() -> None:
 def test_strict_rejects_what_it_cannot_enforce() -> None:
     tok = Tokenizer.byte_level()
     with pytest.raises(SchemaError, match="minimum"):
-        schema_pieces({"type": "object", "properties": {"n": {"type": "integer", "minimum": 3}}}, True, tok.encode)
+        schema_pieces(
+            {"type": "object", "properties": {"n": {"type": "integer", "minimum": 3}}},
+            True,
+            tok.encode,
+        )
     with pytest.raises(SchemaError, match="pattern"):
         schema_pieces({"type": "string", "pattern": "^a+$"}, True, tok.encode)
     with pytest.raises(SchemaError, match="ref"):
         schema_pieces({"$ref": "https://example.com/schema.json"}, True, tok.encode)
     with pytest.raises(SchemaError, match="required"):
-        schema_pieces({"type": "object", "properties": {"a": {"type": "string"}}, "required": ["b"]}, True, tok.encode)
+        schema_pieces(
+            {"type": "object", "properties": {"a": {"type": "string"}}, "required": ["b"]},
+            True,
+            tok.encode,
+        )
     # not strict: unsupported keywords are ignored, the structure still holds
-    pieces = schema_pieces({"type": "object", "properties": {"n": {"type": "integer", "minimum": 3}}}, False,
-                           tok.encode)
+    pieces = schema_pieces(
+        {"type": "object", "properties": {"n": {"type": "integer", "minimum": 3}}},
+        False,
+        tok.encode,
+    )
     assert pieces[:2] == ["{", '"n": '] and isinstance(pieces[2], Slot)
 
 
 def test_skeleton_is_prefilled_and_slots_are_budgeted() -> None:
     tok = Tokenizer.byte_level()
     pieces = schema_pieces(SCHEMAS[0], True, tok.encode, Budgets(string=10))
-    assert "".join(p for p in pieces[:3] if isinstance(p, str)) == '{"city": "' and isinstance(pieces[3], Slot)
+    assert "".join(p for p in pieces[:3] if isinstance(p, str)) == '{"city": "' and isinstance(
+        pieces[3], Slot
+    )
     canvas = build_canvas(pieces, tok, tok.pad_id or 0)
     skeleton = tok.decode([canvas.prefill[p] for p in sorted(canvas.prefill)])
     for key in SCHEMAS[0]["properties"]:
@@ -108,22 +183,32 @@ def test_skeleton_is_prefilled_and_slots_are_budgeted() -> None:
 def decode(pipe, schema, temperature: float, seed: int, prompt: str = "Give me JSON"):  # type: ignore[no-untyped-def]
     tok = pipe.tokenizer
     canvas = build_canvas(schema_pieces(schema, True, tok.encode), tok, tok.pad_id)
-    cfg = SamplerConfig(max_new_tokens=canvas.length, temperature=temperature, seed=seed, threshold=0.5)
-    row = pipe.decoder.new_row(pipe.encode_prompt(prompt, chat=True), cfg, prefill=canvas.prefill,
-                               constraint=canvas.constraint)
+    cfg = SamplerConfig(
+        max_new_tokens=canvas.length, temperature=temperature, seed=seed, threshold=0.5
+    )
+    row = pipe.decoder.new_row(
+        pipe.encode_prompt(prompt, chat=True),
+        cfg,
+        prefill=canvas.prefill,
+        constraint=canvas.constraint,
+    )
     while not row.done:
         pipe.decoder.step([row])
     return tok.decode(row.result().tokens), row
 
 
 @pytest.mark.parametrize("which", ["tiny_ckpt", "tiny_block_ckpt"])
-def test_decoding_under_a_schema_always_validates(which: str, request: pytest.FixtureRequest) -> None:
+def test_decoding_under_a_schema_always_validates(
+    which: str, request: pytest.FixtureRequest
+) -> None:
     pipe = quicksilver.load(request.getfixturevalue(which))
     for schema in SCHEMAS:
         for temperature, seed in [(0.0, 0), (1.0, 1), (1.0, 2)]:
             text, row = decode(pipe, schema, temperature, seed)
             jsonschema.validate(json.loads(text), schema)
-            assert row.finish_reason == "length"  # the canvas is the layout: it ends full, never early
+            assert (
+                row.finish_reason == "length"
+            )  # the canvas is the layout: it ends full, never early
 
 
 def test_without_the_constraint_a_random_model_writes_no_json(tiny_ckpt: Path) -> None:
@@ -136,10 +221,14 @@ def test_without_the_constraint_a_random_model_writes_no_json(tiny_ckpt: Path) -
 
 def test_ban_tokens(tiny_ckpt: Path) -> None:
     pipe = quicksilver.load(tiny_ckpt)
-    free = pipe.generate("hi", chat=True, max_new_tokens=24, temperature=1.0, seed=3, stop_at_eos=False).tokens
+    free = pipe.generate(
+        "hi", chat=True, max_new_tokens=24, temperature=1.0, seed=3, stop_at_eos=False
+    ).tokens
     banned = sorted(set(free))[:5]
     cfg = SamplerConfig(max_new_tokens=24, temperature=1.0, seed=3, stop_at_eos=False)
-    row = pipe.decoder.new_row(pipe.encode_prompt("hi", chat=True), cfg, constraint=BanTokens(banned))
+    row = pipe.decoder.new_row(
+        pipe.encode_prompt("hi", chat=True), cfg, constraint=BanTokens(banned)
+    )
     while not row.done:
         pipe.decoder.step([row])
     assert not set(row.result().tokens) & set(banned)
@@ -154,14 +243,21 @@ def test_a_closing_token_means_the_value_ends_here() -> None:
     import torch
 
     tok = Tokenizer.byte_level(merges_from=['{"city": "Paris"}'] * 50, vocab_size=320)
-    schema = {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"],
-              "additionalProperties": False}
+    schema = {
+        "type": "object",
+        "properties": {"city": {"type": "string"}},
+        "required": ["city"],
+        "additionalProperties": False,
+    }
     canvas = build_canvas(schema_pieces(schema, True, tok.encode), tok, tok.pad_id or 0)
     con = canvas.constraint
     start, budget, g = con.slots[0]
     closing = [t for t, a in con.closers[0] if a is not None and tok.decode([t]) == '"}']
     assert closing, "the tokenizer has a token spelling the string's end and the closing brace"
-    row = SimpleNamespace(canvas=torch.full((canvas.length,), 2), committed=torch.zeros(canvas.length, dtype=torch.bool))
+    row = SimpleNamespace(
+        canvas=torch.full((canvas.length,), 2),
+        committed=torch.zeros(canvas.length, dtype=torch.bool),
+    )
     for p, t in canvas.prefill.items():
         row.canvas[p], row.committed[p] = t, True
     P = tok.encode("P")[0]
@@ -180,10 +276,16 @@ def test_revision_holes_inside_a_slot_do_not_stall_constrained_decoding(tmp_path
     decoder's fallback must fill the hole (slots are written left to right), not give up."""
     from quicksilver.models.init import init_model
 
-    pipe = quicksilver.load(init_model(tmp_path / "m", "tiny", seed=3, attention="block_causal", block_size=16))
+    pipe = quicksilver.load(
+        init_model(tmp_path / "m", "tiny", seed=3, attention="block_causal", block_size=16)
+    )
     tok = pipe.tokenizer
-    cv = build_canvas(schema_pieces(SCHEMAS[0], True, tok.encode, Budgets(string=8)), tok, tok.pad_id or 0)
-    cfg = SamplerConfig(max_new_tokens=cv.length, threshold=0.01, revise_threshold=0.9, max_revisions=2)
+    cv = build_canvas(
+        schema_pieces(SCHEMAS[0], True, tok.encode, Budgets(string=8)), tok, tok.pad_id or 0
+    )
+    cfg = SamplerConfig(
+        max_new_tokens=cv.length, threshold=0.01, revise_threshold=0.9, max_revisions=2
+    )
     row = pipe.decoder.new_row(tok.encode("hi"), cfg, prefill=cv.prefill, constraint=cv.constraint)
     while not row.done:
         pipe.decoder.step([row])

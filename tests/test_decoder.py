@@ -1,5 +1,6 @@
 """Decoder invariants: length, immutability of commits, seeds, batching, thresholds, EOS, revision,
 agreement with the reference decoder, and the statistics of temperature-1 sampling."""
+
 from __future__ import annotations
 
 import math
@@ -19,7 +20,9 @@ PROMPTS = [list(range(20, 37)), list(range(50, 59)), list(range(70, 75))]
 
 def _model(attention: str = "bidirectional", seed: int = 0, **kw) -> DiffusionLM:  # type: ignore[no-untyped-def]
     torch.manual_seed(seed)
-    return DiffusionLM(preset("tiny", vocab_size=96, attention=attention, block_size=8, **kw)).eval()
+    return DiffusionLM(
+        preset("tiny", vocab_size=96, attention=attention, block_size=8, **kw)
+    ).eval()
 
 
 def _decoder(model: DiffusionLM, **kw) -> Decoder:  # type: ignore[no-untyped-def]
@@ -28,7 +31,9 @@ def _decoder(model: DiffusionLM, **kw) -> Decoder:  # type: ignore[no-untyped-de
 
 def _no_eos(model: DiffusionLM) -> DiffusionLM:
     with torch.no_grad():
-        model.lm_head.weight[EOS] = -model.lm_head.weight[EOS].abs() * 0 - 0.0  # zero row: EOS rarely wins
+        model.lm_head.weight[EOS] = (
+            -model.lm_head.weight[EOS].abs() * 0 - 0.0
+        )  # zero row: EOS rarely wins
     return model
 
 
@@ -44,7 +49,9 @@ def _events(dec: Decoder, prompt: list[int], cfg: SamplerConfig):  # type: ignor
 
 @pytest.mark.parametrize("policy", sorted(POLICIES))
 @pytest.mark.parametrize("attention", ["bidirectional", "block_causal"])
-def test_every_policy_respects_length_and_never_changes_commits(policy: str, attention: str) -> None:
+def test_every_policy_respects_length_and_never_changes_commits(
+    policy: str, attention: str
+) -> None:
     dec = _decoder(_model(attention))
     cfg = SamplerConfig(max_new_tokens=20, policy=policy, threshold=0.05, seed=3, stop_at_eos=False)
     evs, res = _events(dec, PROMPTS[0], cfg)
@@ -61,25 +68,41 @@ def test_every_policy_respects_length_and_never_changes_commits(policy: str, att
 
 def test_schedule_policies_use_the_requested_steps() -> None:
     dec = _decoder(_model())
-    res = dec.generate([PROMPTS[0]], SamplerConfig(max_new_tokens=32, policy="low_confidence", steps=8,
-                                                   block_length=16, stop_at_eos=False))[0]
+    res = dec.generate(
+        [PROMPTS[0]],
+        SamplerConfig(
+            max_new_tokens=32, policy="low_confidence", steps=8, block_length=16, stop_at_eos=False
+        ),
+    )[0]
     assert res.nfe == 8 and res.tpf == 4.0
 
 
 def test_threshold_one_commits_one_token_per_step_and_low_threshold_many() -> None:
     dec = _decoder(_model())
-    strict = dec.generate([PROMPTS[1]], SamplerConfig(max_new_tokens=16, policy="threshold", threshold=1.0,
-                                                      stop_at_eos=False))[0]
+    strict = dec.generate(
+        [PROMPTS[1]],
+        SamplerConfig(max_new_tokens=16, policy="threshold", threshold=1.0, stop_at_eos=False),
+    )[0]
     assert strict.nfe == 16
-    loose = dec.generate([PROMPTS[1]], SamplerConfig(max_new_tokens=16, policy="threshold", threshold=1e-6,
-                                                     block_length=16, stop_at_eos=False))[0]
+    loose = dec.generate(
+        [PROMPTS[1]],
+        SamplerConfig(
+            max_new_tokens=16,
+            policy="threshold",
+            threshold=1e-6,
+            block_length=16,
+            stop_at_eos=False,
+        ),
+    )[0]
     assert loose.nfe == 1 and len(loose.tokens) == 16
 
 
 def test_temperature_zero_is_deterministic_and_seeds_reproduce() -> None:
     dec = _decoder(_model())
     greedy = SamplerConfig(max_new_tokens=24, policy="threshold", threshold=0.5, stop_at_eos=False)
-    assert dec.generate([PROMPTS[0]], greedy)[0].tokens == dec.generate([PROMPTS[0]], greedy)[0].tokens
+    assert (
+        dec.generate([PROMPTS[0]], greedy)[0].tokens == dec.generate([PROMPTS[0]], greedy)[0].tokens
+    )
     hot = greedy.replace(temperature=1.0, seed=7)
     a, b = dec.generate([PROMPTS[0]], hot)[0].tokens, dec.generate([PROMPTS[0]], hot)[0].tokens
     c = dec.generate([PROMPTS[0]], hot.replace(seed=8))[0].tokens
@@ -90,8 +113,10 @@ def test_temperature_zero_is_deterministic_and_seeds_reproduce() -> None:
 @pytest.mark.parametrize("temperature", [0.0, 0.8])
 def test_batched_row_equals_the_same_prompt_alone(attention: str, temperature: float) -> None:
     dec = _decoder(_model(attention))
-    cfgs = [SamplerConfig(max_new_tokens=n, policy=p, threshold=0.2, temperature=temperature, seed=i)
-            for i, (n, p) in enumerate([(24, "threshold"), (9, "low_confidence"), (17, "margin")])]
+    cfgs = [
+        SamplerConfig(max_new_tokens=n, policy=p, threshold=0.2, temperature=temperature, seed=i)
+        for i, (n, p) in enumerate([(24, "threshold"), (9, "low_confidence"), (17, "margin")])
+    ]
     batched = dec.generate(PROMPTS, cfgs)
     alone = [dec.generate([p], c)[0] for p, c in zip(PROMPTS, cfgs)]
     assert [r.tokens for r in batched] == [r.tokens for r in alone]
@@ -120,10 +145,14 @@ def test_early_stop_at_eos_drops_the_tail_and_never_computes_it() -> None:
         return orig(segs)
 
     m.forward_segments = spy  # type: ignore[method-assign]
-    evs, res = _events(dec, PROMPTS[0], SamplerConfig(max_new_tokens=40, policy="low_confidence", steps=40))
+    evs, res = _events(
+        dec, PROMPTS[0], SamplerConfig(max_new_tokens=40, policy="low_confidence", steps=40)
+    )
     assert res.finish_reason == "stop" and EOS not in res.tokens and len(res.tokens) < 40
     assert any(ev.end < 40 for ev in evs[:-1])  # stopped before the last step
-    for ev, n in zip(evs, seen_lengths[1:]):  # after each step only prompt + canvas up to the stop token
+    for ev, n in zip(
+        evs, seen_lengths[1:]
+    ):  # after each step only prompt + canvas up to the stop token
         assert n <= len(PROMPTS[0]) + ev.end + 1
     assert evs[-1].end == len(res.tokens)
 
@@ -132,15 +161,23 @@ def test_no_stop_at_eos_keeps_the_whole_canvas() -> None:
     m = _model()
     with torch.no_grad():
         m.lm_head.weight[EOS] = m.lm_head.weight[EOS] * 0 + m.model.norm.weight.sign() * 0.5
-    res = _decoder(m).generate([PROMPTS[0]], SamplerConfig(max_new_tokens=12, policy="low_confidence",
-                                                           stop_at_eos=False))[0]
+    res = _decoder(m).generate(
+        [PROMPTS[0]], SamplerConfig(max_new_tokens=12, policy="low_confidence", stop_at_eos=False)
+    )[0]
     assert len(res.tokens) == 12
 
 
 def test_revision_remasks_and_terminates() -> None:
     dec = _decoder(_model())
-    cfg = SamplerConfig(max_new_tokens=24, policy="threshold", threshold=0.01, revise_threshold=0.99,
-                        max_revisions=2, stop_at_eos=False, block_length=8)
+    cfg = SamplerConfig(
+        max_new_tokens=24,
+        policy="threshold",
+        threshold=0.01,
+        revise_threshold=0.99,
+        max_revisions=2,
+        stop_at_eos=False,
+        block_length=8,
+    )
     evs, res = _events(dec, PROMPTS[0], cfg)
     assert res.revisions > 0 and any(ev.remasked for ev in evs)
     assert len(res.tokens) == 24 and res.steps <= 24 * (1 + 2)
@@ -160,13 +197,19 @@ def test_prefill_and_constraint_hooks() -> None:
         def allow(self, row, pos, token):  # type: ignore[no-untyped-def]
             return token % 4 == 0 or pos % 2 == 0
 
-    row = dec.new_row(PROMPTS[0], SamplerConfig(max_new_tokens=12, policy="threshold", threshold=0.01,
-                                                stop_at_eos=False), prefill={0: 60, 11: 61}, constraint=OnlyEven())
+    row = dec.new_row(
+        PROMPTS[0],
+        SamplerConfig(max_new_tokens=12, policy="threshold", threshold=0.01, stop_at_eos=False),
+        prefill={0: 60, 11: 61},
+        constraint=OnlyEven(),
+    )
     while not row.done:
         dec.step([row])
     out = row.result().tokens
     assert out[0] == 60 and out[11] == 61
-    assert all(t % 2 == 0 for t in out[1:11]) and all(t % 4 == 0 for i, t in enumerate(out[1:11], 1) if i % 2)
+    assert all(t % 2 == 0 for t in out[1:11]) and all(
+        t % 4 == 0 for i, t in enumerate(out[1:11], 1) if i % 2
+    )
 
 
 def test_suffix_needs_a_bidirectional_model_and_is_seen() -> None:
@@ -176,7 +219,9 @@ def test_suffix_needs_a_bidirectional_model_and_is_seen() -> None:
     plain = bi.new_row(PROMPTS[1], cfg)
     row = bi.new_row(PROMPTS[1], cfg, suffix=[80, 81, 82, 83])
     seg = row.segment()
-    assert seg.ids[-4:].tolist() == [80, 81, 82, 83] and seg.hi - seg.lo == 8  # canvas between prompt and suffix
+    assert (
+        seg.ids[-4:].tolist() == [80, 81, 82, 83] and seg.hi - seg.lo == 8
+    )  # canvas between prompt and suffix
     with torch.no_grad():
         a, b = m.forward_segments([plain.segment(), seg])
     assert not torch.allclose(a, b, atol=1e-4)  # the infill sees the suffix
@@ -184,7 +229,9 @@ def test_suffix_needs_a_bidirectional_model_and_is_seen() -> None:
         bi.step([row])
     assert len(row.result().tokens) == 8
     with pytest.raises(ConfigError, match="bidirectional"):
-        _decoder(_model("block_causal")).new_row(PROMPTS[1], SamplerConfig(max_new_tokens=8), suffix=[5])
+        _decoder(_model("block_causal")).new_row(
+            PROMPTS[1], SamplerConfig(max_new_tokens=8), suffix=[5]
+        )
 
 
 @pytest.mark.parametrize("block", [8, 24])
@@ -194,16 +241,32 @@ def test_fast_decoder_agrees_with_the_reference(block: int) -> None:
     dec = _decoder(m, use_cache=False)
     for prompt in PROMPTS[:2]:
         ref = reference_generate(m, prompt, MASK, gen_length=24, steps=12, block_length=block)
-        fast = dec.generate([prompt], SamplerConfig(max_new_tokens=24, policy="low_confidence", steps=12,
-                                                    block_length=block, stop_at_eos=False))[0]
+        fast = dec.generate(
+            [prompt],
+            SamplerConfig(
+                max_new_tokens=24,
+                policy="low_confidence",
+                steps=12,
+                block_length=block,
+                stop_at_eos=False,
+            ),
+        )[0]
         assert fast.tokens == ref.canvas and fast.nfe == ref.nfe == 12
 
 
 def test_bad_sampler_options_raise_config_errors() -> None:
     dec = _decoder(_model())
-    for bad in [dict(policy="nope"), dict(threshold=0.0), dict(threshold=1.5), dict(max_new_tokens=0),
-                dict(max_new_tokens=10_000), dict(top_p=0.0), dict(temperature=-1.0), dict(steps=0),
-                dict(revise_threshold=1.0)]:
+    for bad in [
+        dict(policy="nope"),
+        dict(threshold=0.0),
+        dict(threshold=1.5),
+        dict(max_new_tokens=0),
+        dict(max_new_tokens=10_000),
+        dict(top_p=0.0),
+        dict(temperature=-1.0),
+        dict(steps=0),
+        dict(revise_threshold=1.0),
+    ]:
         with pytest.raises(ConfigError):
             dec.new_row(PROMPTS[0], SamplerConfig(**bad))  # type: ignore[arg-type]
     with pytest.raises(ConfigError, match="context"):

@@ -1,4 +1,5 @@
 """The engine: continuous batching, streaming events, cancellation, limits, errors, prefix cache."""
+
 from __future__ import annotations
 
 import gc
@@ -22,8 +23,11 @@ def _decoder(attention: str = "block_causal", **kw) -> Decoder:  # type: ignore[
 
 
 def _req(rid: str, prompt: list[int], n: int = 20, **kw) -> EngineRequest:  # type: ignore[no-untyped-def]
-    return EngineRequest(rid, prompt, SamplerConfig(max_new_tokens=n, policy="threshold", threshold=0.2,
-                                                    stop_at_eos=False, **kw))
+    return EngineRequest(
+        rid,
+        prompt,
+        SamplerConfig(max_new_tokens=n, policy="threshold", threshold=0.2, stop_at_eos=False, **kw),
+    )
 
 
 def _drain(engine: Engine) -> dict[str, list]:  # type: ignore[type-arg]
@@ -112,7 +116,9 @@ def test_prefix_cache_serves_shared_prompt_blocks_and_keeps_answers() -> None:
     _drain(e)
     e.add(_req("second", system + [60, 61, 62]))
     final = _drain(e)["second"][-1]
-    assert final.cached_tokens == 40 and e.prefix_cache is not None and e.prefix_cache.hit_tokens == 40
+    assert (
+        final.cached_tokens == 40 and e.prefix_cache is not None and e.prefix_cache.hit_tokens == 40
+    )
     assert final.result.tokens == want
     # an agent loop: the next turn's prompt starts with the previous prompt and answer
     turn2 = system + [60, 61, 62] + want + [80, 81]
@@ -134,9 +140,13 @@ def test_prefix_cache_evicts_beyond_its_budget() -> None:
 def test_approximate_caches_are_exact_when_refreshed_every_step(mode: str) -> None:
     torch.manual_seed(0)
     m = DiffusionLM(preset("tiny", vocab_size=96)).eval()
-    cfg = SamplerConfig(max_new_tokens=24, policy="low_confidence", steps=24, block_length=8, stop_at_eos=False)
+    cfg = SamplerConfig(
+        max_new_tokens=24, policy="low_confidence", steps=24, block_length=8, stop_at_eos=False
+    )
     base = Decoder(m, MASK, [EOS], use_cache=False).generate([list(range(10, 30))], cfg)[0]
-    fresh = Decoder(m, MASK, [EOS], cache_mode=mode, refresh_every=1).generate([list(range(10, 30))], cfg)[0]
+    fresh = Decoder(m, MASK, [EOS], cache_mode=mode, refresh_every=1).generate(
+        [list(range(10, 30))], cfg
+    )[0]
     approx = Decoder(m, MASK, [EOS], cache_mode=mode).generate([list(range(10, 30))], cfg)[0]
     assert fresh.tokens == base.tokens and len(approx.tokens) == 24 and approx.nfe == base.nfe
     with pytest.raises(ConfigError):
@@ -150,10 +160,20 @@ def test_a_request_can_add_its_own_stop_tokens() -> None:
     e.add(_req("plain", [5, 6, 7, 8], n=24))
     plain = _drain(e)["plain"][-1].result.tokens
     stop = plain[3]  # a token the model does produce at position 3
-    e.add(EngineRequest("own", [5, 6, 7, 8], SamplerConfig(max_new_tokens=24, policy="threshold", threshold=0.2),
-                        stop_token_ids=[stop]))
+    e.add(
+        EngineRequest(
+            "own",
+            [5, 6, 7, 8],
+            SamplerConfig(max_new_tokens=24, policy="threshold", threshold=0.2),
+            stop_token_ids=[stop],
+        )
+    )
     e.add(_req("other", [5, 6, 7, 8], n=24))
     out = _drain(e)
     own = out["own"][-1]
-    assert own.finish_reason == "stop" and stop not in own.result.tokens and len(own.result.tokens) <= 3
+    assert (
+        own.finish_reason == "stop"
+        and stop not in own.result.tokens
+        and len(own.result.tokens) <= 3
+    )
     assert out["other"][-1].result.tokens == plain

@@ -1,4 +1,5 @@
 """Evaluation: the --json shape for a diffusion and an AR model, summaries, the sweep grid and plots."""
+
 from __future__ import annotations
 
 import json
@@ -17,14 +18,33 @@ from quicksilver.train.tasks import get_task
 def models(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     d = tmp_path_factory.mktemp("eval_models")
     tok = Tokenizer.byte_level(individual_digits=True)
-    return {att: init_model(d / att, "tiny", tokenizer=tok, attention=att, max_seq_len=1536)
-            for att in ("block_causal", "causal")}
+    return {
+        att: init_model(d / att, "tiny", tokenizer=tok, attention=att, max_seq_len=1536)
+        for att in ("block_causal", "causal")
+    }
 
 
 @pytest.mark.parametrize("attention", ["block_causal", "causal"])
-def test_eval_json_shape(models: dict[str, Path], attention: str, capsys: pytest.CaptureFixture[str]) -> None:
-    assert main(["eval", "--model", str(models[attention]), "--tasks", "sudoku4,tool_call", "--limit", "4",
-                 "--json", "--stream-items", "1"]) == 0
+def test_eval_json_shape(
+    models: dict[str, Path], attention: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert (
+        main(
+            [
+                "eval",
+                "--model",
+                str(models[attention]),
+                "--tasks",
+                "sudoku4,tool_call",
+                "--limit",
+                "4",
+                "--json",
+                "--stream-items",
+                "1",
+            ]
+        )
+        == 0
+    )
     rep = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
     assert set(rep) >= {"tasks", "settings", "mean_accuracy"}
     for name in ("sudoku4", "tool_call"):
@@ -33,7 +53,8 @@ def test_eval_json_shape(models: dict[str, Path], attention: str, capsys: pytest
         assert r["n"] == 4 and 0 <= r["accuracy"] <= 1 and r["nfe"] >= 1
         assert set(r["strata"]) <= set(get_task(name).strata)
     assert "parseable" in rep["tasks"]["tool_call"] or all(
-        s != "call" for s in rep["tasks"]["tool_call"]["strata"])
+        s != "call" for s in rep["tasks"]["tool_call"]["strata"]
+    )
     assert rep["settings"]["attention"] == attention
     if attention == "causal":
         assert rep["settings"]["decoding"].startswith("autoregressive")
@@ -45,29 +66,41 @@ def test_eval_json_shape(models: dict[str, Path], attention: str, capsys: pytest
 def test_summarize_counts_strata_and_tpf() -> None:
     task = get_task("sudoku4")
     items = task.test_items(4)
-    res = [ItemResult(it, it.answer if i % 2 == 0 else "bad", i % 2 == 0, 10, 5, 0.1) for i, it in enumerate(items)]
+    res = [
+        ItemResult(it, it.answer if i % 2 == 0 else "bad", i % 2 == 0, 10, 5, 0.1)
+        for i, it in enumerate(items)
+    ]
     s = summarize("sudoku4", res)
     assert s["accuracy"] == 0.5 and s["tpf"] == 2.0 and s["nfe"] == 5.0
     assert sum(v["n"] for v in s["strata"].values()) == 4
 
 
-def test_eval_rejects_bad_input(models: dict[str, Path], capsys: pytest.CaptureFixture[str]) -> None:
+def test_eval_rejects_bad_input(
+    models: dict[str, Path], capsys: pytest.CaptureFixture[str]
+) -> None:
     with pytest.raises(SystemExit):
         main(["eval", "--model", str(models["block_causal"]), "--tasks", "nope", "--limit", "2"])
     assert "unknown task" in capsys.readouterr().err
     with pytest.raises(SystemExit):
-        main(["eval", "--model", str(models["causal"]), "--tasks", "fim", "--limit", "2", "--sweep"])
+        main(
+            ["eval", "--model", str(models["causal"]), "--tasks", "fim", "--limit", "2", "--sweep"]
+        )
 
 
 def test_plots(tmp_path: Path) -> None:
     from quicksilver.eval.plots import plot_accuracy_vs_tpf, plot_learning_curves
 
-    rows = [{"group": "threshold", "short": "t=0.9", "tpf": 3.0, "accuracy": 0.8},
-            {"group": "threshold", "short": "t=0.5", "tpf": 5.0, "accuracy": 0.6}]
+    rows = [
+        {"group": "threshold", "short": "t=0.9", "tpf": 3.0, "accuracy": 0.8},
+        {"group": "threshold", "short": "t=0.5", "tpf": 5.0, "accuracy": 0.6},
+    ]
     assert plot_accuracy_vs_tpf(rows, tmp_path / "a.png").stat().st_size > 1000
     run = tmp_path / "run"
     run.mkdir()
     (run / "metrics.jsonl").write_text(
-        json.dumps({"step": 1, "tokens": 10, "loss": 1.0}) + "\n"
-        + json.dumps({"step": 2, "tokens": 2e6, "eval": {"sudoku4": 0.5, "fim": 0.1}}) + "\n")
+        json.dumps({"step": 1, "tokens": 10, "loss": 1.0})
+        + "\n"
+        + json.dumps({"step": 2, "tokens": 2e6, "eval": {"sudoku4": 0.5, "fim": 0.1}})
+        + "\n"
+    )
     assert plot_learning_curves({"d": run}, tmp_path / "c.png").stat().st_size > 1000

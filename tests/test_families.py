@@ -1,5 +1,6 @@
 """The family loaders end to end: tokenizers, chat templates, token roles, decoding defaults, the exact
 block KV cache of the block-causal families, decoding through the CLI, and clear errors on bad input."""
+
 from __future__ import annotations
 
 import json
@@ -30,32 +31,53 @@ def tiny(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
 
 
 # ---- tokenizers and templates -------------------------------------------------------------------
-def test_dream_tokenizer_from_vocab_and_merges_matches_transformers_qwen2(tiny: dict[str, Path]) -> None:
+def test_dream_tokenizer_from_vocab_and_merges_matches_transformers_qwen2(
+    tiny: dict[str, Path],
+) -> None:
     transformers = pytest.importorskip("transformers")
     d = tiny["dream"]
     assert not (d / "tokenizer.json").exists()  # Dream ships only vocab.json + merges.txt
     ours = bpe_tokenizer_from_vocab(d)
-    ref = transformers.Qwen2Tokenizer(vocab_file=str(d / "vocab.json"), merges_file=str(d / "merges.txt"),
-                                      errors="replace", unk_token=None, bos_token=None, eos_token="<|endoftext|>",
-                                      pad_token="<|endoftext|>")
+    ref = transformers.Qwen2Tokenizer(
+        vocab_file=str(d / "vocab.json"),
+        merges_file=str(d / "merges.txt"),
+        errors="replace",
+        unk_token=None,
+        bos_token=None,
+        eos_token="<|endoftext|>",
+        pad_token="<|endoftext|>",
+    )
     ref.add_special_tokens({"additional_special_tokens": SPECIALS["dream"][1:]})
     for t in SPECIALS["dream"]:
         assert ours.token_to_id(t) == ref.convert_tokens_to_ids(t)
     for text in TEXTS:
         assert ours.encode(text) == ref.encode(text, add_special_tokens=False), text
-        assert ours.decode(ours.encode(text), skip_special_tokens=False) == ref.decode(ref.encode(text))
+        assert ours.decode(ours.encode(text), skip_special_tokens=False) == ref.decode(
+            ref.encode(text)
+        )
 
 
 def test_roles_and_stop_tokens(tiny: dict[str, Path]) -> None:
     llada = quicksilver.load(tiny["llada"], device="cpu")
     tok = llada.tokenizer
-    assert tok.mask_id == tok.token_to_id("<|mdm_mask|>") == llada.config.mask_token_id  # not declared upstream
-    assert tok.token_to_id("<|eot_id|>") in llada.stop_ids and tok.token_to_id("<|endoftext|>") in llada.stop_ids
+    assert (
+        tok.mask_id == tok.token_to_id("<|mdm_mask|>") == llada.config.mask_token_id
+    )  # not declared upstream
+    assert (
+        tok.token_to_id("<|eot_id|>") in llada.stop_ids
+        and tok.token_to_id("<|endoftext|>") in llada.stop_ids
+    )
     dream = quicksilver.load(tiny["dream"], device="cpu")
-    assert dream.tokenizer.mask_id == dream.tokenizer.token_to_id("<|mask|>") == dream.config.mask_token_id
+    assert (
+        dream.tokenizer.mask_id
+        == dream.tokenizer.token_to_id("<|mask|>")
+        == dream.config.mask_token_id
+    )
     assert dream.tokenizer.bos_id == dream.tokenizer.token_to_id("<|beginoftext|>")
     assert dream.tokenizer.token_to_id("<|im_end|>") in dream.stop_ids
-    fd = quicksilver.load(tiny["fast_dllm_v2"], device="cpu")  # mask only in the vocabulary, not config.json
+    fd = quicksilver.load(
+        tiny["fast_dllm_v2"], device="cpu"
+    )  # mask only in the vocabulary, not config.json
     assert fd.config.mask_token_id == fd.tokenizer.token_to_id("|<MASK>|")
     l2 = quicksilver.load(tiny["llada2"], device="cpu")
     assert l2.config.mask_token_id == l2.tokenizer.token_to_id("<|mask|>")
@@ -67,18 +89,25 @@ def test_chat_templates_render_published_formats(tiny: dict[str, Path]) -> None:
     llada = quicksilver.load(tiny["llada"], device="cpu").tokenizer
     assert llada.apply_chat_template(msgs) == (
         "<|startoftext|><|start_header_id|>user<|end_header_id|>\n\nWhat is 2+2?<|eot_id|>"
-        "<|start_header_id|>assistant<|end_header_id|>\n\n")
+        "<|start_header_id|>assistant<|end_header_id|>\n\n"
+    )
     two = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hi"}]
-    assert llada.apply_chat_template(two).count("<|startoftext|>") == 1  # BOS before the first message only
+    assert (
+        llada.apply_chat_template(two).count("<|startoftext|>") == 1
+    )  # BOS before the first message only
     dream = quicksilver.load(tiny["dream"], device="cpu").tokenizer
     assert dream.apply_chat_template([{"role": "user", "content": "Hi"}]) == (
         "<|im_start|>system\nYou are a helpful assistant.<|im_end|>\n<|im_start|>user\nHi<|im_end|>\n"
-        "<|im_start|>assistant\n")
+        "<|im_start|>assistant\n"
+    )
     fd = quicksilver.load(tiny["fast_dllm_v2"], device="cpu").tokenizer  # from chat_template.jinja
-    assert fd.apply_chat_template(two).startswith("<|im_start|>system\nBe brief.<|im_end|>\n<|im_start|>user\nHi")
+    assert fd.apply_chat_template(two).startswith(
+        "<|im_start|>system\nBe brief.<|im_end|>\n<|im_start|>user\nHi"
+    )
     l2 = quicksilver.load(tiny["llada2"], device="cpu").tokenizer
     assert l2.apply_chat_template(two) == (
-        "<role>SYSTEM</role>Be brief.<|role_end|><role>HUMAN</role>Hi<|role_end|><role>ASSISTANT</role>")
+        "<role>SYSTEM</role>Be brief.<|role_end|><role>HUMAN</role>Hi<|role_end|><role>ASSISTANT</role>"
+    )
     ids = l2.encode(l2.apply_chat_template(two))
     assert l2.token_to_id("<|role_end|>") in ids  # special tokens in the template encode as one id
 
@@ -114,15 +143,17 @@ def test_block_cache_equals_full_forward(family: str, tiny: dict[str, Path]) -> 
     model = quicksilver.load(tiny[family], device="cpu").model
     bs = model.config.block_size
     assert model.config.attention == "block_causal" and bs == 4
-    ids = torch.randint(0, 250, (2, 3 * bs), generator=torch.Generator().manual_seed(3))  # (B, 3 blocks)
+    ids = torch.randint(
+        0, 250, (2, 3 * bs), generator=torch.Generator().manual_seed(3)
+    )  # (B, 3 blocks)
     with torch.no_grad():
         full = model(ids)  # (B, T, V)
         cache = KVCache()
         model(ids[:, :bs], cache=cache, append=True)  # prefill block 0
         for b in (1, 2):
-            blk = ids[:, b * bs:(b + 1) * bs]
+            blk = ids[:, b * bs : (b + 1) * bs]
             step = model(blk, cache=cache)  # the in-progress block against the cached prefix
-            diff = (step - full[:, b * bs:(b + 1) * bs]).abs().max().item()
+            diff = (step - full[:, b * bs : (b + 1) * bs]).abs().max().item()
             assert diff <= 1e-5, f"{family} block {b}: cached vs full max |diff| {diff:.2e}"
             model(blk, cache=cache, append=True)  # the block is final: append its exact K/V
         assert cache.length == 3 * bs
@@ -130,16 +161,31 @@ def test_block_cache_equals_full_forward(family: str, tiny: dict[str, Path]) -> 
 
 # ---- decoding through the CLI -------------------------------------------------------------------
 @pytest.mark.parametrize("family", FAMILY_NAMES)
-def test_generate_cli_on_every_family(family: str, tiny: dict[str, Path], capsys: pytest.CaptureFixture) -> None:
-    rc = cli_main(["generate", "the cat", "--model", str(tiny[family]), "--max-tokens", "8", "--json"])
+def test_generate_cli_on_every_family(
+    family: str, tiny: dict[str, Path], capsys: pytest.CaptureFixture
+) -> None:
+    rc = cli_main(
+        ["generate", "the cat", "--model", str(tiny[family]), "--max-tokens", "8", "--json"]
+    )
     out = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
     assert rc == 0 and out["nfe"] >= 1 and len(out["tokens"]) <= 8
     assert out["prompt_tokens"] > 2  # the chat template was applied
     assert out["finish_reason"] in ("stop", "length")
 
 
-def test_generate_cli_flags_override_family_defaults(tiny: dict[str, Path], capsys: pytest.CaptureFixture) -> None:
-    base = ["generate", "x", "--model", str(tiny["llada"]), "--max-tokens", "8", "--json", "--no-stop-at-eos"]
+def test_generate_cli_flags_override_family_defaults(
+    tiny: dict[str, Path], capsys: pytest.CaptureFixture
+) -> None:
+    base = [
+        "generate",
+        "x",
+        "--model",
+        str(tiny["llada"]),
+        "--max-tokens",
+        "8",
+        "--json",
+        "--no-stop-at-eos",
+    ]
     cli_main(base)  # family default: low_confidence, one token per step
     assert json.loads(capsys.readouterr().out.strip())["nfe"] == 8
     cli_main(base + ["--steps", "2"])
@@ -167,17 +213,22 @@ def _edit_config(d: Path, **changes: object) -> None:
     (d / "config.json").write_text(json.dumps(cj))
 
 
-@pytest.mark.parametrize("family,changes,message", [
-    ("dream", {"hidden_size": None}, "missing 'hidden_size'"),
-    ("dream", {"num_attention_heads": "four"}, "must be an integer"),
-    ("llada", {"block_type": "sequential"}, "unsupported LLaDA variant"),
-    ("sdar", {"intermediate_size": 100}, "shape"),
-    ("llada_moe", {"moe_layer_freq": [1]}, "moe_layer_freq"),
-    ("llada2", {"score_function": "softmax"}, "score_function"),
-    ("llada2", {"num_attention_heads": 6}, "query_key_value"),
-    ("fast_dllm_v2", {"architectures": ["NoSuchModel"]}, "unsupported architecture"),
-])
-def test_malformed_configs_are_clear_errors(family: str, changes: dict, message: str, tmp_path: Path) -> None:
+@pytest.mark.parametrize(
+    "family,changes,message",
+    [
+        ("dream", {"hidden_size": None}, "missing 'hidden_size'"),
+        ("dream", {"num_attention_heads": "four"}, "must be an integer"),
+        ("llada", {"block_type": "sequential"}, "unsupported LLaDA variant"),
+        ("sdar", {"intermediate_size": 100}, "shape"),
+        ("llada_moe", {"moe_layer_freq": [1]}, "moe_layer_freq"),
+        ("llada2", {"score_function": "softmax"}, "score_function"),
+        ("llada2", {"num_attention_heads": 6}, "query_key_value"),
+        ("fast_dllm_v2", {"architectures": ["NoSuchModel"]}, "unsupported architecture"),
+    ],
+)
+def test_malformed_configs_are_clear_errors(
+    family: str, changes: dict, message: str, tmp_path: Path
+) -> None:
     d = write_tiny(family, tmp_path / family)
     _edit_config(d, **changes)
     with pytest.raises(CheckpointError, match=message) as e:
@@ -212,8 +263,14 @@ def test_meta_device_build_keeps_native_checkpoints_and_tied_embeddings(tmp_path
     from quicksilver.tokenizer import Tokenizer
 
     tok = Tokenizer.byte_level()
-    cfg = preset("tiny", vocab_size=320, mask_token_id=tok.mask_id, tie_embeddings=True, attention="block_causal",
-                 block_size=4)
+    cfg = preset(
+        "tiny",
+        vocab_size=320,
+        mask_token_id=tok.mask_id,
+        tie_embeddings=True,
+        attention="block_causal",
+        block_size=4,
+    )
     torch.manual_seed(0)
     model = DiffusionLM(cfg).eval()
     save_checkpoint(model, tok, tmp_path / "native")
@@ -226,13 +283,19 @@ def test_meta_device_build_keeps_native_checkpoints_and_tied_embeddings(tmp_path
 
 
 @pytest.mark.parametrize("family", FAMILY_NAMES)
-def test_every_family_decodes_the_same_with_and_without_its_cache(family: str, tiny: dict[str, Path]) -> None:
+def test_every_family_decodes_the_same_with_and_without_its_cache(
+    family: str, tiny: dict[str, Path]
+) -> None:
     """Block-causal families use the exact block cache; the others run uncached (auto)."""
     from quicksilver.sampling import Decoder, SamplerConfig
 
     pipe = quicksilver.load(tiny[family])
-    ids = pipe.tokenizer.encode("hello there, a longer prompt so that several blocks are cached")[:40]
-    cfg = SamplerConfig(max_new_tokens=20, policy="threshold", threshold=0.3, stop_at_eos=False, block_length=None)
+    ids = pipe.tokenizer.encode("hello there, a longer prompt so that several blocks are cached")[
+        :40
+    ]
+    cfg = SamplerConfig(
+        max_new_tokens=20, policy="threshold", threshold=0.3, stop_at_eos=False, block_length=None
+    )
     mask = pipe.config.mask_token_id
     cached = Decoder(pipe.model, mask, pipe.stop_ids).generate([ids, ids[:17]], cfg)
     plain = Decoder(pipe.model, mask, pipe.stop_ids, use_cache=False).generate([ids, ids[:17]], cfg)

@@ -1,6 +1,7 @@
 """Unit tests of the MoE layer (models/moe.py) against direct per-token formulas, for the router
 variants no transformers model covers (LLaDA-MoE's expert bias that also weights, top-1), and the
 model-level hooks (partial rotary, clip_qkv, dense layers chosen by config)."""
+
 from __future__ import annotations
 
 import torch
@@ -25,7 +26,9 @@ def naive(moe: MoE, x: torch.Tensor) -> torch.Tensor:
             best = g.topk(2, -1).values.sum(-1).topk(cfg.topk_group).indices
             keep = torch.zeros(cfg.n_group, dtype=torch.bool)
             keep[best] = True
-            choice = torch.where(keep[:, None].expand_as(g).reshape(-1), choice, torch.tensor(float("-inf")))
+            choice = torch.where(
+                keep[:, None].expand_as(g).reshape(-1), choice, torch.tensor(float("-inf"))
+            )
         idx = choice.topk(cfg.top_k).indices
         w = s[idx]
         if cfg.norm_topk and cfg.top_k > 1:
@@ -52,10 +55,24 @@ def test_router_variants_match_the_definition() -> None:
     x = torch.randn(2, 5, 16)
     variants = [
         MoEConfig(n_experts=8, top_k=2, expert_hidden=8),  # OLMoE / LLaDA-MoE
-        MoEConfig(n_experts=8, top_k=2, expert_hidden=8, expert_bias="weight", shared_hidden=12),  # + bias, shared
-        MoEConfig(n_experts=8, top_k=3, expert_hidden=8, score="sigmoid", norm_topk=True, scale=2.5, n_group=4,
-                  topk_group=2, expert_bias="select", shared_hidden=8),  # LLaDA2
-        MoEConfig(n_experts=4, top_k=1, expert_hidden=8, score="sigmoid", norm_topk=True, scale=1.5),  # top-1
+        MoEConfig(
+            n_experts=8, top_k=2, expert_hidden=8, expert_bias="weight", shared_hidden=12
+        ),  # + bias, shared
+        MoEConfig(
+            n_experts=8,
+            top_k=3,
+            expert_hidden=8,
+            score="sigmoid",
+            norm_topk=True,
+            scale=2.5,
+            n_group=4,
+            topk_group=2,
+            expert_bias="select",
+            shared_hidden=8,
+        ),  # LLaDA2
+        MoEConfig(
+            n_experts=4, top_k=1, expert_hidden=8, score="sigmoid", norm_topk=True, scale=1.5
+        ),  # top-1
         MoEConfig(n_experts=8, top_k=2, expert_hidden=8, norm_topk=True),  # Qwen3-MoE / SDAR-MoE
     ]
     for i, cfg in enumerate(variants):
@@ -71,13 +88,25 @@ def test_expert_bias_changes_choice_and_weights_as_configured() -> None:
     wei = make(MoEConfig(n_experts=8, top_k=2, expert_hidden=8, expert_bias="weight"))
     wei.load_state_dict(sel.state_dict())
     with torch.no_grad():
-        assert (sel(x) - wei(x)).abs().max() > 1e-4  # "weight" adds the bias to the mixing weights too
+        assert (
+            sel(x) - wei(x)
+        ).abs().max() > 1e-4  # "weight" adds the bias to the mixing weights too
 
 
 def test_block_picks_dense_or_moe_from_config_and_hooks() -> None:
-    cfg = ModelConfig(vocab_size=64, d_model=32, n_layers=3, n_heads=4, n_kv_heads=2, mlp_hidden=48,
-                      partial_rotary_factor=0.5, o_bias=True, clip_qkv=0.5, qk_norm=True,
-                      moe=MoEConfig(n_experts=4, top_k=2, expert_hidden=16, layers=[1, 2]))
+    cfg = ModelConfig(
+        vocab_size=64,
+        d_model=32,
+        n_layers=3,
+        n_heads=4,
+        n_kv_heads=2,
+        mlp_hidden=48,
+        partial_rotary_factor=0.5,
+        o_bias=True,
+        clip_qkv=0.5,
+        qk_norm=True,
+        moe=MoEConfig(n_experts=4, top_k=2, expert_hidden=16, layers=[1, 2]),
+    )
     model = DiffusionLM(cfg)
     kinds = [type(layer.mlp) for layer in model.model.layers]
     assert kinds == [MLP, MoE, MoE]

@@ -1,4 +1,5 @@
 """The generic transformer: attention patterns, GQA, logit shift, packed == padded, exact block cache."""
+
 from __future__ import annotations
 
 import pytest
@@ -24,7 +25,9 @@ def test_block_causal_prefix_of_whole_blocks_ignores_later_blocks() -> None:
     assert torch.allclose(a[0, :8], b[0, :8], atol=1e-6)  # blocks 0-1 unaffected
     assert not torch.allclose(a[0, 8:], b[0, 8:], atol=1e-3)
     z = x.clone()
-    z[0, 7] = (z[0, 7] + 1) % 96  # change inside block 1: block 1 itself sees it (bidirectional within)
+    z[0, 7] = (
+        z[0, 7] + 1
+    ) % 96  # change inside block 1: block 1 itself sees it (bidirectional within)
     assert not torch.allclose(m(z)[0, 4:7], a[0, 4:7], atol=1e-6)
 
 
@@ -68,7 +71,9 @@ def test_gqa_shapes_and_bad_configs() -> None:
 def test_packed_segments_equal_padded_forward(attention: str, shift: bool) -> None:
     m = _model(attention=attention, block_size=4, logit_shift=shift)
     a, b = torch.randint(3, 96, (11,)), torch.randint(3, 96, (6,))
-    outs = m.forward_segments([Segment(a, torch.arange(11), 0, 11), Segment(b, torch.arange(6), 2, 6)])
+    outs = m.forward_segments(
+        [Segment(a, torch.arange(11), 0, 11), Segment(b, torch.arange(6), 2, 6)]
+    )
     assert torch.allclose(outs[0], m(a[None])[0], atol=1e-5)
     assert torch.allclose(outs[1], m(b[None])[0, 2:6], atol=1e-5)
 

@@ -14,6 +14,7 @@ mask as it is, so causality is off):
 fp32 on CPU; the bound is max |diff| <= 1e-4. Each test also checks that a wrong convention (no
 shift, wrong mask) is far off, so the comparison is able to fail.
 """
+
 from __future__ import annotations
 
 import json
@@ -34,7 +35,9 @@ T = 12  # three blocks of 4 for the block-causal families
 
 def additive(allowed: torch.Tensor) -> torch.Tensor:
     """(B, T, T) bool -> (B, 1, T, T) float additive mask (0 where allowed, -inf elsewhere)."""
-    return torch.zeros(allowed.shape, dtype=torch.float32).masked_fill(~allowed, float("-inf"))[:, None]
+    return torch.zeros(allowed.shape, dtype=torch.float32).masked_fill(~allowed, float("-inf"))[
+        :, None
+    ]
 
 
 def block_causal(T: int, bs: int, B: int = 1) -> torch.Tensor:
@@ -43,27 +46,46 @@ def block_causal(T: int, bs: int, B: int = 1) -> torch.Tensor:
 
 
 def reference(kind: str, cj: dict, state: dict[str, torch.Tensor]) -> torch.nn.Module:
-    common = dict(vocab_size=cj["vocab_size"], hidden_size=cj["hidden_size"], intermediate_size=cj["intermediate_size"],
-                  num_hidden_layers=cj["num_hidden_layers"], num_attention_heads=cj["num_attention_heads"],
-                  num_key_value_heads=cj["num_key_value_heads"], rms_norm_eps=cj["rms_norm_eps"],
-                  rope_theta=cj["rope_theta"], max_position_embeddings=4096, tie_word_embeddings=False,
-                  attn_implementation="eager")
+    common = dict(
+        vocab_size=cj["vocab_size"],
+        hidden_size=cj["hidden_size"],
+        intermediate_size=cj["intermediate_size"],
+        num_hidden_layers=cj["num_hidden_layers"],
+        num_attention_heads=cj["num_attention_heads"],
+        num_key_value_heads=cj["num_key_value_heads"],
+        rms_norm_eps=cj["rms_norm_eps"],
+        rope_theta=cj["rope_theta"],
+        max_position_embeddings=4096,
+        tie_word_embeddings=False,
+        attn_implementation="eager",
+    )
     if kind == "llama":
-        model = transformers.LlamaForCausalLM(transformers.LlamaConfig(**common, attention_bias=False, mlp_bias=False))
+        model = transformers.LlamaForCausalLM(
+            transformers.LlamaConfig(**common, attention_bias=False, mlp_bias=False)
+        )
     elif kind == "qwen2":
         model = transformers.Qwen2ForCausalLM(transformers.Qwen2Config(**common))
     else:
-        model = transformers.Qwen3ForCausalLM(transformers.Qwen3Config(**common, head_dim=cj["head_dim"],
-                                                                      attention_bias=False))
+        model = transformers.Qwen3ForCausalLM(
+            transformers.Qwen3Config(**common, head_dim=cj["head_dim"], attention_bias=False)
+        )
     model.load_state_dict(state, strict=True)
     return model.eval()
 
 
 def llada_to_llama(state: dict[str, torch.Tensor]) -> tuple[dict[str, torch.Tensor], dict]:
     """LLaDA names (model_formats.md §1.4 table) -> transformers Llama names."""
-    table = {"attn_norm": "input_layernorm", "q_proj": "self_attn.q_proj", "k_proj": "self_attn.k_proj",
-             "v_proj": "self_attn.v_proj", "attn_out": "self_attn.o_proj", "ff_norm": "post_attention_layernorm",
-             "ff_proj": "mlp.gate_proj", "up_proj": "mlp.up_proj", "ff_out": "mlp.down_proj"}
+    table = {
+        "attn_norm": "input_layernorm",
+        "q_proj": "self_attn.q_proj",
+        "k_proj": "self_attn.k_proj",
+        "v_proj": "self_attn.v_proj",
+        "attn_out": "self_attn.o_proj",
+        "ff_norm": "post_attention_layernorm",
+        "ff_proj": "mlp.gate_proj",
+        "up_proj": "mlp.up_proj",
+        "ff_out": "mlp.down_proj",
+    }
     out = {}
     for k, v in state.items():
         if k == "model.transformer.wte.weight":
@@ -90,12 +112,21 @@ def ours(path: Path, ids: torch.Tensor, **kw) -> torch.Tensor:
 
 def test_llada_matches_llama_bidirectional(tmp_path: Path) -> None:
     write_tiny("llada", tmp_path)
-    assert (tmp_path / "model.safetensors.index.json").is_file()  # sharded, like the real checkpoint
+    assert (
+        tmp_path / "model.safetensors.index.json"
+    ).is_file()  # sharded, like the real checkpoint
     cj = json.loads((tmp_path / "config.json").read_text())
     state, _ = llada_to_llama(read_safetensors(tmp_path))
-    hf_cfg = dict(vocab_size=cj["embedding_size"], hidden_size=cj["d_model"], intermediate_size=cj["mlp_hidden_size"],
-                  num_hidden_layers=cj["n_layers"], num_attention_heads=cj["n_heads"],
-                  num_key_value_heads=cj["n_kv_heads"], rms_norm_eps=cj["rms_norm_eps"], rope_theta=cj["rope_theta"])
+    hf_cfg = dict(
+        vocab_size=cj["embedding_size"],
+        hidden_size=cj["d_model"],
+        intermediate_size=cj["mlp_hidden_size"],
+        num_hidden_layers=cj["n_layers"],
+        num_attention_heads=cj["n_heads"],
+        num_key_value_heads=cj["n_kv_heads"],
+        rms_norm_eps=cj["rms_norm_eps"],
+        rope_theta=cj["rope_theta"],
+    )
     ref = reference("llama", hf_cfg, state)
     ids = ids_for(cj["embedding_size"])
     B = ids.shape[0]
@@ -125,17 +156,25 @@ def test_qwen2_families_match_qwen2_shifted(family: str, tmp_path: Path) -> None
     ref = reference("qwen2", cj, read_safetensors(tmp_path))  # Qwen2 names are the upstream names
     ids = ids_for(cj["vocab_size"])
     B = ids.shape[0]
-    allowed = torch.ones(B, T, T, dtype=torch.bool) if family == "dream" else block_causal(T, cj["bd_size"], B)
+    allowed = (
+        torch.ones(B, T, T, dtype=torch.bool)
+        if family == "dream"
+        else block_causal(T, cj["bd_size"], B)
+    )
     wrong = block_causal(T, 4, B) if family == "dream" else torch.ones(B, T, T, dtype=torch.bool)
     with torch.no_grad():
-        raw = ref(ids, attention_mask=additive(allowed)).logits  # (B, T, V): position i predicts i+1
+        raw = ref(
+            ids, attention_mask=additive(allowed)
+        ).logits  # (B, T, V): position i predicts i+1
         raw_wrong = ref(ids, attention_mask=additive(wrong)).logits
     want = torch.cat((raw[:, :1], raw[:, :-1]), dim=1)  # the published re-alignment
     got = ours(tmp_path, ids)
     diff = (got - want).abs().max().item()
     assert diff <= TOL, f"{family} vs Qwen2 (shifted): max |diff| {diff:.2e}"
     assert (got - raw).abs().max().item() > 1e-2  # unshifted logits differ: the shift is tested
-    assert (got - torch.cat((raw_wrong[:, :1], raw_wrong[:, :-1]), 1)).abs().max().item() > 1e-2  # and the mask
+    assert (
+        got - torch.cat((raw_wrong[:, :1], raw_wrong[:, :-1]), 1)
+    ).abs().max().item() > 1e-2  # and the mask
 
 
 def test_sdar_matches_qwen3_block_causal(tmp_path: Path) -> None:

@@ -16,6 +16,7 @@
   scores are positive) both choose the same experts, so the fixture draws biases in [0, 0.1).
 - SDAR-MoE -> ``Qwen3MoeForCausalLM`` (renormalised top-k), block-causal mask.
 """
+
 from __future__ import annotations
 
 import json
@@ -26,11 +27,9 @@ import torch
 
 transformers = pytest.importorskip("transformers")
 
-import quicksilver  # noqa: E402
 from quicksilver.models.checkpoint import read_safetensors  # noqa: E402
 from quicksilver.models.families.fixtures import write_tiny  # noqa: E402
-
-from test_parity_dense import T, TOL, additive, block_causal, check_block_causal, ids_for, ours  # noqa: E402
+from test_parity_dense import TOL, T, additive, block_causal, check_block_causal, ids_for, ours  # noqa: E402
 
 
 class SharedExpertShim(torch.nn.Module):
@@ -46,15 +45,30 @@ class SharedExpertShim(torch.nn.Module):
 
 
 def qwen3_moe(cj: dict, dense_ffn: int, norm_topk: bool) -> torch.nn.Module:
-    mlp_only = [i for i, v in enumerate(cj.get("moe_layer_freq", [])) if v == 0] or cj.get("mlp_only_layers", [])
+    mlp_only = [i for i, v in enumerate(cj.get("moe_layer_freq", [])) if v == 0] or cj.get(
+        "mlp_only_layers", []
+    )
     cfg = transformers.Qwen3MoeConfig(
-        vocab_size=cj["vocab_size"], hidden_size=cj["hidden_size"], intermediate_size=dense_ffn,
+        vocab_size=cj["vocab_size"],
+        hidden_size=cj["hidden_size"],
+        intermediate_size=dense_ffn,
         moe_intermediate_size=cj.get("expert_intermediate_size") or cj["moe_intermediate_size"],
-        num_hidden_layers=cj["num_hidden_layers"], num_attention_heads=cj["num_attention_heads"],
-        num_key_value_heads=cj["num_key_value_heads"], head_dim=cj["hidden_size"] // cj["num_attention_heads"],
-        num_experts=cj["num_experts"], num_experts_per_tok=cj["num_experts_per_tok"], norm_topk_prob=norm_topk,
-        decoder_sparse_step=1, mlp_only_layers=mlp_only, rms_norm_eps=cj["rms_norm_eps"], rope_theta=cj["rope_theta"],
-        max_position_embeddings=4096, tie_word_embeddings=False, attention_bias=False, attn_implementation="eager")
+        num_hidden_layers=cj["num_hidden_layers"],
+        num_attention_heads=cj["num_attention_heads"],
+        num_key_value_heads=cj["num_key_value_heads"],
+        head_dim=cj["hidden_size"] // cj["num_attention_heads"],
+        num_experts=cj["num_experts"],
+        num_experts_per_tok=cj["num_experts_per_tok"],
+        norm_topk_prob=norm_topk,
+        decoder_sparse_step=1,
+        mlp_only_layers=mlp_only,
+        rms_norm_eps=cj["rms_norm_eps"],
+        rope_theta=cj["rope_theta"],
+        max_position_embeddings=4096,
+        tie_word_embeddings=False,
+        attention_bias=False,
+        attn_implementation="eager",
+    )
     return transformers.Qwen3MoeForCausalLM(cfg)
 
 
@@ -68,8 +82,11 @@ def test_llada_moe_matches_qwen3_moe_with_shared_expert_shim(tmp_path: Path) -> 
     for i, layer in enumerate(ref.model.layers):
         if cj["moe_layer_freq"][i]:
             mlp = transformers.models.qwen3_moe.modeling_qwen3_moe.Qwen3MoeMLP(
-                ref.config, intermediate_size=cj["shared_expert_intermediate_size"])
-            mlp.load_state_dict({n: shared[f"model.layers.{i}.shared_expert.{n}"] for n in mlp.state_dict()})
+                ref.config, intermediate_size=cj["shared_expert_intermediate_size"]
+            )
+            mlp.load_state_dict(
+                {n: shared[f"model.layers.{i}.shared_expert.{n}"] for n in mlp.state_dict()}
+            )
             layer.mlp = SharedExpertShim(layer.mlp, mlp)
     ref.eval()
     ids = ids_for(cj["vocab_size"])
@@ -110,16 +127,31 @@ def test_llada2_matches_glm4_moe_block_causal(tmp_path: Path) -> None:
     write_tiny("llada2", tmp_path, layers=3)
     cj = json.loads((tmp_path / "config.json").read_text())
     cfg = transformers.Glm4MoeConfig(
-        vocab_size=cj["vocab_size"], hidden_size=cj["hidden_size"], intermediate_size=cj["intermediate_size"],
-        num_hidden_layers=cj["num_hidden_layers"], num_attention_heads=cj["num_attention_heads"],
-        num_key_value_heads=cj["num_key_value_heads"], head_dim=cj["head_dim"],
-        partial_rotary_factor=cj["partial_rotary_factor"], moe_intermediate_size=cj["moe_intermediate_size"],
-        num_experts_per_tok=cj["num_experts_per_tok"], n_shared_experts=cj["num_shared_experts"],
-        n_routed_experts=cj["num_experts"], routed_scaling_factor=cj["routed_scaling_factor"], n_group=cj["n_group"],
-        topk_group=cj["topk_group"], first_k_dense_replace=cj["first_k_dense_replace"],
-        norm_topk_prob=cj["norm_topk_prob"], use_qk_norm=cj["use_qk_norm"], attention_bias=cj["use_qkv_bias"],
-        rms_norm_eps=cj["rms_norm_eps"], rope_theta=cj["rope_theta"], max_position_embeddings=4096,
-        tie_word_embeddings=False, attn_implementation="eager")
+        vocab_size=cj["vocab_size"],
+        hidden_size=cj["hidden_size"],
+        intermediate_size=cj["intermediate_size"],
+        num_hidden_layers=cj["num_hidden_layers"],
+        num_attention_heads=cj["num_attention_heads"],
+        num_key_value_heads=cj["num_key_value_heads"],
+        head_dim=cj["head_dim"],
+        partial_rotary_factor=cj["partial_rotary_factor"],
+        moe_intermediate_size=cj["moe_intermediate_size"],
+        num_experts_per_tok=cj["num_experts_per_tok"],
+        n_shared_experts=cj["num_shared_experts"],
+        n_routed_experts=cj["num_experts"],
+        routed_scaling_factor=cj["routed_scaling_factor"],
+        n_group=cj["n_group"],
+        topk_group=cj["topk_group"],
+        first_k_dense_replace=cj["first_k_dense_replace"],
+        norm_topk_prob=cj["norm_topk_prob"],
+        use_qk_norm=cj["use_qk_norm"],
+        attention_bias=cj["use_qkv_bias"],
+        rms_norm_eps=cj["rms_norm_eps"],
+        rope_theta=cj["rope_theta"],
+        max_position_embeddings=4096,
+        tie_word_embeddings=False,
+        attn_implementation="eager",
+    )
     ref = transformers.Glm4MoeForCausalLM(cfg)
     ref.load_state_dict(llada2_to_glm(read_safetensors(tmp_path), cj), strict=True)
     ref.eval()

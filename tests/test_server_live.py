@@ -1,6 +1,7 @@
 """The real server as a subprocess on a free port, driven by the official ``openai`` client: on an
 ``init-model`` checkpoint (random weights: real decoding, garbage text), on the mock engine (for
 timing-sensitive disconnects), and on the embedded model when this build ships one."""
+
 from __future__ import annotations
 
 import json
@@ -10,7 +11,8 @@ import socket
 import subprocess
 import sys
 import time
-from typing import Any, Iterator
+from collections.abc import Iterator
+from typing import Any
 
 import httpx
 import jsonschema
@@ -20,13 +22,31 @@ import pytest
 from quicksilver.assets import embedded_model_path
 
 KEY = "test-key-123"
-TOOLS: list[Any] = [{"type": "function", "function": {
-    "name": "get_weather", "description": "Weather in a city.",
-    "parameters": {"type": "object", "properties": {"city": {"type": "string"}, "days": {"type": "integer"}},
-                   "required": ["city", "days"], "additionalProperties": False}}}]
-SCHEMA = {"type": "object", "properties": {"name": {"type": "string"}, "age": {"type": "integer"},
-                                           "member": {"type": "boolean"}},
-          "required": ["name", "age", "member"], "additionalProperties": False}
+TOOLS: list[Any] = [
+    {
+        "type": "function",
+        "function": {
+            "name": "get_weather",
+            "description": "Weather in a city.",
+            "parameters": {
+                "type": "object",
+                "properties": {"city": {"type": "string"}, "days": {"type": "integer"}},
+                "required": ["city", "days"],
+                "additionalProperties": False,
+            },
+        },
+    }
+]
+SCHEMA = {
+    "type": "object",
+    "properties": {
+        "name": {"type": "string"},
+        "age": {"type": "integer"},
+        "member": {"type": "boolean"},
+    },
+    "required": ["name", "age", "member"],
+    "additionalProperties": False,
+}
 
 
 def free_port() -> int:
@@ -46,11 +66,15 @@ class RemoteServer:
             cmd += ["--api-key", key]
         env = {**os.environ, "OMP_NUM_THREADS": "1"}
         env.pop("QUICKSILVER_API_KEY", None)
-        self.proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        self.proc = subprocess.Popen(
+            cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
+        )
         deadline = time.time() + 120
         while time.time() < deadline:
             if self.proc.poll() is not None:
-                raise RuntimeError(f"server exited: {self.proc.stdout.read() if self.proc.stdout else ''}")
+                raise RuntimeError(
+                    f"server exited: {self.proc.stdout.read() if self.proc.stdout else ''}"
+                )
             try:
                 if httpx.get(self.url + "/health", timeout=1).status_code == 200:
                     return
@@ -101,62 +125,119 @@ def mock_server() -> Iterator[RemoteServer]:
 def test_plain_chat_and_models(tiny_server: RemoteServer) -> None:
     c = tiny_server.client()
     assert [m.id for m in c.models.list().data] == ["tiny"]
-    r = c.chat.completions.create(model="tiny", messages=[{"role": "developer", "content": "Be brief."},
-                                                          {"role": "user", "content": "Hello!"}],
-                                  max_tokens=16, reasoning_effort="none", temperature=0.5, seed=1)
+    r = c.chat.completions.create(
+        model="tiny",
+        messages=[
+            {"role": "developer", "content": "Be brief."},
+            {"role": "user", "content": "Hello!"},
+        ],
+        max_tokens=16,
+        reasoning_effort="none",
+        temperature=0.5,
+        seed=1,
+    )
     assert r.choices[0].finish_reason in ("stop", "length") and r.usage is not None
     assert r.usage.completion_tokens <= 16 and r.usage.prompt_tokens > 0
-    r2 = c.chat.completions.create(model="tiny", messages=[{"role": "developer", "content": "Be brief."},
-                                                           {"role": "user", "content": "Hello!"}],
-                                   max_tokens=16, reasoning_effort="none", temperature=0.5, seed=1)
+    r2 = c.chat.completions.create(
+        model="tiny",
+        messages=[
+            {"role": "developer", "content": "Be brief."},
+            {"role": "user", "content": "Hello!"},
+        ],
+        max_tokens=16,
+        reasoning_effort="none",
+        temperature=0.5,
+        seed=1,
+    )
     assert r2.choices[0].message.content == r.choices[0].message.content  # seeded
 
 
 def test_streaming_with_usage(tiny_server: RemoteServer) -> None:
     c = tiny_server.client()
-    stream = c.chat.completions.create(model="tiny", messages=[{"role": "user", "content": "Count."}],
-                                       max_tokens=24, stream=True, stream_options={"include_usage": True},
-                                       reasoning_effort="none", extra_body={"ignore_eos": True})
+    stream = c.chat.completions.create(
+        model="tiny",
+        messages=[{"role": "user", "content": "Count."}],
+        max_tokens=24,
+        stream=True,
+        stream_options={"include_usage": True},
+        reasoning_effort="none",
+        extra_body={"ignore_eos": True},
+    )
     chunks = list(stream)
     assert len({ch.id for ch in chunks}) == 1
     assert chunks[0].choices[0].delta.role == "assistant"
     assert chunks[-2].choices[0].finish_reason == "length"
-    assert chunks[-1].choices == [] and chunks[-1].usage is not None and chunks[-1].usage.completion_tokens == 24
+    assert (
+        chunks[-1].choices == []
+        and chunks[-1].usage is not None
+        and chunks[-1].usage.completion_tokens == 24
+    )
 
 
 def test_two_turn_tool_loop(tiny_server: RemoteServer) -> None:
     c = tiny_server.client()
     messages: list[Any] = [{"role": "user", "content": "What is the weather in Paris for 2 days?"}]
-    r = c.chat.completions.create(model="tiny", messages=messages, tools=TOOLS, tool_choice="required",
-                                  reasoning_effort="none")
+    r = c.chat.completions.create(
+        model="tiny",
+        messages=messages,
+        tools=TOOLS,
+        tool_choice="required",
+        reasoning_effort="none",
+    )
     ch = r.choices[0]
     assert ch.finish_reason == "tool_calls" and ch.message.tool_calls
     call = ch.message.tool_calls[0]
     assert call.function.name == "get_weather"
     jsonschema.validate(json.loads(call.function.arguments), TOOLS[0]["function"]["parameters"])
-    messages += [ch.message.model_dump(exclude_none=True),
-                 {"role": "tool", "tool_call_id": call.id, "content": json.dumps({"temp_c": 21})}]
-    r2 = c.chat.completions.create(model="tiny", messages=messages, tools=TOOLS, tool_choice="none",
-                                   max_tokens=16, reasoning_effort="none")
-    assert r2.choices[0].finish_reason in ("stop", "length") and not r2.choices[0].message.tool_calls
+    messages += [
+        ch.message.model_dump(exclude_none=True),
+        {"role": "tool", "tool_call_id": call.id, "content": json.dumps({"temp_c": 21})},
+    ]
+    r2 = c.chat.completions.create(
+        model="tiny",
+        messages=messages,
+        tools=TOOLS,
+        tool_choice="none",
+        max_tokens=16,
+        reasoning_effort="none",
+    )
+    assert (
+        r2.choices[0].finish_reason in ("stop", "length") and not r2.choices[0].message.tool_calls
+    )
 
 
 def test_json_schema_strict_validates(tiny_server: RemoteServer) -> None:
     c = tiny_server.client()
     for seed in (1, 2):
         r = c.chat.completions.create(
-            model="tiny", messages=[{"role": "user", "content": "A person, please."}], temperature=1.0, seed=seed,
-            response_format={"type": "json_schema", "json_schema": {"name": "person", "strict": True,
-                                                                    "schema": SCHEMA}}, reasoning_effort="low")
+            model="tiny",
+            messages=[{"role": "user", "content": "A person, please."}],
+            temperature=1.0,
+            seed=seed,
+            response_format={
+                "type": "json_schema",
+                "json_schema": {"name": "person", "strict": True, "schema": SCHEMA},
+            },
+            reasoning_effort="low",
+        )
         content = r.choices[0].message.content
         assert content is not None
         jsonschema.validate(json.loads(content), SCHEMA)
 
 
 def test_fim(tiny_server: RemoteServer) -> None:
-    r = httpx.post(tiny_server.url + "/v1/fim/completions", headers={"Authorization": f"Bearer {KEY}"},
-                   json={"model": "tiny", "prompt": "1, 2, 3, ", "suffix": ", 6, 7", "max_tokens": 8,
-                         "ignore_eos": True}, timeout=60)
+    r = httpx.post(
+        tiny_server.url + "/v1/fim/completions",
+        headers={"Authorization": f"Bearer {KEY}"},
+        json={
+            "model": "tiny",
+            "prompt": "1, 2, 3, ",
+            "suffix": ", 6, 7",
+            "max_tokens": 8,
+            "ignore_eos": True,
+        },
+        timeout=60,
+    )
     assert r.status_code == 200, r.text
     body = r.json()
     assert body["object"] == "text_completion" and body["usage"]["completion_tokens"] == 8
@@ -167,33 +248,52 @@ def test_fim(tiny_server: RemoteServer) -> None:
 
 def test_diffusing_stream(tiny_server: RemoteServer) -> None:
     c = tiny_server.client()
-    stream = c.chat.completions.create(model="tiny", messages=[{"role": "user", "content": "Hi"}], max_tokens=16,
-                                       stream=True, reasoning_effort="none",
-                                       extra_body={"diffusing": True, "ignore_eos": True})
-    canvases = [ch.choices[0].model_extra["canvas"] for ch in stream
-                if ch.choices and ch.choices[0].model_extra and "canvas" in ch.choices[0].model_extra]
+    stream = c.chat.completions.create(
+        model="tiny",
+        messages=[{"role": "user", "content": "Hi"}],
+        max_tokens=16,
+        stream=True,
+        reasoning_effort="none",
+        extra_body={"diffusing": True, "ignore_eos": True},
+    )
+    canvases = [
+        ch.choices[0].model_extra["canvas"]
+        for ch in stream
+        if ch.choices and ch.choices[0].model_extra and "canvas" in ch.choices[0].model_extra
+    ]
     assert len(canvases) >= 2 and canvases[0]["masked"] > 0 and canvases[-1]["masked"] == 0
     assert [cv["step"] for cv in canvases] == sorted(cv["step"] for cv in canvases)
 
 
 def test_reasoning_effort_gives_reasoning_and_a_full_answer(tiny_server: RemoteServer) -> None:
     c = tiny_server.client()
-    r = c.chat.completions.create(model="tiny", messages=[{"role": "user", "content": "2+2?"}], max_tokens=12,
-                                  reasoning_effort="low", extra_body={"ignore_eos": True})
+    r = c.chat.completions.create(
+        model="tiny",
+        messages=[{"role": "user", "content": "2+2?"}],
+        max_tokens=12,
+        reasoning_effort="low",
+        extra_body={"ignore_eos": True},
+    )
     extra = r.choices[0].message.model_extra or {}
     assert "reasoning_content" in extra and extra["reasoning"] == extra["reasoning_content"]
     u = r.usage
     assert u is not None and u.completion_tokens_details is not None
-    assert u.completion_tokens - (u.completion_tokens_details.reasoning_tokens or 0) == 12  # answer kept its budget
+    assert (
+        u.completion_tokens - (u.completion_tokens_details.reasoning_tokens or 0) == 12
+    )  # answer kept its budget
 
 
 def test_wrong_key_is_401_and_bad_fields_are_400(tiny_server: RemoteServer) -> None:
     with pytest.raises(openai.AuthenticationError) as e:
-        tiny_server.client("wrong").chat.completions.create(model="tiny", messages=[{"role": "user", "content": "x"}])
+        tiny_server.client("wrong").chat.completions.create(
+            model="tiny", messages=[{"role": "user", "content": "x"}]
+        )
     assert e.value.status_code == 401
     c = tiny_server.client()
     with pytest.raises(openai.BadRequestError) as bad:
-        c.chat.completions.create(model="tiny", messages=[{"role": "user", "content": "x"}], temperature=9)
+        c.chat.completions.create(
+            model="tiny", messages=[{"role": "user", "content": "x"}], temperature=9
+        )
     body: Any = bad.value.body
     assert body["type"] == "invalid_request_error" and body["param"] == "temperature"
     with pytest.raises(openai.NotFoundError):
@@ -203,19 +303,32 @@ def test_wrong_key_is_401_and_bad_fields_are_400(tiny_server: RemoteServer) -> N
 
 def test_disconnect_mid_stream_frees_the_request(mock_server: RemoteServer) -> None:
     before = mock_server.metric("requests_aborted_total")
-    body = {"messages": [{"role": "user", "content": "hi"}], "stream": True, "max_tokens": 600,
-            "reasoning_effort": "none", "ignore_eos": True}
+    body = {
+        "messages": [{"role": "user", "content": "hi"}],
+        "stream": True,
+        "max_tokens": 600,
+        "reasoning_effort": "none",
+        "ignore_eos": True,
+    }
     with httpx.Client(timeout=30) as h:
-        with h.stream("POST", mock_server.url + "/v1/chat/completions", json=body,
-                      headers={"Authorization": f"Bearer {KEY}"}) as r:
-            lines = r.iter_lines()  # (breaking out of iter_lines would close the connection already)
+        with h.stream(
+            "POST",
+            mock_server.url + "/v1/chat/completions",
+            json=body,
+            headers={"Authorization": f"Bearer {KEY}"},
+        ) as r:
+            lines = (
+                r.iter_lines()
+            )  # (breaking out of iter_lines would close the connection already)
             n = 0
             while n < 3:
                 n += next(lines).startswith("data: ")
             assert mock_server.metric("num_requests_running") == 1
         t0 = time.time()  # the connection is closed here
-    while time.time() - t0 < 5 and (mock_server.metric("num_requests_running")
-                                     or mock_server.metric("requests_aborted_total") == before):
+    while time.time() - t0 < 5 and (
+        mock_server.metric("num_requests_running")
+        or mock_server.metric("requests_aborted_total") == before
+    ):
         time.sleep(0.05)
     assert mock_server.metric("num_requests_running") == 0
     assert mock_server.metric("requests_aborted_total") == before + 1
@@ -224,11 +337,19 @@ def test_disconnect_mid_stream_frees_the_request(mock_server: RemoteServer) -> N
 
 def test_disconnect_while_waiting_for_a_full_response(mock_server: RemoteServer) -> None:
     before = mock_server.metric("requests_aborted_total")
-    body = {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 600, "reasoning_effort": "none",
-            "ignore_eos": True}
+    body = {
+        "messages": [{"role": "user", "content": "hi"}],
+        "max_tokens": 600,
+        "reasoning_effort": "none",
+        "ignore_eos": True,
+    }
     with pytest.raises(httpx.TimeoutException):
-        httpx.post(mock_server.url + "/v1/chat/completions", json=body, timeout=0.5,
-                   headers={"Authorization": f"Bearer {KEY}"})
+        httpx.post(
+            mock_server.url + "/v1/chat/completions",
+            json=body,
+            timeout=0.5,
+            headers={"Authorization": f"Bearer {KEY}"},
+        )
     t0 = time.time()
     while time.time() - t0 < 5 and mock_server.metric("requests_aborted_total") == before:
         time.sleep(0.05)
@@ -242,23 +363,49 @@ def test_embedded_model_session() -> None:
     try:
         c = srv.client()
         model = c.models.list().data[0].id
-        r = c.chat.completions.create(model=model, messages=[{"role": "user", "content": "Hello!"}], max_tokens=48)
-        assert r.choices[0].finish_reason in ("stop", "length") and r.usage and r.usage.completion_tokens > 0
-        tools: Any = [{"type": "function", "function": {
-            "name": "get_weather", "description": "Get a weather.",
-            "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}}}]
+        r = c.chat.completions.create(
+            model=model, messages=[{"role": "user", "content": "Hello!"}], max_tokens=48
+        )
+        assert (
+            r.choices[0].finish_reason in ("stop", "length")
+            and r.usage
+            and r.usage.completion_tokens > 0
+        )
+        tools: Any = [
+            {
+                "type": "function",
+                "function": {
+                    "name": "get_weather",
+                    "description": "Get a weather.",
+                    "parameters": {
+                        "type": "object",
+                        "properties": {"city": {"type": "string"}},
+                        "required": ["city"],
+                    },
+                },
+            }
+        ]
         ask = [{"role": "user", "content": "Please get the weather in Paris."}]
-        r = c.chat.completions.create(model=model, messages=ask, tools=tools, tool_choice="required",
-                                      reasoning_effort="none")
+        r = c.chat.completions.create(
+            model=model, messages=ask, tools=tools, tool_choice="required", reasoning_effort="none"
+        )
         calls = r.choices[0].message.tool_calls
         assert calls and calls[0].function.name == "get_weather"
-        jsonschema.validate(json.loads(calls[0].function.arguments), tools[0]["function"]["parameters"])
-        r = c.chat.completions.create(model=model, messages=[{"role": "user", "content": "A person."}],
-                                      response_format={"type": "json_schema", "json_schema": {
-                                          "name": "p", "strict": True, "schema": SCHEMA}})
+        jsonschema.validate(
+            json.loads(calls[0].function.arguments), tools[0]["function"]["parameters"]
+        )
+        r = c.chat.completions.create(
+            model=model,
+            messages=[{"role": "user", "content": "A person."}],
+            response_format={
+                "type": "json_schema",
+                "json_schema": {"name": "p", "strict": True, "schema": SCHEMA},
+            },
+        )
         jsonschema.validate(json.loads(r.choices[0].message.content or ""), SCHEMA)
-        stream = c.chat.completions.create(model=model, messages=ask, tools=tools, stream=True,
-                                           reasoning_effort="none")
+        stream = c.chat.completions.create(
+            model=model, messages=ask, tools=tools, stream=True, reasoning_effort="none"
+        )
         assert list(stream)[-1].choices[0].finish_reason in ("stop", "length", "tool_calls")
     finally:
         srv.stop()
@@ -266,13 +413,31 @@ def test_embedded_model_session() -> None:
 
 def test_serve_errors_are_one_line(tmp_path: Any) -> None:
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    r = subprocess.run([sys.executable, "-m", "quicksilver.cli", "serve", "--model", str(tmp_path / "nope")],
-                       capture_output=True, text=True, timeout=120, env=env)
-    assert r.returncode == 2 and "Traceback" not in r.stderr and len(r.stderr.strip().splitlines()) == 1
+    r = subprocess.run(
+        [sys.executable, "-m", "quicksilver.cli", "serve", "--model", str(tmp_path / "nope")],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env=env,
+    )
+    assert (
+        r.returncode == 2
+        and "Traceback" not in r.stderr
+        and len(r.stderr.strip().splitlines()) == 1
+    )
     if embedded_model_path() is None:
-        r = subprocess.run([sys.executable, "-m", "quicksilver.cli", "serve", "--port", str(free_port())],
-                           capture_output=True, text=True, timeout=120, env=env)
-        assert r.returncode == 2 and "no embedded model" in r.stderr and len(r.stderr.strip().splitlines()) == 1
+        r = subprocess.run(
+            [sys.executable, "-m", "quicksilver.cli", "serve", "--port", str(free_port())],
+            capture_output=True,
+            text=True,
+            timeout=120,
+            env=env,
+        )
+        assert (
+            r.returncode == 2
+            and "no embedded model" in r.stderr
+            and len(r.stderr.strip().splitlines()) == 1
+        )
 
 
 def test_block_causal_server_fim_and_prefix_cache(tmp_path_factory: pytest.TempPathFactory) -> None:
@@ -280,17 +445,29 @@ def test_block_causal_server_fim_and_prefix_cache(tmp_path_factory: pytest.TempP
     partly from the cross-request prefix cache (usage.prompt_tokens_details.cached_tokens, /metrics)."""
     from quicksilver.models.init import init_model
 
-    ckpt = init_model(tmp_path_factory.mktemp("ckpt") / "tiny-block-2k", "tiny", seed=1, attention="block_causal",
-                      block_size=16, max_seq_len=2048)
+    ckpt = init_model(
+        tmp_path_factory.mktemp("ckpt") / "tiny-block-2k",
+        "tiny",
+        seed=1,
+        attention="block_causal",
+        block_size=16,
+        max_seq_len=2048,
+    )
     srv = RemoteServer("--model", str(ckpt), "--served-model-name", "blk")
     try:
         c = srv.client()
         r = c.completions.create(model="blk", prompt="1, 2, 3, ", suffix=", 6, 7", max_tokens=8)
         assert r.choices[0].finish_reason in ("stop", "length")
-        convo = [{"role": "system", "content": "You are a careful assistant. " * 8},
-                 {"role": "user", "content": "Plan a trip to Oslo."}]
-        first = c.chat.completions.create(model="blk", messages=convo, max_tokens=8, reasoning_effort="none")
-        again = c.chat.completions.create(model="blk", messages=convo, max_tokens=8, reasoning_effort="none")
+        convo = [
+            {"role": "system", "content": "You are a careful assistant. " * 8},
+            {"role": "user", "content": "Plan a trip to Oslo."},
+        ]
+        first = c.chat.completions.create(
+            model="blk", messages=convo, max_tokens=8, reasoning_effort="none"
+        )
+        again = c.chat.completions.create(
+            model="blk", messages=convo, max_tokens=8, reasoning_effort="none"
+        )
         assert first.usage and again.usage and again.usage.prompt_tokens_details
         assert (again.usage.prompt_tokens_details.cached_tokens or 0) >= 16
         assert srv.metric("prefix_cache_hits_total") >= 16

@@ -1,9 +1,11 @@
 """The OpenAI protocol on the ASGI app with the mock engine (no weights): response shapes, streaming,
 tools, structured output, reasoning, diffusing, limits and the error envelope."""
+
 from __future__ import annotations
 
 import json
-from typing import Any, Iterator
+from collections.abc import Iterator
+from typing import Any
 
 import jsonschema
 import pytest
@@ -15,14 +17,37 @@ from quicksilver.server.protocol_chat import ChatCompletionResponse
 from quicksilver.server.protocol_completion import CompletionResponse
 
 USER = [{"role": "user", "content": "hi"}]
-TOOLS = [{"type": "function", "function": {"name": "get_weather", "description": "Weather in a city.",
-                                           "parameters": {"type": "object", "properties": {
-                                               "city": {"type": "string"}, "days": {"type": "integer"}},
-                                               "required": ["city", "days"], "additionalProperties": False}}},
-         {"type": "function", "function": {"name": "book_hotel", "parameters": {
-             "type": "object", "properties": {"city": {"type": "string"}, "nights": {"type": "integer"},
-                                              "luxury": {"type": "boolean"}},
-             "required": ["city", "nights", "luxury"], "additionalProperties": False}}}]
+TOOLS = [
+    {
+        "type": "function",
+        "function": {
+            "name": "get_weather",
+            "description": "Weather in a city.",
+            "parameters": {
+                "type": "object",
+                "properties": {"city": {"type": "string"}, "days": {"type": "integer"}},
+                "required": ["city", "days"],
+                "additionalProperties": False,
+            },
+        },
+    },
+    {
+        "type": "function",
+        "function": {
+            "name": "book_hotel",
+            "parameters": {
+                "type": "object",
+                "properties": {
+                    "city": {"type": "string"},
+                    "nights": {"type": "integer"},
+                    "luxury": {"type": "boolean"},
+                },
+                "required": ["city", "nights", "luxury"],
+                "additionalProperties": False,
+            },
+        },
+    },
+]
 
 
 def make_client(**overrides: Any) -> TestClient:
@@ -57,7 +82,11 @@ def events(c: TestClient, path: str, **body: Any) -> list[Any]:
 
 def test_chat_response_shape_usage_and_reasoning(client: TestClient) -> None:
     r = chat(client, model="quicksilver-mock", reasoning_effort="medium")
-    assert r["object"] == "chat.completion" and r["id"].startswith("chatcmpl-") and r["model"] == "quicksilver-mock"
+    assert (
+        r["object"] == "chat.completion"
+        and r["id"].startswith("chatcmpl-")
+        and r["model"] == "quicksilver-mock"
+    )
     (ch,) = r["choices"]
     assert ch["finish_reason"] == "stop" and ch["message"]["role"] == "assistant"
     assert ch["message"]["content"] == MOCK_ANSWER
@@ -81,22 +110,37 @@ def test_reasoning_never_eats_the_answer_budget(client: TestClient) -> None:
     ch = r["choices"][0]
     assert ch["message"]["reasoning_content"] == MOCK_REASONING
     assert ch["message"]["content"] and ch["finish_reason"] == "length"
-    assert r["usage"]["completion_tokens"] - r["usage"]["completion_tokens_details"]["reasoning_tokens"] == 12
+    assert (
+        r["usage"]["completion_tokens"]
+        - r["usage"]["completion_tokens_details"]["reasoning_tokens"]
+        == 12
+    )
 
 
 def test_streaming_same_id_role_first_usage_and_done(client: TestClient) -> None:
-    ev = events(client, "/v1/chat/completions", reasoning_effort="low", stream_options={"include_usage": True})
+    ev = events(
+        client,
+        "/v1/chat/completions",
+        reasoning_effort="low",
+        stream_options={"include_usage": True},
+    )
     assert ev[-1] == "[DONE]"
     chunks = ev[:-1]
-    assert len({c["id"] for c in chunks}) == 1 and all(c["object"] == "chat.completion.chunk" for c in chunks)
+    assert len({c["id"] for c in chunks}) == 1 and all(
+        c["object"] == "chat.completion.chunk" for c in chunks
+    )
     assert chunks[0]["choices"][0]["delta"]["role"] == "assistant"
-    reasoning = "".join(c["choices"][0]["delta"].get("reasoning_content", "") for c in chunks if c["choices"])
+    reasoning = "".join(
+        c["choices"][0]["delta"].get("reasoning_content", "") for c in chunks if c["choices"]
+    )
     content = "".join(c["choices"][0]["delta"].get("content", "") for c in chunks if c["choices"])
     assert reasoning == MOCK_REASONING and content == MOCK_ANSWER
     finals = [c for c in chunks if c["choices"] and c["choices"][0]["finish_reason"]]
     assert len(finals) == 1 and finals[0]["choices"][0]["finish_reason"] == "stop"
     assert chunks[-1]["choices"] == [] and chunks[-1]["usage"]["completion_tokens"] > 0
-    assert sum(1 for c in chunks if c["choices"] and c["choices"][0]["delta"].get("content")) > 2  # incremental
+    assert (
+        sum(1 for c in chunks if c["choices"] and c["choices"][0]["delta"].get("content")) > 2
+    )  # incremental
 
 
 def test_stop_strings_cut_and_finish_with_stop(client: TestClient) -> None:
@@ -133,15 +177,22 @@ def test_tool_call_parser_keeps_text_before_calls_only() -> None:
     content, calls = parse_tool_calls("Let me look. " + call + '": "')
     assert content == "Let me look." and [c["function"]["name"] for c in calls] == ["f"]
     assert parse_tool_calls(call + " junk")[0] is None
-    assert [c["function"]["arguments"] for c in parse_tool_calls(call + call)[1]] == ['{"x": 1}'] * 2
-    text = '<tool_call>{"name": "f", "arguments": {"x": 3139 3</tool_call>'  # unparsable: stays text
+    assert [c["function"]["arguments"] for c in parse_tool_calls(call + call)[1]] == [
+        '{"x": 1}'
+    ] * 2
+    text = (
+        '<tool_call>{"name": "f", "arguments": {"x": 3139 3</tool_call>'  # unparsable: stays text
+    )
     assert parse_tool_calls(text) == (text, [])
 
 
 def test_tool_loop_second_turn_answers_with_the_result(client: TestClient) -> None:
     first = chat(client, tools=TOOLS, reasoning_effort="none")["choices"][0]["message"]
     call = first["tool_calls"][0]
-    messages = USER + [first, {"role": "tool", "tool_call_id": call["id"], "content": '{"temp_c": 21}'}]
+    messages = USER + [
+        first,
+        {"role": "tool", "tool_call_id": call["id"], "content": '{"temp_c": 21}'},
+    ]
     r = chat(client, messages=messages, tools=TOOLS, reasoning_effort="none")
     ch = r["choices"][0]
     assert ch["finish_reason"] == "stop" and "temp_c" in ch["message"]["content"]
@@ -156,7 +207,9 @@ def test_streamed_tool_call(client: TestClient) -> None:
     assert ev[-2]["choices"][0]["finish_reason"] == "tool_calls"
 
 
-@pytest.mark.parametrize("choice", ["required", {"type": "function", "function": {"name": "book_hotel"}}])
+@pytest.mark.parametrize(
+    "choice", ["required", {"type": "function", "function": {"name": "book_hotel"}}]
+)
 def test_forced_tool_choice_validates_against_the_schema(client: TestClient, choice: Any) -> None:
     r = chat(client, tools=TOOLS, tool_choice=choice, reasoning_effort="none")
     ch = r["choices"][0]
@@ -169,19 +222,31 @@ def test_forced_tool_choice_validates_against_the_schema(client: TestClient, cho
 
 
 def test_tool_choice_none_never_calls(client: TestClient) -> None:
-    msg = chat(client, tools=TOOLS, tool_choice="none", reasoning_effort="none")["choices"][0]["message"]
+    msg = chat(client, tools=TOOLS, tool_choice="none", reasoning_effort="none")["choices"][0][
+        "message"
+    ]
     assert "tool_calls" not in msg and "<tool_call>" not in msg["content"]
 
 
-SCHEMA = {"type": "object", "properties": {"name": {"type": "string", "maxLength": 12}, "age": {"type": "integer"},
-                                           "tags": {"type": "array", "items": {"enum": ["a", "b"]}, "maxItems": 2},
-                                           "ok": {"type": "boolean"}},
-          "required": ["name", "age", "tags", "ok"], "additionalProperties": False}
+SCHEMA = {
+    "type": "object",
+    "properties": {
+        "name": {"type": "string", "maxLength": 12},
+        "age": {"type": "integer"},
+        "tags": {"type": "array", "items": {"enum": ["a", "b"]}, "maxItems": 2},
+        "ok": {"type": "boolean"},
+    },
+    "required": ["name", "age", "tags", "ok"],
+    "additionalProperties": False,
+}
 
 
 @pytest.mark.parametrize("effort", ["none", "low"])
 def test_json_schema_strict_output_validates(client: TestClient, effort: str) -> None:
-    fmt = {"type": "json_schema", "json_schema": {"name": "person", "strict": True, "schema": SCHEMA}}
+    fmt = {
+        "type": "json_schema",
+        "json_schema": {"name": "person", "strict": True, "schema": SCHEMA},
+    }
     r = chat(client, response_format=fmt, reasoning_effort=effort)
     ch = r["choices"][0]
     jsonschema.validate(json.loads(ch["message"]["content"]), SCHEMA)
@@ -192,19 +257,29 @@ def test_json_schema_strict_output_validates(client: TestClient, effort: str) ->
 
 
 def test_json_object_mode(client: TestClient) -> None:
-    r = chat(client, response_format={"type": "json_object"}, reasoning_effort="none", max_tokens=48)
+    r = chat(
+        client, response_format={"type": "json_object"}, reasoning_effort="none", max_tokens=48
+    )
     assert isinstance(json.loads(r["choices"][0]["message"]["content"]), dict)
 
 
 def test_unenforceable_strict_schema_is_400(client: TestClient) -> None:
-    fmt = {"type": "json_schema", "json_schema": {"name": "x", "strict": True,
-                                                  "schema": {"type": "string", "pattern": "^a$"}}}
+    fmt = {
+        "type": "json_schema",
+        "json_schema": {
+            "name": "x",
+            "strict": True,
+            "schema": {"type": "string", "pattern": "^a$"},
+        },
+    }
     r = client.post("/v1/chat/completions", json={"messages": USER, "response_format": fmt})
     assert r.status_code == 400 and "pattern" in r.json()["error"]["message"]
 
 
 def test_diffusing_stream_sends_canvas_states(client: TestClient) -> None:
-    ev = events(client, "/v1/chat/completions", diffusing=True, reasoning_effort="none", max_tokens=64)
+    ev = events(
+        client, "/v1/chat/completions", diffusing=True, reasoning_effort="none", max_tokens=64
+    )
     canv = [c["choices"][0]["canvas"] for c in ev[:-1] if "canvas" in c["choices"][0]]
     keys = ("phase", "step", "text", "masked", "committed", "remasked", "stable", "done")
     assert len(canv) >= 3 and all(k in canv[0] for k in keys)
@@ -212,22 +287,44 @@ def test_diffusing_stream_sends_canvas_states(client: TestClient) -> None:
     steps = [c["step"] for c in canv]
     assert steps == sorted(steps)
     assert canv[-1]["done"] and canv[-1]["text"].startswith(MOCK_ANSWER)
-    text = "".join(c["choices"][0]["delta"].get("content", "") for c in ev[:-1])  # deltas stay append-only
+    text = "".join(
+        c["choices"][0]["delta"].get("content", "") for c in ev[:-1]
+    )  # deltas stay append-only
     assert text == MOCK_ANSWER
 
 
 def test_completions_and_fim(client: TestClient) -> None:
-    r = client.post("/v1/completions", json={"prompt": ["Once upon a time", "Hi"], "max_tokens": 16}).json()
+    r = client.post(
+        "/v1/completions", json={"prompt": ["Once upon a time", "Hi"], "max_tokens": 16}
+    ).json()
     CompletionResponse.model_validate(r)
-    assert r["object"] == "text_completion" and [c["text"] for c in r["choices"]] == [" and so on."] * 2
-    r = client.post("/v1/completions", json={"prompt": "abc", "echo": True, "max_tokens": 16}).json()
+    assert (
+        r["object"] == "text_completion"
+        and [c["text"] for c in r["choices"]] == [" and so on."] * 2
+    )
+    r = client.post(
+        "/v1/completions", json={"prompt": "abc", "echo": True, "max_tokens": 16}
+    ).json()
     assert r["choices"][0]["text"] == "abc and so on."
-    r = client.post("/v1/fim/completions", json={"prompt": "def f(", "suffix": "):\n    pass"}).json()
+    r = client.post(
+        "/v1/fim/completions", json={"prompt": "def f(", "suffix": "):\n    pass"}
+    ).json()
     assert r["choices"][0]["text"] == "middle" and r["usage"]["prompt_tokens"] > 0
-    r = client.post("/v1/completions", json={"prompt": "def f(", "suffix": "): pass", "max_tokens": 8}).json()
+    r = client.post(
+        "/v1/completions", json={"prompt": "def f(", "suffix": "): pass", "max_tokens": 8}
+    ).json()
     assert r["choices"][0]["text"] == "middle"
-    ev = events(client, "/v1/fim/completions", prompt="a", suffix="b", stream_options={"include_usage": True})
-    assert "".join(c["choices"][0]["text"] for c in ev[:-2]) == "middle" and ev[-2]["usage"]["total_tokens"] > 0
+    ev = events(
+        client,
+        "/v1/fim/completions",
+        prompt="a",
+        suffix="b",
+        stream_options={"include_usage": True},
+    )
+    assert (
+        "".join(c["choices"][0]["text"] for c in ev[:-2]) == "middle"
+        and ev[-2]["usage"]["total_tokens"] > 0
+    )
 
 
 def test_models_health_metrics(client: TestClient) -> None:
@@ -237,10 +334,20 @@ def test_models_health_metrics(client: TestClient) -> None:
     assert client.get("/health").json() == {"status": "ok"}
     assert "/v1/fim/completions" in client.get("/openapi.json").json()["paths"]
     text = client.get("/metrics").text
-    for name in ("requests_total", "prompt_tokens_total", "generation_tokens_total", "time_to_first_token_seconds",
-                 "inter_token_latency_seconds", "e2e_request_latency_seconds", "request_queue_time_seconds",
-                 "diffusion_denoising_steps_total", "diffusion_forward_passes_total",
-                 "diffusion_committed_tokens_total", "diffusion_tokens_per_forward_bucket", "num_requests_running"):
+    for name in (
+        "requests_total",
+        "prompt_tokens_total",
+        "generation_tokens_total",
+        "time_to_first_token_seconds",
+        "inter_token_latency_seconds",
+        "e2e_request_latency_seconds",
+        "request_queue_time_seconds",
+        "diffusion_denoising_steps_total",
+        "diffusion_forward_passes_total",
+        "diffusion_committed_tokens_total",
+        "diffusion_tokens_per_forward_bucket",
+        "num_requests_running",
+    ):
         assert f"quicksilver:{name}" in text, name
 
 
@@ -254,23 +361,37 @@ def err(r: Any, status: int, param: str | None = "") -> dict[str, Any]:
     return dict(body["error"])
 
 
-@pytest.mark.parametrize("body,param", [
-    ({"messages": []}, "messages"),
-    ({"messages": [{"role": "wizard", "content": "x"}]}, None),
-    ({"messages": USER, "temperature": 5}, "temperature"),
-    ({"messages": USER, "max_tokens": 0}, "max_tokens"),
-    ({"messages": USER, "n": 99}, "n"),
-    ({"messages": USER, "stop": ["a"] * 20}, "stop"),
-    ({"messages": USER, "policy": "bogus"}, "policy"),
-    ({"messages": USER, "threshold": 1.5}, "threshold"),
-    ({"messages": USER, "max_tokens": 100000}, "max_tokens"),
-    ({"messages": USER, "tool_choice": "required"}, "tool_choice"),
-    ({"messages": USER, "logprobs": True}, "logprobs"),
-    ({"messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": "http://x"}}]}]},
-     "messages"),
-    ({"messages": USER, "response_format": {"type": "json_schema"}}, None),
-])
-def test_bad_fields_are_400_in_the_envelope(client: TestClient, body: dict[str, Any], param: str | None) -> None:
+@pytest.mark.parametrize(
+    "body,param",
+    [
+        ({"messages": []}, "messages"),
+        ({"messages": [{"role": "wizard", "content": "x"}]}, None),
+        ({"messages": USER, "temperature": 5}, "temperature"),
+        ({"messages": USER, "max_tokens": 0}, "max_tokens"),
+        ({"messages": USER, "n": 99}, "n"),
+        ({"messages": USER, "stop": ["a"] * 20}, "stop"),
+        ({"messages": USER, "policy": "bogus"}, "policy"),
+        ({"messages": USER, "threshold": 1.5}, "threshold"),
+        ({"messages": USER, "max_tokens": 100000}, "max_tokens"),
+        ({"messages": USER, "tool_choice": "required"}, "tool_choice"),
+        ({"messages": USER, "logprobs": True}, "logprobs"),
+        (
+            {
+                "messages": [
+                    {
+                        "role": "user",
+                        "content": [{"type": "image_url", "image_url": {"url": "http://x"}}],
+                    }
+                ]
+            },
+            "messages",
+        ),
+        ({"messages": USER, "response_format": {"type": "json_schema"}}, None),
+    ],
+)
+def test_bad_fields_are_400_in_the_envelope(
+    client: TestClient, body: dict[str, Any], param: str | None
+) -> None:
     e = err(client.post("/v1/chat/completions", json=body), 400)
     assert e["type"] == "invalid_request_error"
     if param:
@@ -278,10 +399,20 @@ def test_bad_fields_are_400_in_the_envelope(client: TestClient, body: dict[str, 
 
 
 def test_not_json_unknown_model_and_route(client: TestClient) -> None:
-    err(client.post("/v1/chat/completions", content=b"{nope", headers={"content-type": "application/json"}), 400)
-    e = err(client.post("/v1/chat/completions", json={"model": "gpt-9", "messages": USER}), 404, "model")
+    err(
+        client.post(
+            "/v1/chat/completions", content=b"{nope", headers={"content-type": "application/json"}
+        ),
+        400,
+    )
+    e = err(
+        client.post("/v1/chat/completions", json={"model": "gpt-9", "messages": USER}), 404, "model"
+    )
     assert e["code"] == "model_not_found"
-    assert client.post("/v1/completions", json={"model": "quicksilver", "prompt": "x"}).status_code == 200  # alias
+    assert (
+        client.post("/v1/completions", json={"model": "quicksilver", "prompt": "x"}).status_code
+        == 200
+    )  # alias
     err(client.get("/v1/models/gpt-9"), 404)
     err(client.get("/v1/nothing"), 404, None)
     err(client.get("/v1/chat/completions"), 405, None)
@@ -290,24 +421,41 @@ def test_not_json_unknown_model_and_route(client: TestClient) -> None:
 def test_api_key_protects_everything_but_health() -> None:
     with make_client(api_key="sekret") as c:
         assert c.get("/health").status_code == 200
-        for method, path in [("get", "/v1/models"), ("get", "/metrics"), ("post", "/v1/chat/completions"),
-                             ("get", "/openapi.json")]:
+        for method, path in [
+            ("get", "/v1/models"),
+            ("get", "/metrics"),
+            ("post", "/v1/chat/completions"),
+            ("get", "/openapi.json"),
+        ]:
             e = err(getattr(c, method)(path), 401, None)
             assert e["code"] == "invalid_api_key"
             err(getattr(c, method)(path, headers={"Authorization": "Bearer wrong"}), 401, None)
-        ok = c.post("/v1/chat/completions", json={"messages": USER, "reasoning_effort": "none"},
-                    headers={"Authorization": "Bearer sekret"})
+        ok = c.post(
+            "/v1/chat/completions",
+            json={"messages": USER, "reasoning_effort": "none"},
+            headers={"Authorization": "Bearer sekret"},
+        )
         assert ok.status_code == 200
 
 
 def test_limits_body_messages_tools_prompt() -> None:
     with make_client(max_body_bytes=2000, max_messages=3, max_tools=1, max_prompt_tokens=50) as c:
-        e = err(c.post("/v1/chat/completions", json={"messages": [{"role": "user", "content": "x" * 5000}]}), 413,
-                None)
+        e = err(
+            c.post(
+                "/v1/chat/completions", json={"messages": [{"role": "user", "content": "x" * 5000}]}
+            ),
+            413,
+            None,
+        )
         assert e["code"] == "request_too_large"
         err(c.post("/v1/chat/completions", json={"messages": USER * 4}), 400, "messages")
         err(c.post("/v1/chat/completions", json={"messages": USER, "tools": TOOLS}), 400, "tools")
-        e = err(c.post("/v1/chat/completions", json={"messages": [{"role": "user", "content": "y" * 200}]}), 400)
+        e = err(
+            c.post(
+                "/v1/chat/completions", json={"messages": [{"role": "user", "content": "y" * 200}]}
+            ),
+            400,
+        )
         assert e["code"] == "context_length_exceeded"
 
 
@@ -325,7 +473,9 @@ def test_overload_is_503_and_too_many_open_is_429() -> None:
 def test_block_causal_fim_uses_the_infilling_prompt_and_realtime_skips_reasoning() -> None:
     cfg = ServerConfig(mock=True)
     backend = build_backend(cfg)
-    backend.attention = "block_causal"  # no look-ahead: the server must use <|fim_prefix|>…<|fim_middle|>
+    backend.attention = (
+        "block_causal"  # no look-ahead: the server must use <|fim_prefix|>…<|fim_middle|>
+    )
     with TestClient(build_app(backend, cfg)) as c:
         r = c.post("/v1/fim/completions", json={"prompt": "a, b, ", "suffix": ", e"}).json()
         assert r["choices"][0]["text"] == "middle"
@@ -356,31 +506,53 @@ def test_an_engine_failure_is_a_500_envelope_or_an_error_event() -> None:
 
 
 def test_structured_budgets_shrink_to_fit_max_tokens(client: TestClient) -> None:
-    fmt = {"type": "json_schema", "json_schema": {"name": "person", "strict": True, "schema": SCHEMA}}
+    fmt = {
+        "type": "json_schema",
+        "json_schema": {"name": "person", "strict": True, "schema": SCHEMA},
+    }
     full = chat(client, response_format=fmt, reasoning_effort="none")
     small = chat(client, response_format=fmt, reasoning_effort="none", max_tokens=64)
     assert small["usage"]["completion_tokens"] <= 64 < full["usage"]["completion_tokens"]
     jsonschema.validate(json.loads(small["choices"][0]["message"]["content"]), SCHEMA)
-    call = chat(client, tools=TOOLS, tool_choice="required", reasoning_effort="none", max_tokens=100)
+    call = chat(
+        client, tools=TOOLS, tool_choice="required", reasoning_effort="none", max_tokens=100
+    )
     args = json.loads(call["choices"][0]["message"]["tool_calls"][0]["function"]["arguments"])
     assert call["usage"]["completion_tokens"] <= 100 and isinstance(args, dict)
-    e = err(client.post("/v1/chat/completions", json={"messages": USER, "response_format": fmt, "max_tokens": 5}),
-            400, "max_tokens")
+    e = err(
+        client.post(
+            "/v1/chat/completions", json={"messages": USER, "response_format": fmt, "max_tokens": 5}
+        ),
+        400,
+        "max_tokens",
+    )
     assert "at least" in e["message"]
 
 
 def test_parallel_tool_calls_false_keeps_one_call() -> None:
-    two = "<tool_call>" + json.dumps({"name": "get_weather", "arguments": {"city": "Oslo", "days": 1}}) + \
-          "</tool_call><tool_call>" + json.dumps({"name": "book_hotel", "arguments": {"city": "Oslo", "nights": 2,
-                                                                                      "luxury": False}}) + "</tool_call>"
+    two = (
+        "<tool_call>"
+        + json.dumps({"name": "get_weather", "arguments": {"city": "Oslo", "days": 1}})
+        + "</tool_call><tool_call>"
+        + json.dumps(
+            {"name": "book_hotel", "arguments": {"city": "Oslo", "nights": 2, "luxury": False}}
+        )
+        + "</tool_call>"
+    )
     cfg = ServerConfig(mock=True)
     backend = build_backend(cfg)
     backend.engine.engine.decoder.script = lambda p: two  # type: ignore[attr-defined]
     with TestClient(build_app(backend, cfg)) as c:
         both = chat(c, tools=TOOLS, reasoning_effort="none")["choices"][0]["message"]["tool_calls"]
         assert [t["function"]["name"] for t in both] == ["get_weather", "book_hotel"]
-        one = chat(c, tools=TOOLS, reasoning_effort="none", parallel_tool_calls=False)["choices"][0]["message"]
+        one = chat(c, tools=TOOLS, reasoning_effort="none", parallel_tool_calls=False)["choices"][
+            0
+        ]["message"]
         assert [t["function"]["name"] for t in one["tool_calls"]] == ["get_weather"]
         ev = events(c, "/v1/chat/completions", tools=TOOLS, reasoning_effort="none")
-        (tc,) = [c["choices"][0]["delta"]["tool_calls"] for c in ev[:-1] if "tool_calls" in c["choices"][0]["delta"]]
+        (tc,) = [
+            c["choices"][0]["delta"]["tool_calls"]
+            for c in ev[:-1]
+            if "tool_calls" in c["choices"][0]["delta"]
+        ]
         assert [t["index"] for t in tc] == [0, 1]

@@ -1,5 +1,6 @@
 """The embedded model: it ships in the package (<= 25 MB, half precision), is the default of
 ``quicksilver generate``, and solves fixed held-out items with the default decoding settings."""
+
 from __future__ import annotations
 
 import json

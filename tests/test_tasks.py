@@ -1,5 +1,6 @@
 """Task suite: every verifier accepts right answers (including alternative valid ones) and rejects
 wrong ones; train and test splits are disjoint by each task's rule; generation is deterministic."""
+
 from __future__ import annotations
 
 import json
@@ -32,7 +33,7 @@ def _mutations(name: str, answer: str) -> list[str]:
     digits = [i for i, c in enumerate(answer) if c.isdigit()]
     if digits:
         i = digits[len(digits) // 2]
-        out.append(answer[:i] + str((int(answer[i]) + 1) % 10) + answer[i + 1:])
+        out.append(answer[:i] + str((int(answer[i]) + 1) % 10) + answer[i + 1 :])
     return out
 
 
@@ -96,39 +97,63 @@ def test_path_star_checks_edges() -> None:
 def test_tool_call_parsing_and_argument_order() -> None:
     task = get_task("tool_call")
     rng = random.Random(5)
-    item = next(it for it in (task.sample(rng, "test") for _ in range(50))
-                if it.stratum == "call" and len(it.data["call"]["arguments"]) == 2)
+    item = next(
+        it
+        for it in (task.sample(rng, "test") for _ in range(50))
+        if it.stratum == "call" and len(it.data["call"]["arguments"]) == 2
+    )
     call = item.data["call"]
     swapped = {"name": call["name"], "arguments": dict(reversed(list(call["arguments"].items())))}
-    assert task.verify(item, "<tool_call>" + json.dumps(swapped) + "</tool_call>")  # key order is free
+    assert task.verify(
+        item, "<tool_call>" + json.dumps(swapped) + "</tool_call>"
+    )  # key order is free
     wrong = {"name": call["name"] + "x", "arguments": call["arguments"]}
     assert not task.verify(item, "<tool_call>" + json.dumps(wrong) + "</tool_call>")
-    assert not task.verify(item, "<tool_call>{\"name\": </tool_call>")
+    assert not task.verify(item, '<tool_call>{"name": </tool_call>')
     assert parse_tool_calls("<tool_call>{bad json}</tool_call>") is None
     assert not task.verify(item, item.answer + item.answer)  # exactly one call
 
 
-@pytest.mark.parametrize("name,key", [
-    ("path_star", lambda it: (it.data["start"], it.data["goal"], tuple(map(tuple, it.data["edges"])))),
-    ("sudoku4", lambda it: tuple(v == 0 for v in it.data["puzzle"])),
-    ("countdown3", lambda it: it.data["target"]),
-    ("multiply", lambda it: (it.data["a"], it.data["b"])),
-    ("tool_call", lambda it: it.answer.split('"name": "')[1].split('"')[0] if it.stratum == "call" else None),
-    ("chat", lambda it: it.messages[0]["content"].lower()),
-    ("fim", lambda it: it.raw_prompt.split("<|fim_suffix|>")[0].split(", ")[:2][0]),
-])
+@pytest.mark.parametrize(
+    "name,key",
+    [
+        (
+            "path_star",
+            lambda it: (it.data["start"], it.data["goal"], tuple(map(tuple, it.data["edges"]))),
+        ),
+        ("sudoku4", lambda it: tuple(v == 0 for v in it.data["puzzle"])),
+        ("countdown3", lambda it: it.data["target"]),
+        ("multiply", lambda it: (it.data["a"], it.data["b"])),
+        (
+            "tool_call",
+            lambda it: (
+                it.answer.split('"name": "')[1].split('"')[0] if it.stratum == "call" else None
+            ),
+        ),
+        ("chat", lambda it: it.messages[0]["content"].lower()),
+        ("fim", lambda it: it.raw_prompt.split("<|fim_suffix|>")[0].split(", ")[:2][0]),
+    ],
+)
 def test_splits_are_disjoint_by_rule(name: str, key) -> None:
     task = TASKS[name]
     rng = random.Random(6)
     train = {key(task.sample(rng, "train")) for _ in range(1500)} - {None}
     test = {key(task.sample(rng, "test")) for _ in range(300)} - {None}
-    if name == "fim":  # the rule is on (start, step); the first term alone may coincide, so check the rule
+    if (
+        name == "fim"
+    ):  # the rule is on (start, step); the first term alone may coincide, so check the rule
         from quicksilver.train.tasks.base import held_out
 
         for _ in range(300):
             it = task.sample(rng, "test")
-            terms = [int(x) for x in it.raw_prompt.split("<|fim_prefix|>")[1].split("<|fim_suffix|>")[0].split(", ") if x]
-            step = (int(it.data["middle"].split(", ")[0]) - terms[-1])
+            terms = [
+                int(x)
+                for x in it.raw_prompt.split("<|fim_prefix|>")[1]
+                .split("<|fim_suffix|>")[0]
+                .split(", ")
+                if x
+            ]
+            step = int(it.data["middle"].split(", ")[0]) - terms[-1]
             assert held_out(("fim", terms[0], step))
         return
     assert test and not (train & test), (name, sorted(train & test)[:5])

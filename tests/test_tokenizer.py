@@ -1,4 +1,5 @@
 """Tokenizer: byte-level round trip, special-token roles, sandboxed chat templates."""
+
 from __future__ import annotations
 
 import json
@@ -12,7 +13,7 @@ from quicksilver.tokenizer import Tokenizer
 
 def test_round_trip_any_text() -> None:
     tok = Tokenizer.byte_level()
-    for s in ["hello world", "naïve — ünïcödé ✓ 😀", "  spaces\tand\nnewlines ", "{\"a\": [1, 2]}"]:
+    for s in ["hello world", "naïve — ünïcödé ✓ 😀", "  spaces\tand\nnewlines ", '{"a": [1, 2]}']:
         assert tok.decode(tok.encode(s)) == s
     assert tok.mask_id == 2 and tok.eos_id == 1 and 4 in tok.stop_ids
 
@@ -28,13 +29,34 @@ def test_chat_template_renders_roles_tools_and_reasoning_switch() -> None:
     tok = Tokenizer.byte_level()
     msgs = [{"role": "developer", "content": "Be terse."}, {"role": "user", "content": "Hi"}]
     s = tok.apply_chat_template(msgs)
-    assert s == "<|im_start|>system\nBe terse.<|im_end|>\n<|im_start|>user\nHi<|im_end|>\n<|im_start|>assistant\n"
-    assert tok.apply_chat_template(msgs, reasoning=False).endswith("<|im_start|>assistant\n<think></think>")
-    tools = [{"type": "function", "function": {"name": "get_weather", "parameters": {"type": "object"}}}]
-    s = tok.apply_chat_template(msgs + [
-        {"role": "assistant", "content": None, "tool_calls": [
-            {"id": "c1", "type": "function", "function": {"name": "get_weather", "arguments": {"city": "Paris"}}}]},
-        {"role": "tool", "tool_call_id": "c1", "content": "18C"}], tools=tools)
+    assert (
+        s
+        == "<|im_start|>system\nBe terse.<|im_end|>\n<|im_start|>user\nHi<|im_end|>\n<|im_start|>assistant\n"
+    )
+    assert tok.apply_chat_template(msgs, reasoning=False).endswith(
+        "<|im_start|>assistant\n<think></think>"
+    )
+    tools = [
+        {"type": "function", "function": {"name": "get_weather", "parameters": {"type": "object"}}}
+    ]
+    s = tok.apply_chat_template(
+        msgs
+        + [
+            {
+                "role": "assistant",
+                "content": None,
+                "tool_calls": [
+                    {
+                        "id": "c1",
+                        "type": "function",
+                        "function": {"name": "get_weather", "arguments": {"city": "Paris"}},
+                    }
+                ],
+            },
+            {"role": "tool", "tool_call_id": "c1", "content": "18C"},
+        ],
+        tools=tools,
+    )
     assert "<tools>\n" + json.dumps(tools[0]) in s
     assert '<tool_call>{"name": "get_weather", "arguments": {"city": "Paris"}}</tool_call>' in s
     assert "<|im_start|>tool\n<tool_response>18C</tool_response><|im_end|>" in s

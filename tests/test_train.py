@@ -1,5 +1,6 @@
 """Training: the loss on hand-computed examples, the two-copy layout matching inference conditions,
 resume equivalence, the CLI mapping, and (slow) a 2-process torchrun/gloo run."""
+
 from __future__ import annotations
 
 import math
@@ -17,8 +18,14 @@ from quicksilver.models.config import ModelConfig
 from quicksilver.models.transformer import DiffusionLM
 from quicksilver.tokenizer import Tokenizer
 from quicksilver.train.data import Mixture, collate, render
-from quicksilver.train.objective import (NoiseConfig, ar_loss, corrupt, diffusion_loss, two_copy_mask,
-                                         weighted_ce)
+from quicksilver.train.objective import (
+    NoiseConfig,
+    ar_loss,
+    corrupt,
+    diffusion_loss,
+    two_copy_mask,
+    weighted_ce,
+)
 from quicksilver.train.recipes import get_recipe
 from quicksilver.train.tasks import get_task
 from quicksilver.train.trainer import Trainer, lr_at
@@ -32,7 +39,9 @@ def test_weighted_ce_hand_computed() -> None:
     masked = torch.tensor([[True, True, False]])
     t = torch.tensor([[0.5, 0.25, 1.0]])
     cfg = NoiseConfig(mask_id=1, block_size=4)
-    loss = weighted_ce(logits, x0, masked, torch.zeros_like(masked), ~masked, t, torch.tensor([3]), cfg)
+    loss = weighted_ce(
+        logits, x0, masked, torch.zeros_like(masked), ~masked, t, torch.tensor([3]), cfg
+    )
     assert loss.item() == pytest.approx(0.845674, abs=1e-5)
     # with substitution noise: a substituted position counts with sub_weight, untouched visible ones with keep_weight
     cfg2 = NoiseConfig(mask_id=1, block_size=4, sub_prob=0.1, sub_weight=1.0, keep_weight=0.5)
@@ -81,7 +90,9 @@ def test_diffusion_loss_uniform_matches_formula() -> None:
     j = torch.arange(N)[None]
     npos = (start[:, None] + j).clamp_max(b.ids.shape[1] - 1)
     nans = b.answer.gather(1, npos) & (j < (nv - start)[:, None])
-    _, masked, _, t = corrupt(b.ids.gather(1, npos), nans, npos // 8 - (start // 8)[:, None], cfg, g2, b.ids[b.answer])
+    _, masked, _, t = corrupt(
+        b.ids.gather(1, npos), nans, npos // 8 - (start // 8)[:, None], cfg, g2, b.ids[b.answer]
+    )
     expect = math.log(300) * ((masked.float() / t).sum(1) / b.answer.sum(1)).mean().item()
     assert out.loss.item() == pytest.approx(expect, rel=1e-5)
     assert out.n_masked == int(masked.sum()) > 0
@@ -96,7 +107,9 @@ def test_mdm_loss_masks_the_answer_with_one_rate_per_sequence() -> None:
     out = mdm_loss(Uniform(300), b, cfg, g1)  # type: ignore[arg-type]
     _, masked, _, t = corrupt(b.ids, b.answer, torch.zeros_like(b.ids), cfg, g2, b.ids[b.answer])
     assert not (masked & ~b.answer).any()  # the prompt is never masked
-    assert all(len(set(t[i][b.answer[i]].tolist())) == 1 for i in range(t.shape[0]))  # one t per row
+    assert all(
+        len(set(t[i][b.answer[i]].tolist())) == 1 for i in range(t.shape[0])
+    )  # one t per row
     expect = math.log(300) * ((masked.float() / t).sum(1) / b.answer.sum(1)).mean().item()
     assert out.loss.item() == pytest.approx(expect, rel=1e-5)
 
@@ -105,8 +118,18 @@ def test_two_copy_layout_equals_inference_conditions() -> None:
     """Each noisy block's logits equal a plain block-causal pass with clean earlier blocks and no later ones."""
     tok, b = _batch()
     bs = 8
-    cfg = ModelConfig(vocab_size=320, d_model=32, n_layers=2, n_heads=2, n_kv_heads=2, mlp_hidden=64,
-                      max_seq_len=512, attention="block_causal", block_size=bs, mask_token_id=2)
+    cfg = ModelConfig(
+        vocab_size=320,
+        d_model=32,
+        n_layers=2,
+        n_heads=2,
+        n_kv_heads=2,
+        mlp_hidden=64,
+        max_seq_len=512,
+        attention="block_causal",
+        block_size=bs,
+        mask_token_id=2,
+    )
     torch.manual_seed(0)
     m = DiffusionLM(cfg).eval()
     ids, valid = b.ids, b.valid
@@ -119,31 +142,56 @@ def test_two_copy_layout_equals_inference_conditions() -> None:
     nvalid = j < (nv - start)[:, None]
     x0 = ids.gather(1, npos)
     g = torch.Generator().manual_seed(0)
-    xt, *_ = corrupt(x0, b.answer.gather(1, npos) & nvalid, npos // bs - (start // bs)[:, None],
-                     NoiseConfig(2, bs, sub_prob=0.2), g, ids[b.answer])
+    xt, *_ = corrupt(
+        x0,
+        b.answer.gather(1, npos) & nvalid,
+        npos // bs - (start // bs)[:, None],
+        NoiseConfig(2, bs, sub_prob=0.2),
+        g,
+        ids[b.answer],
+    )
     seq = torch.cat((ids, xt), 1)
     pos = torch.cat((torch.arange(L)[None].expand(B, L), npos), 1)
     noisy = torch.cat((torch.zeros(B, L, dtype=torch.bool), torch.ones(B, N, dtype=torch.bool)), 1)
     with torch.no_grad():
-        lg = m(seq, positions=pos, attn_mask=two_copy_mask(pos, noisy, torch.cat((valid, nvalid), 1), bs))[:, L:]
+        lg = m(
+            seq,
+            positions=pos,
+            attn_mask=two_copy_mask(pos, noisy, torch.cat((valid, nvalid), 1), bs),
+        )[:, L:]
         for i in range(B):
             for blk in range(int(start[i]) // bs, int(nv[i]) // bs):
                 lo, hi = blk * bs, (blk + 1) * bs
                 x = ids[i, :hi].clone()
-                x[lo:hi] = xt[i, lo - start[i]:hi - start[i]]
+                x[lo:hi] = xt[i, lo - start[i] : hi - start[i]]
                 ref = m(x[None])[0, lo:hi]
-                torch.testing.assert_close(ref, lg[i, lo - start[i]:hi - start[i]], atol=1e-5, rtol=1e-5)
+                torch.testing.assert_close(
+                    ref, lg[i, lo - start[i] : hi - start[i]], atol=1e-5, rtol=1e-5
+                )
 
 
-def test_shifted_two_copy_layout_equals_inference_conditions(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_shifted_two_copy_layout_equals_inference_conditions(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
     """With the one-position shift (an AR-initialised model), each noisy position's logits come from
     its predecessor as inference sees it: the noisy block itself, or the clean block before it."""
     import quicksilver.train.objective as obj
 
     _, b = _batch()
     bs = 8
-    cfg = ModelConfig(vocab_size=320, d_model=32, n_layers=2, n_heads=2, n_kv_heads=2, mlp_hidden=64,
-                      max_seq_len=512, attention="block_causal", block_size=bs, mask_token_id=2, logit_shift=True)
+    cfg = ModelConfig(
+        vocab_size=320,
+        d_model=32,
+        n_layers=2,
+        n_heads=2,
+        n_kv_heads=2,
+        mlp_hidden=64,
+        max_seq_len=512,
+        attention="block_causal",
+        block_size=bs,
+        mask_token_id=2,
+        logit_shift=True,
+    )
     torch.manual_seed(0)
     m = DiffusionLM(cfg).eval()
     seen = {}
@@ -164,16 +212,26 @@ def test_shifted_two_copy_layout_equals_inference_conditions(monkeypatch: pytest
     N = int((nv - start).max())
     j = torch.arange(N)[None]
     npos = (start[:, None] + j).clamp_max(ids.shape[1] - 1)
-    xt, *_ = corrupt(ids.gather(1, npos), b.answer.gather(1, npos) & (j < (nv - start)[:, None]),
-                     npos // bs - (start // bs)[:, None], ncfg, g2, ids[b.answer])
+    xt, *_ = corrupt(
+        ids.gather(1, npos),
+        b.answer.gather(1, npos) & (j < (nv - start)[:, None]),
+        npos // bs - (start // bs)[:, None],
+        ncfg,
+        g2,
+        ids[b.answer],
+    )
     with torch.no_grad():
         for i in range(ids.shape[0]):
             for blk in range(int(start[i]) // bs, int(nv[i]) // bs):
                 lo, hi = blk * bs, (blk + 1) * bs
                 x = ids[i, :hi].clone()
-                x[lo:hi] = xt[i, lo - start[i]:hi - start[i]]
-                ref = m(x[None])[0, lo:hi]  # the model's own shifted logits under inference conditions
-                torch.testing.assert_close(ref, seen["logits"][i, lo - start[i]:hi - start[i]], atol=1e-5, rtol=1e-5)
+                x[lo:hi] = xt[i, lo - start[i] : hi - start[i]]
+                ref = m(x[None])[
+                    0, lo:hi
+                ]  # the model's own shifted logits under inference conditions
+                torch.testing.assert_close(
+                    ref, seen["logits"][i, lo - start[i] : hi - start[i]], atol=1e-5, rtol=1e-5
+                )
 
 
 def test_render_layout_and_pads() -> None:
@@ -212,24 +270,47 @@ def test_resume_equals_straight_run(tmp_path: Path) -> None:
     resumed = Trainer(cfg)
     assert resumed.step == 3
     resumed.run()
-    for (k, v1), v2 in zip(straight.model.state_dict().items(), resumed.model.state_dict().values()):
+    for (k, v1), v2 in zip(
+        straight.model.state_dict().items(), resumed.model.state_dict().values()
+    ):
         torch.testing.assert_close(v1, v2, atol=0, rtol=0, msg=k)
     assert (tmp_path / "b" / "final" / "model.safetensors").is_file()
     # and it can fail: a different seed gives different weights
     other = Trainer(get_recipe("tiny", out=str(tmp_path / "c"), steps=6, seed=1))
     other.run()
-    assert not torch.equal(other.model.model.embed_tokens.weight, straight.model.model.embed_tokens.weight)
+    assert not torch.equal(
+        other.model.model.embed_tokens.weight, straight.model.model.embed_tokens.weight
+    )
 
 
 def test_cli_maps_flags_onto_fields(capsys: pytest.CaptureFixture[str]) -> None:
     from quicksilver.cli import main
 
-    assert main(["train", "--recipe", "tiny", "--steps", "7", "--sub-prob", "0.25", "--no-resume",
-                 "--print-config"]) == 0
+    assert (
+        main(
+            [
+                "train",
+                "--recipe",
+                "tiny",
+                "--steps",
+                "7",
+                "--sub-prob",
+                "0.25",
+                "--no-resume",
+                "--print-config",
+            ]
+        )
+        == 0
+    )
     import json
 
     cfg = json.loads(capsys.readouterr().out)
-    assert cfg["steps"] == 7 and cfg["sub_prob"] == 0.25 and cfg["resume"] is False and cfg["d_model"] == 64
+    assert (
+        cfg["steps"] == 7
+        and cfg["sub_prob"] == 0.25
+        and cfg["resume"] is False
+        and cfg["d_model"] == 64
+    )
     with pytest.raises(SystemExit):
         main(["train", "--recipe", "nope"])
 
@@ -238,9 +319,28 @@ def test_cli_maps_flags_onto_fields(capsys: pytest.CaptureFixture[str]) -> None:
 def test_torchrun_gloo_two_processes(tmp_path: Path) -> None:
     torchrun = shutil.which("torchrun") or str(Path(sys.executable).parent / "torchrun")
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    r = subprocess.run([torchrun, "--nproc_per_node", "2", "--master_port", "29517", "-m", "quicksilver.cli",
-                        "train", "--recipe", "tiny", "--steps", "4", "--out", str(tmp_path / "ddp")],
-                       capture_output=True, text=True, timeout=600, env=env)
+    r = subprocess.run(
+        [
+            torchrun,
+            "--nproc_per_node",
+            "2",
+            "--master_port",
+            "29517",
+            "-m",
+            "quicksilver.cli",
+            "train",
+            "--recipe",
+            "tiny",
+            "--steps",
+            "4",
+            "--out",
+            str(tmp_path / "ddp"),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        env=env,
+    )
     assert r.returncode == 0, r.stderr[-2000:]
     assert (tmp_path / "ddp" / "final" / "model.safetensors").is_file()
     assert (tmp_path / "ddp" / "ckpt.rank1.pt").is_file()

@@ -1,7 +1,15 @@
 """quicksilver: a reasoning diffusion LLM engine and OpenAI-compatible server."""
+
 from .errors import CheckpointError, ConfigError, QuicksilverError
 from .pipeline import GenerationResult, Pipeline, load
 
 __version__ = "0.1.0"
-__all__ = ["load", "Pipeline", "GenerationResult", "QuicksilverError", "CheckpointError", "ConfigError",
-           "__version__"]
+__all__ = [
+    "load",
+    "Pipeline",
+    "GenerationResult",
+    "QuicksilverError",
+    "CheckpointError",
+    "ConfigError",
+    "__version__",
+]

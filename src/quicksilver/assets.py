@@ -1,4 +1,5 @@
 """Where the package's shipped files live (the embedded model and its AR baseline)."""
+
 from __future__ import annotations
 
 from pathlib import Path

@@ -1,11 +1,13 @@
 """The ``quicksilver`` command: a thin layer over the library. Errors print one line and exit 2."""
+
 from __future__ import annotations
 
 import argparse
 import json
 import sys
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 from .cli_util import add_dataclass_args, dataclass_from_args, fail
 from .errors import QuicksilverError
@@ -26,10 +28,13 @@ SAMPLER_HELP = {
 COMMANDS: dict[str, Callable[[argparse.Namespace], int]] = {}
 
 
-def command(name: str) -> Callable[[Callable[[argparse.Namespace], int]], Callable[[argparse.Namespace], int]]:
+def command(
+    name: str,
+) -> Callable[[Callable[[argparse.Namespace], int]], Callable[[argparse.Namespace], int]]:
     def deco(fn: Callable[[argparse.Namespace], int]) -> Callable[[argparse.Namespace], int]:
         COMMANDS[name] = fn
         return fn
+
     return deco
 
 
@@ -41,7 +46,9 @@ def resolve_model(path: str | None) -> Path:
 
     emb = embedded_model_path()
     if emb is None:
-        raise QuicksilverError("no --model given and no embedded model is installed in this package")
+        raise QuicksilverError(
+            "no --model given and no embedded model is installed in this package"
+        )
     return emb
 
 
@@ -52,8 +59,13 @@ def load_pipeline(args: argparse.Namespace) -> Any:
     import quicksilver
 
     dtype = getattr(torch, DTYPES[args.dtype]) if DTYPES.get(args.dtype) else None
-    return quicksilver.load(resolve_model(args.model), dtype=dtype, cache=args.cache, refresh_every=args.refresh_every,
-                            compile=getattr(args, "compile", False))
+    return quicksilver.load(
+        resolve_model(args.model),
+        dtype=dtype,
+        cache=args.cache,
+        refresh_every=args.refresh_every,
+        compile=getattr(args, "compile", False),
+    )
 
 
 def sampler_from_args(args: argparse.Namespace) -> Any:
@@ -64,32 +76,55 @@ def sampler_from_args(args: argparse.Namespace) -> Any:
 
 @command("generate")
 def cmd_generate(args: argparse.Namespace) -> int:
-    import quicksilver
 
     pipe = load_pipeline(args)
-    cfg = dataclass_from_args(type(pipe.sampler_config()), args, base=pipe.sampler_config())  # family defaults < flags
+    cfg = dataclass_from_args(
+        type(pipe.sampler_config()), args, base=pipe.sampler_config()
+    )  # family defaults < flags
     opts = {f: getattr(cfg, f) for f in cfg.__dataclass_fields__}
     chat = not args.raw and pipe.tokenizer.chat_template is not None
     prompt: Any = args.prompt
     if chat:
         prompt = ([{"role": "system", "content": args.system}] if args.system else []) + [
-            {"role": "user", "content": args.prompt}]
+            {"role": "user", "content": args.prompt}
+        ]
     if args.show:
         from .live import show
 
         opts["record_canvas"] = True
-        res = show(pipe.stream(prompt, chat=chat, **opts), pipe.tokenizer, pipe.config.mask_token_id,
-                   delay=args.show_delay)
+        res = show(
+            pipe.stream(prompt, chat=chat, **opts),
+            pipe.tokenizer,
+            pipe.config.mask_token_id,
+            delay=args.show_delay,
+        )
     else:
         res = pipe.generate(prompt, chat=chat, **opts)
     if args.json:
-        print(json.dumps({k: res.to_json()[k] for k in ("text", "tokens", "nfe", "steps", "tpf", "seconds",
-                                                          "finish_reason", "prompt_tokens")}))
+        print(
+            json.dumps(
+                {
+                    k: res.to_json()[k]
+                    for k in (
+                        "text",
+                        "tokens",
+                        "nfe",
+                        "steps",
+                        "tpf",
+                        "seconds",
+                        "finish_reason",
+                        "prompt_tokens",
+                    )
+                }
+            )
+        )
     elif not args.show:
         print(res.text)
     else:
-        print(f"[{len(res.tokens)} tokens, {res.nfe} forward passes, TPF {res.tpf:.2f}, {res.seconds:.2f}s, "
-              f"finish: {res.finish_reason}]")
+        print(
+            f"[{len(res.tokens)} tokens, {res.nfe} forward passes, TPF {res.tpf:.2f}, {res.seconds:.2f}s, "
+            f"finish: {res.finish_reason}]"
+        )
     return 0
 
 
@@ -97,7 +132,9 @@ def cmd_generate(args: argparse.Namespace) -> int:
 def cmd_init_model(args: argparse.Namespace) -> int:
     from .models.init import init_model
 
-    overrides = {k: getattr(args, k) for k in ("attention", "block_size") if getattr(args, k) is not None}
+    overrides = {
+        k: getattr(args, k) for k in ("attention", "block_size") if getattr(args, k) is not None
+    }
     out = Path(args.out)
     if out.exists() and any(out.iterdir()) and not args.force:
         raise QuicksilverError(f"{out} exists and is not empty (use --force to overwrite)")
@@ -115,12 +152,22 @@ def cmd_info(args: argparse.Namespace) -> int:
     tok, cfg = pipe.tokenizer, pipe.config
     size = sum(f.stat().st_size for f in path.iterdir() if f.is_file())
     info = {
-        "path": str(path), "architecture": cfg.architecture, "parameters": pipe.model.num_params(),
-        "attention": cfg.attention, "block_size": cfg.block_size if cfg.attention == "block_causal" else None,
-        "d_model": cfg.d_model, "n_layers": cfg.n_layers, "n_heads": cfg.n_heads, "n_kv_heads": cfg.n_kv_heads,
-        "vocab_size": cfg.vocab_size, "max_seq_len": cfg.max_seq_len, "logit_shift": cfg.logit_shift,
-        "mask_token_id": cfg.mask_token_id, "stop_token_ids": pipe.stop_ids,
-        "chat_template": tok.chat_template is not None, "bytes_on_disk": size,
+        "path": str(path),
+        "architecture": cfg.architecture,
+        "parameters": pipe.model.num_params(),
+        "attention": cfg.attention,
+        "block_size": cfg.block_size if cfg.attention == "block_causal" else None,
+        "d_model": cfg.d_model,
+        "n_layers": cfg.n_layers,
+        "n_heads": cfg.n_heads,
+        "n_kv_heads": cfg.n_kv_heads,
+        "vocab_size": cfg.vocab_size,
+        "max_seq_len": cfg.max_seq_len,
+        "logit_shift": cfg.logit_shift,
+        "mask_token_id": cfg.mask_token_id,
+        "stop_token_ids": pipe.stop_ids,
+        "chat_template": tok.chat_template is not None,
+        "bytes_on_disk": size,
     }
     if args.json:
         print(json.dumps(info))
@@ -157,15 +204,31 @@ DTYPES = {"float32": None, "bfloat16": "bfloat16", "float16": "float16"}
 def add_cache_args(p: argparse.ArgumentParser) -> None:
     from .sampling.decoder import CACHE_MODES
 
-    p.add_argument("--dtype", default="float32", choices=sorted(DTYPES),
-                   help="compute dtype (bfloat16 uses AMX on recent x86 CPUs and is the GPU default)")
-    p.add_argument("--cache", default="auto", choices=CACHE_MODES,
-                   help="KV cache: auto (exact block cache for block-causal models), none, block, or the "
-                        "approximate prefix/dual caches for bidirectional models")
-    p.add_argument("--refresh-every", type=int, default=0, dest="refresh_every",
-                   help="approximate caches: also recompute everything every N steps (0: at block starts only)")
-    p.add_argument("--compile", action="store_true",
-                   help="torch.compile the per-token parts of each block (GPU; measured slower on a 2-core CPU)")
+    p.add_argument(
+        "--dtype",
+        default="float32",
+        choices=sorted(DTYPES),
+        help="compute dtype (bfloat16 uses AMX on recent x86 CPUs and is the GPU default)",
+    )
+    p.add_argument(
+        "--cache",
+        default="auto",
+        choices=CACHE_MODES,
+        help="KV cache: auto (exact block cache for block-causal models), none, block, or the "
+        "approximate prefix/dual caches for bidirectional models",
+    )
+    p.add_argument(
+        "--refresh-every",
+        type=int,
+        default=0,
+        dest="refresh_every",
+        help="approximate caches: also recompute everything every N steps (0: at block starts only)",
+    )
+    p.add_argument(
+        "--compile",
+        action="store_true",
+        help="torch.compile the per-token parts of each block (GPU; measured slower on a 2-core CPU)",
+    )
 
 
 @command("serve")
@@ -195,17 +258,29 @@ def build_parser() -> argparse.ArgumentParser:
     from .sampling import SamplerConfig
     from .train.cli import add_parser as add_train_parser
 
-    p = argparse.ArgumentParser(prog="quicksilver", description="Reasoning diffusion LLM engine and server.")
+    p = argparse.ArgumentParser(
+        prog="quicksilver", description="Reasoning diffusion LLM engine and server."
+    )
     sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
     g = sub.add_parser("generate", help="generate text from a prompt by parallel refinement")
     g.add_argument("prompt", help="the prompt (a user message when the model has a chat template)")
     g.add_argument("--model", help="checkpoint directory (default: the embedded model)")
-    add_dataclass_args(g, SamplerConfig, rename=SAMPLER_RENAME, skip=SAMPLER_SKIP, help=SAMPLER_HELP)
-    g.add_argument("--json", action="store_true", help="print one JSON object with text, tokens, nfe, steps, tpf, seconds")
+    add_dataclass_args(
+        g, SamplerConfig, rename=SAMPLER_RENAME, skip=SAMPLER_SKIP, help=SAMPLER_HELP
+    )
+    g.add_argument(
+        "--json",
+        action="store_true",
+        help="print one JSON object with text, tokens, nfe, steps, tpf, seconds",
+    )
     g.add_argument("--show", action="store_true", help="live view of the canvas being refined")
-    g.add_argument("--show-delay", type=float, default=0.0, help="seconds to pause per step in --show")
-    g.add_argument("--raw", action="store_true", help="plain completion: do not apply the chat template")
+    g.add_argument(
+        "--show-delay", type=float, default=0.0, help="seconds to pause per step in --show"
+    )
+    g.add_argument(
+        "--raw", action="store_true", help="plain completion: do not apply the chat template"
+    )
     g.add_argument("--system", help="a system message (chat models)")
     add_cache_args(g)
 
@@ -220,10 +295,17 @@ def build_parser() -> argparse.ArgumentParser:
 
     from .server.config import SERVER_HELP, ServerConfig
 
-    sv = sub.add_parser("serve", help="the OpenAI-compatible HTTP server (default: the embedded model)")
+    sv = sub.add_parser(
+        "serve", help="the OpenAI-compatible HTTP server (default: the embedded model)"
+    )
     add_dataclass_args(sv, ServerConfig, help=SERVER_HELP)
-    sv.add_argument("--mock-step-delay", type=float, default=0.0, dest="mock_step_delay",
-                    help="seconds per step of the mock engine (tests of streaming and disconnects)")
+    sv.add_argument(
+        "--mock-step-delay",
+        type=float,
+        default=0.0,
+        dest="mock_step_delay",
+        help="seconds per step of the mock engine (tests of streaming and disconnects)",
+    )
 
     n = sub.add_parser("info", help="describe a checkpoint")
     n.add_argument("path", nargs="?", help="checkpoint directory (default: the embedded model)")
@@ -237,37 +319,71 @@ def build_parser() -> argparse.ArgumentParser:
     bd.add_argument("--threshold", type=float, default=0.9)
     bd.add_argument("--block-length", type=int, default=None, dest="block_length")
     bd.add_argument("--prompts", type=int, default=8, help="number of prompts")
-    bd.add_argument("--repeats", type=int, default=3, help="timed repeats per prompt (median reported)")
-    bd.add_argument("--out", default="runs/bench_decode", help="directory for the table and PNG plot")
+    bd.add_argument(
+        "--repeats", type=int, default=3, help="timed repeats per prompt (median reported)"
+    )
+    bd.add_argument(
+        "--out", default="runs/bench_decode", help="directory for the table and PNG plot"
+    )
     bd.add_argument("--json", action="store_true", help="(the JSON line is always printed last)")
 
     from .bench.speed import DEFAULT_TASKS
 
-    bs = bsub.add_parser("speed", help="AR vs reference vs one-token-per-step vs default, single stream")
+    bs = bsub.add_parser(
+        "speed", help="AR vs reference vs one-token-per-step vs default, single stream"
+    )
     bs.add_argument("--model", help="diffusion checkpoint (default: the embedded model)")
-    bs.add_argument("--ar-model", dest="ar_model", help="equal-size AR checkpoint (default: the embedded baseline)")
-    bs.add_argument("--tasks", default=DEFAULT_TASKS, help=f"comma-separated tasks (default: {DEFAULT_TASKS})")
+    bs.add_argument(
+        "--ar-model",
+        dest="ar_model",
+        help="equal-size AR checkpoint (default: the embedded baseline)",
+    )
+    bs.add_argument(
+        "--tasks", default=DEFAULT_TASKS, help=f"comma-separated tasks (default: {DEFAULT_TASKS})"
+    )
     bs.add_argument("--limit", type=int, default=8, help="held-out items per task")
     bs.add_argument("--seed", type=int, default=1234, help="test-split seed")
     bs.add_argument("--repeats", type=int, default=3, help="timed repeats per item (median)")
-    bs.add_argument("--threshold", type=float, default=0.9, help="threshold of the default configuration")
-    bs.add_argument("--dtype", default="float32", choices=sorted(DTYPES), help="compute dtype of the diffusion model")
-    bs.add_argument("--ar-dtype", dest="ar_dtype", choices=sorted(DTYPES),
-                    help="compute dtype of the AR baseline (default: --dtype); on AMX CPUs bf16 speeds up "
-                         "32-token blocks but slows 1-token AR steps, so each can run at its best")
-    bs.add_argument("--compile", action="store_true", help="torch.compile both models' blocks (GPU)")
-    bs.add_argument("--skip-reference", action="store_true", dest="skip_reference",
-                    help="leave out the slow reference decoder")
+    bs.add_argument(
+        "--threshold", type=float, default=0.9, help="threshold of the default configuration"
+    )
+    bs.add_argument(
+        "--dtype",
+        default="float32",
+        choices=sorted(DTYPES),
+        help="compute dtype of the diffusion model",
+    )
+    bs.add_argument(
+        "--ar-dtype",
+        dest="ar_dtype",
+        choices=sorted(DTYPES),
+        help="compute dtype of the AR baseline (default: --dtype); on AMX CPUs bf16 speeds up "
+        "32-token blocks but slows 1-token AR steps, so each can run at its best",
+    )
+    bs.add_argument(
+        "--compile", action="store_true", help="torch.compile both models' blocks (GPU)"
+    )
+    bs.add_argument(
+        "--skip-reference",
+        action="store_true",
+        dest="skip_reference",
+        help="leave out the slow reference decoder",
+    )
     bs.add_argument("--out", default="runs/bench_speed", help="directory for the PNG plot")
     bs.add_argument("--json", action="store_true", help="(the JSON line is always printed last)")
 
     from .bench.serve import add_arguments as serve_bench_args
 
-    serve_bench_args(bsub.add_parser("serve", help="a live server under load, and an agent loop with/without prefix cache"))
+    serve_bench_args(
+        bsub.add_parser(
+            "serve", help="a live server under load, and an agent loop with/without prefix cache"
+        )
+    )
     from .bench.gpu_families import add_arguments as families_bench_args
 
-    families_bench_args(bsub.add_parser("families", help="GPU speed of LLaDA-8B / Dream-7B shapes (random weights)"))
-
+    families_bench_args(
+        bsub.add_parser("families", help="GPU speed of LLaDA-8B / Dream-7B shapes (random weights)")
+    )
 
     add_train_parser(sub)
     add_eval_parser(sub)

@@ -1,10 +1,12 @@
 """Helpers for the command line: dataclass fields become flags (1:1), errors become one line."""
+
 from __future__ import annotations
 
 import argparse
 import dataclasses
 import sys
-from typing import Any, Callable, NoReturn, TypeVar
+from collections.abc import Callable
+from typing import Any, NoReturn, TypeVar
 
 T = TypeVar("T")
 
@@ -21,8 +23,13 @@ def _parse_type(annotation: str) -> tuple[Callable[[str], Any] | None, bool]:
     return _TYPES[parts[0]], optional
 
 
-def add_dataclass_args(parser: argparse.ArgumentParser, cls: type, rename: dict[str, str] | None = None,
-                       skip: set[str] | frozenset[str] = frozenset(), help: dict[str, str] | None = None) -> None:
+def add_dataclass_args(
+    parser: argparse.ArgumentParser,
+    cls: type,
+    rename: dict[str, str] | None = None,
+    skip: set[str] | frozenset[str] = frozenset(),
+    help: dict[str, str] | None = None,
+) -> None:
     """One flag per dataclass field (``--field-name``; bools get ``--x/--no-x``); defaults stay in the class."""
     rename, help = rename or {}, help or {}
     for f in dataclasses.fields(cls):
@@ -32,16 +39,21 @@ def add_dataclass_args(parser: argparse.ArgumentParser, cls: type, rename: dict[
         default = f.default if f.default is not dataclasses.MISSING else None
         text = help.get(f.name, "") + (f" (default: {default})" if default is not None else "")
         if f.type in ("bool", bool):
-            parser.add_argument(flag, dest=f.name, action=argparse.BooleanOptionalAction, default=None, help=text)
+            parser.add_argument(
+                flag, dest=f.name, action=argparse.BooleanOptionalAction, default=None, help=text
+            )
             continue
         typ, _ = _parse_type(f.type if isinstance(f.type, str) else f.type.__name__)
         if typ is None:
             continue
-        parser.add_argument(flag, dest=f.name, type=typ, default=None, help=text,
-                            metavar=f.name.upper())
+        parser.add_argument(
+            flag, dest=f.name, type=typ, default=None, help=text, metavar=f.name.upper()
+        )
 
 
-def dataclass_from_args(cls: type[T], args: argparse.Namespace, base: T | None = None, **extra: Any) -> T:
+def dataclass_from_args(
+    cls: type[T], args: argparse.Namespace, base: T | None = None, **extra: Any
+) -> T:
     """Build ``cls`` from the flags that were given (others keep ``base``'s or the class defaults)."""
     names = {f.name for f in dataclasses.fields(cls)}  # type: ignore[arg-type]
     given = {k: v for k, v in vars(args).items() if k in names and v is not None}

@@ -1,4 +1,5 @@
 """Exception types of the library: every user-facing failure is one of these, with a one-line message."""
+
 from __future__ import annotations
 
 

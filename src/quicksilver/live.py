@@ -1,8 +1,9 @@
 """A live terminal view of the canvas being refined (``quicksilver generate --show``)."""
+
 from __future__ import annotations
 
 import time
-from typing import Generator
+from collections.abc import Generator
 
 from rich.console import Console
 from rich.live import Live
@@ -19,7 +20,9 @@ def render(ev: RowEvent, tok: Tokenizer, mask_id: int) -> Text:
     new = {p for p, _ in ev.committed}
     redo = set(ev.remasked)
     out = Text()
-    out.append(f"step {ev.step:>3}  nfe {ev.row.nfe:>3}  +{len(ev.committed):<3} ", style="bold cyan")
+    out.append(
+        f"step {ev.step:>3}  nfe {ev.row.nfe:>3}  +{len(ev.committed):<3} ", style="bold cyan"
+    )
     out.append(f"{'done' if ev.done else ''}\n", style="bold green")
     for pos, t in enumerate(ev.canvas or []):
         if t == mask_id:
@@ -30,8 +33,13 @@ def render(ev: RowEvent, tok: Tokenizer, mask_id: int) -> Text:
     return out
 
 
-def show(stream: Generator[RowEvent, None, GenerationResult], tok: Tokenizer, mask_id: int,
-         delay: float = 0.0, console: Console | None = None) -> GenerationResult:
+def show(
+    stream: Generator[RowEvent, None, GenerationResult],
+    tok: Tokenizer,
+    mask_id: int,
+    delay: float = 0.0,
+    console: Console | None = None,
+) -> GenerationResult:
     console = console or Console()
     with Live(Text(""), console=console, refresh_per_second=30, transient=False) as live:
         while True:

@@ -1,10 +1,12 @@
 """``quicksilver.load(path)``: a loaded model with its tokenizer and a one-call ``generate``."""
+
 from __future__ import annotations
 
 import time
+from collections.abc import Generator, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any, Generator, Sequence
+from typing import Any
 
 import torch
 
@@ -38,26 +40,45 @@ class GenerationResult:
 class Pipeline:
     """A model, its tokenizer and the decoder; what ``quicksilver.load`` returns."""
 
-    def __init__(self, model: DiffusionLM, tokenizer: Tokenizer, path: str | Path | None = None,
-                 cache: str = "auto", refresh_every: int = 0) -> None:
+    def __init__(
+        self,
+        model: DiffusionLM,
+        tokenizer: Tokenizer,
+        path: str | Path | None = None,
+        cache: str = "auto",
+        refresh_every: int = 0,
+    ) -> None:
         self.model = model
         self.tokenizer = tokenizer
         self.config: ModelConfig = model.config
         self.path = Path(path) if path is not None else None
         mask_id = self.config.mask_token_id
         if tokenizer.mask_id is not None and tokenizer.mask_id != mask_id:
-            raise CheckpointError(f"tokenizer mask id {tokenizer.mask_id} differs from config {mask_id}")
+            raise CheckpointError(
+                f"tokenizer mask id {tokenizer.mask_id} differs from config {mask_id}"
+            )
         self.stop_ids = sorted(set(self.config.eos_token_ids) | set(tokenizer.stop_ids))
         pad = tokenizer.pad_id if tokenizer.pad_id is not None else self.config.eos_token_ids[0]
-        self.decoder = Decoder(model, mask_id, self.stop_ids, pad_id=pad, vocab_limit=tokenizer.vocab_size,
-                               cache_mode=cache, refresh_every=refresh_every)
+        self.decoder = Decoder(
+            model,
+            mask_id,
+            self.stop_ids,
+            pad_id=pad,
+            vocab_limit=tokenizer.vocab_size,
+            cache_mode=cache,
+            refresh_every=refresh_every,
+        )
         from .models.families import generation_defaults
 
         # The family's published decoding settings (+ the checkpoint's sampler_config.json): the
         # base that every request's options are applied on (CLI flags, API fields).
-        self.generation_defaults: dict[str, Any] = generation_defaults(self.config.architecture, self.path)
+        self.generation_defaults: dict[str, Any] = generation_defaults(
+            self.config.architecture, self.path
+        )
 
-    def encode_prompt(self, prompt: str | Messages, chat: bool | None = None, **template_kwargs: Any) -> list[int]:
+    def encode_prompt(
+        self, prompt: str | Messages, chat: bool | None = None, **template_kwargs: Any
+    ) -> list[int]:
         """Token ids of a plain prompt, or of messages rendered through the chat template."""
         if isinstance(prompt, str):
             if chat:
@@ -67,7 +88,9 @@ class Pipeline:
                 if not ids:
                     raise ConfigError("the prompt is empty")
                 return ids
-        if not isinstance(prompt, list) or not all(isinstance(m, dict) and "role" in m for m in prompt):
+        if not isinstance(prompt, list) or not all(
+            isinstance(m, dict) and "role" in m for m in prompt
+        ):
             raise ConfigError("messages must be a list of {'role': ..., 'content': ...} objects")
         return self.tokenizer.encode(self.tokenizer.apply_chat_template(prompt, **template_kwargs))
 
@@ -75,21 +98,32 @@ class Pipeline:
         """The family's defaults with ``options`` applied on top."""
         return SamplerConfig().replace(**{**self.generation_defaults, **options})
 
-    def stream(self, prompt: str | Messages, chat: bool | None = None, **options: Any
-               ) -> Generator[RowEvent, None, GenerationResult]:
+    def stream(
+        self, prompt: str | Messages, chat: bool | None = None, **options: Any
+    ) -> Generator[RowEvent, None, GenerationResult]:
         """Yield every step's event for one prompt; return the GenerationResult."""
         ids = self.encode_prompt(prompt, chat)
         cfg = self.sampler_config(**options)
         t0 = time.perf_counter()
         row = self.decoder.new_row(ids, cfg)
         while not row.done:
-            for ev in self.decoder.step([row]):
-                yield ev
+            yield from self.decoder.step([row])
         res = row.result()
-        return GenerationResult(self.tokenizer.decode(res.tokens), res.tokens, res.finish_reason, res.nfe,
-                                res.steps, res.tpf, time.perf_counter() - t0, len(ids), res.revisions)
+        return GenerationResult(
+            self.tokenizer.decode(res.tokens),
+            res.tokens,
+            res.finish_reason,
+            res.nfe,
+            res.steps,
+            res.tpf,
+            time.perf_counter() - t0,
+            len(ids),
+            res.revisions,
+        )
 
-    def generate(self, prompt: str | Messages, chat: bool | None = None, **options: Any) -> GenerationResult:
+    def generate(
+        self, prompt: str | Messages, chat: bool | None = None, **options: Any
+    ) -> GenerationResult:
         gen = self.stream(prompt, chat, **options)
         while True:
             try:
@@ -97,20 +131,39 @@ class Pipeline:
             except StopIteration as stop:
                 return stop.value
 
-    def generate_batch(self, prompts: Sequence[str | Messages], chat: bool | None = None, **options: Any
-                       ) -> list[GenerationResult]:
+    def generate_batch(
+        self, prompts: Sequence[str | Messages], chat: bool | None = None, **options: Any
+    ) -> list[GenerationResult]:
         """Decode several prompts in one batch (one forward per step for all of them)."""
         ids = [self.encode_prompt(p, chat) for p in prompts]
         cfg = self.sampler_config(**options)
         t0 = time.perf_counter()
         results = self.decoder.generate(ids, cfg)
         dt = time.perf_counter() - t0
-        return [GenerationResult(self.tokenizer.decode(r.tokens), r.tokens, r.finish_reason, r.nfe, r.steps, r.tpf,
-                                 dt, len(i), r.revisions) for r, i in zip(results, ids)]
+        return [
+            GenerationResult(
+                self.tokenizer.decode(r.tokens),
+                r.tokens,
+                r.finish_reason,
+                r.nfe,
+                r.steps,
+                r.tpf,
+                dt,
+                len(i),
+                r.revisions,
+            )
+            for r, i in zip(results, ids)
+        ]
 
 
-def load(path: str | Path, dtype: torch.dtype | None = None, device: str | torch.device | None = None,
-         cache: str = "auto", refresh_every: int = 0, compile: bool = False) -> Pipeline:
+def load(
+    path: str | Path,
+    dtype: torch.dtype | None = None,
+    device: str | torch.device | None = None,
+    cache: str = "auto",
+    refresh_every: int = 0,
+    compile: bool = False,
+) -> Pipeline:
     """Load a checkpoint directory (never touches the network). Default: CPU float32, CUDA bfloat16.
 
     cache: ``auto`` (the exact block cache for block-causal models, none for bidirectional ones),

@@ -4,26 +4,39 @@ A checkpoint carries ``tokenizer.json`` (the fast tokenizer) and ``tokenizer_con
 tokens by role — mask, eos, bos, pad, end-of-turn — and a Jinja chat template). Templates render
 in Jinja's immutable sandbox: a checkpoint can never run code through its template.
 """
+
 from __future__ import annotations
 
 import json
+from collections.abc import Iterable
 from pathlib import Path
-from typing import Any, Iterable
+from typing import Any
 
 from jinja2 import TemplateError
 from jinja2.sandbox import ImmutableSandboxedEnvironment
-from tokenizers import AddedToken, Tokenizer as FastTokenizer
-from tokenizers import decoders, models, pre_tokenizers
+from tokenizers import AddedToken, decoders, models, pre_tokenizers
+from tokenizers import Tokenizer as FastTokenizer
 
 from .errors import CheckpointError, ConfigError
 
 # Special tokens of quicksilver's own models, at fixed ids 0..15; byte-level BPE pieces follow.
 SPECIAL_TOKENS: list[tuple[str, bool]] = [  # (text, special: hidden when decoding for users)
-    ("<|pad|>", True), ("<|endoftext|>", True), ("<|mask|>", True), ("<|im_start|>", True),
-    ("<|im_end|>", True), ("<think>", False), ("</think>", False), ("<tool_call>", False),
-    ("</tool_call>", False), ("<tool_response>", False), ("</tool_response>", False),
-    ("<|fim_prefix|>", True), ("<|fim_suffix|>", True), ("<|fim_middle|>", True),
-    ("<|reserved_0|>", True), ("<|reserved_1|>", True),
+    ("<|pad|>", True),
+    ("<|endoftext|>", True),
+    ("<|mask|>", True),
+    ("<|im_start|>", True),
+    ("<|im_end|>", True),
+    ("<think>", False),
+    ("</think>", False),
+    ("<tool_call>", False),
+    ("</tool_call>", False),
+    ("<tool_response>", False),
+    ("</tool_response>", False),
+    ("<|fim_prefix|>", True),
+    ("<|fim_suffix|>", True),
+    ("<|fim_middle|>", True),
+    ("<|reserved_0|>", True),
+    ("<|reserved_1|>", True),
 ]
 
 # ChatML with tools (schemas in the system turn, calls as <tool_call>{json}</tool_call>, results in
@@ -75,7 +88,9 @@ class Tokenizer:
         self.fast = fast
         self.config = config
         self.chat_template: str | None = config.get("chat_template")
-        self._compiled = _template_env().from_string(self.chat_template) if self.chat_template else None
+        self._compiled = (
+            _template_env().from_string(self.chat_template) if self.chat_template else None
+        )
 
         def tid(role: str) -> int | None:
             tok = config.get(role)
@@ -92,7 +107,7 @@ class Tokenizer:
 
     # ---- construction -------------------------------------------------------------------------
     @classmethod
-    def from_dir(cls, path: str | Path) -> "Tokenizer":
+    def from_dir(cls, path: str | Path) -> Tokenizer:
         path = Path(path)
         tj, tc = path / "tokenizer.json", path / "tokenizer_config.json"
         if not tj.is_file():
@@ -100,7 +115,9 @@ class Tokenizer:
         try:
             fast = FastTokenizer.from_file(str(tj))
         except Exception as e:  # tokenizers raises plain Exception on bad JSON
-            raise CheckpointError(f"{tj}: not a valid tokenizer ({str(e).splitlines()[0]})") from None
+            raise CheckpointError(
+                f"{tj}: not a valid tokenizer ({str(e).splitlines()[0]})"
+            ) from None
         config: dict[str, Any] = {}
         if tc.is_file():
             try:
@@ -115,8 +132,12 @@ class Tokenizer:
             raise CheckpointError(f"{tc}: chat template does not compile ({e})") from None
 
     @classmethod
-    def byte_level(cls, merges_from: Iterable[str] | None = None, vocab_size: int = 512,
-                   individual_digits: bool = False) -> "Tokenizer":
+    def byte_level(
+        cls,
+        merges_from: Iterable[str] | None = None,
+        vocab_size: int = 512,
+        individual_digits: bool = False,
+    ) -> Tokenizer:
         """Quicksilver's tokenizer: 16 specials, 256 byte pieces, optional BPE merges trained on text.
 
         ``individual_digits`` splits every digit into its own piece before BPE (better arithmetic).
@@ -128,24 +149,39 @@ class Tokenizer:
         bpe = models.BPE(vocab=vocab, merges=[])
         fast = FastTokenizer(bpe)
         byte_pre = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)
-        fast.pre_tokenizer = (pre_tokenizers.Sequence([pre_tokenizers.Digits(individual_digits=True), byte_pre])
-                              if individual_digits else byte_pre)
+        fast.pre_tokenizer = (
+            pre_tokenizers.Sequence([pre_tokenizers.Digits(individual_digits=True), byte_pre])
+            if individual_digits
+            else byte_pre
+        )
         fast.decoder = decoders.ByteLevel()
         if merges_from is not None:
             from tokenizers import trainers
 
             trainer = trainers.BpeTrainer(
-                vocab_size=vocab_size, special_tokens=[t for t, _ in SPECIAL_TOKENS],
-                initial_alphabet=alphabet, show_progress=False)
+                vocab_size=vocab_size,
+                special_tokens=[t for t, _ in SPECIAL_TOKENS],
+                initial_alphabet=alphabet,
+                show_progress=False,
+            )
             fast.train_from_iterator(merges_from, trainer=trainer)
-        fast.add_tokens([AddedToken(t, special=False, normalized=False) for t, s in SPECIAL_TOKENS if not s])
-        fast.add_special_tokens([AddedToken(t, special=True, normalized=False) for t, s in SPECIAL_TOKENS if s])
+        fast.add_tokens(
+            [AddedToken(t, special=False, normalized=False) for t, s in SPECIAL_TOKENS if not s]
+        )
+        fast.add_special_tokens(
+            [AddedToken(t, special=True, normalized=False) for t, s in SPECIAL_TOKENS if s]
+        )
         config = {
             "tokenizer_class": "PreTrainedTokenizerFast",
-            "bos_token": None, "eos_token": "<|endoftext|>", "pad_token": "<|pad|>",
-            "mask_token": "<|mask|>", "stop_tokens": ["<|im_end|>"],
-            "chat_template": DEFAULT_CHAT_TEMPLATE, "model_max_length": 1024,
-            "add_bos_token": False, "add_eos_token": False,
+            "bos_token": None,
+            "eos_token": "<|endoftext|>",
+            "pad_token": "<|pad|>",
+            "mask_token": "<|mask|>",
+            "stop_tokens": ["<|im_end|>"],
+            "chat_template": DEFAULT_CHAT_TEMPLATE,
+            "model_max_length": 1024,
+            "add_bos_token": False,
+            "add_eos_token": False,
         }
         return cls(fast, config)
 
@@ -157,7 +193,9 @@ class Tokenizer:
             str(i): {"content": t.content, "special": t.special}
             for i, t in sorted(self.fast.get_added_tokens_decoder().items())
         }
-        (path / "tokenizer_config.json").write_text(json.dumps(cfg, indent=2, ensure_ascii=False) + "\n")
+        (path / "tokenizer_config.json").write_text(
+            json.dumps(cfg, indent=2, ensure_ascii=False) + "\n"
+        )
 
     # ---- use ----------------------------------------------------------------------------------
     @property
@@ -183,9 +221,16 @@ class Tokenizer:
         if self._compiled is None:
             raise ConfigError("this tokenizer has no chat template; pass a plain prompt instead")
         special = {k: self.config.get(k) for k in ("bos_token", "eos_token")}
-        special = {k: (v.get("content") if isinstance(v, dict) else v) or "" for k, v in special.items()}
+        special = {
+            k: (v.get("content") if isinstance(v, dict) else v) or "" for k, v in special.items()
+        }
         try:
-            return self._compiled.render(messages=messages, tools=tools, add_generation_prompt=add_generation_prompt,
-                                         **special, **kwargs)
+            return self._compiled.render(
+                messages=messages,
+                tools=tools,
+                add_generation_prompt=add_generation_prompt,
+                **special,
+                **kwargs,
+            )
         except TemplateError as e:
             raise ConfigError(f"chat template failed: {e}") from None

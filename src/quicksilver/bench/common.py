@@ -1,12 +1,14 @@
 """Shared benchmark plumbing: medians, a rich table, the final JSON line, PNG bar plots."""
+
 from __future__ import annotations
 
 import json
 import math
 import platform
 import statistics
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any
 
 import torch
 
@@ -18,9 +20,13 @@ def median(xs: Sequence[float]) -> float:
 def hardware() -> dict[str, Any]:
     import os
 
-    info: dict[str, Any] = {"cpu_count": os.cpu_count(), "torch_threads": torch.get_num_threads(),
-                            "machine": platform.machine(), "python": platform.python_version(),
-                            "torch": torch.__version__}
+    info: dict[str, Any] = {
+        "cpu_count": os.cpu_count(),
+        "torch_threads": torch.get_num_threads(),
+        "machine": platform.machine(),
+        "python": platform.python_version(),
+        "torch": torch.__version__,
+    }
     try:
         for line in Path("/proc/cpuinfo").read_text().splitlines():
             if line.startswith("model name"):
@@ -54,7 +60,9 @@ def bar_plot(path: Path, labels: list[str], series: dict[str, list[float]], titl
     fig, axes = plt.subplots(1, len(series), figsize=(4.2 * len(series), 3.6))
     axes = [axes] if len(series) == 1 else list(axes)
     for ax, (name, vals) in zip(axes, series.items()):
-        ax.bar(labels, vals, color=["#888888", "#4c72b0", "#dd8452", "#55a868", "#c44e52"][: len(vals)])
+        ax.bar(
+            labels, vals, color=["#888888", "#4c72b0", "#dd8452", "#55a868", "#c44e52"][: len(vals)]
+        )
         ax.set_title(name)
         ax.tick_params(axis="x", rotation=20)
     fig.suptitle(title)

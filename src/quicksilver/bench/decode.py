@@ -3,6 +3,7 @@
 Same model, same prompts, one run: for each method the forward passes (NFE), tokens per forward
 (TPF) and tok/s (median over prompts of the median over repeats). Ends with one JSON line.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -33,9 +34,13 @@ PROMPTS = [
 
 
 def _reference_tokens(pipe: Pipeline, ids: list[int], n: int, block: int) -> tuple[list[int], int]:
-    res = reference_generate(pipe.model, ids, pipe.config.mask_token_id, gen_length=n, steps=n, block_length=block)
+    res = reference_generate(
+        pipe.model, ids, pipe.config.mask_token_id, gen_length=n, steps=n, block_length=block
+    )
     out = res.canvas
-    for i, t in enumerate(out):  # the reference fills the whole canvas; the answer ends at a stop token
+    for i, t in enumerate(
+        out
+    ):  # the reference fills the whole canvas; the answer ends at a stop token
         if t in pipe.stop_ids:
             out = out[:i]
             break
@@ -45,19 +50,26 @@ def _reference_tokens(pipe: Pipeline, ids: list[int], n: int, block: int) -> tup
 def run_decode_bench(model_path: Path, args: argparse.Namespace) -> int:
     pipe = load(model_path)
     n = args.max_tokens
-    block = args.block_length or (pipe.config.block_size if pipe.config.attention == "block_causal" else 32)
+    block = args.block_length or (
+        pipe.config.block_size if pipe.config.attention == "block_causal" else 32
+    )
     block = min(block, n)
     if n % block:
         n = (n // block) * block or block
     chat = pipe.tokenizer.chat_template is not None
     prompts = [pipe.encode_prompt(p, chat=chat) for p in (PROMPTS * 4)[: args.prompts]]
     methods: dict[str, Any] = {
-        "one_token_per_step": SamplerConfig(max_new_tokens=n, policy="low_confidence", steps=n, block_length=block),
-        "threshold": SamplerConfig(max_new_tokens=n, policy="threshold", threshold=args.threshold,
-                                   block_length=block),
+        "one_token_per_step": SamplerConfig(
+            max_new_tokens=n, policy="low_confidence", steps=n, block_length=block
+        ),
+        "threshold": SamplerConfig(
+            max_new_tokens=n, policy="threshold", threshold=args.threshold, block_length=block
+        ),
         "reference": None,
     }
-    stats: dict[str, dict[str, list[float]]] = {m: {"tok_s": [], "nfe": [], "tpf": [], "tokens": []} for m in methods}
+    stats: dict[str, dict[str, list[float]]] = {
+        m: {"tok_s": [], "nfe": [], "tpf": [], "tokens": []} for m in methods
+    }
     pipe.decoder.generate([prompts[0]], SamplerConfig(max_new_tokens=min(8, n)))  # warm-up
     for ids in prompts:
         for name, cfg in methods.items():
@@ -80,16 +92,37 @@ def run_decode_bench(model_path: Path, args: argparse.Namespace) -> int:
     summary = {m: {k: median(v) for k, v in s.items()} for m, s in stats.items()}
     ref = summary["reference"]["tok_s"] or float("nan")
     one = summary["one_token_per_step"]["tok_s"] or float("nan")
-    rows = [[m, v["tokens"], v["nfe"], v["tpf"], v["tok_s"], v["tok_s"] / ref, v["tok_s"] / one]
-            for m, v in summary.items()]
-    print_table(f"bench decode — {model_path} (canvas {n}, block {block}, {len(prompts)} prompts)",
-                ["method", "tokens", "NFE", "TPF", "tok/s", "× reference", "× one/step"], rows)
+    rows = [
+        [m, v["tokens"], v["nfe"], v["tpf"], v["tok_s"], v["tok_s"] / ref, v["tok_s"] / one]
+        for m, v in summary.items()
+    ]
+    print_table(
+        f"bench decode — {model_path} (canvas {n}, block {block}, {len(prompts)} prompts)",
+        ["method", "tokens", "NFE", "TPF", "tok/s", "× reference", "× one/step"],
+        rows,
+    )
     out = Path(args.out)
-    png = bar_plot(out / "decode.png", list(summary), {k: [summary[m][k] for m in summary] for k in ("tok_s", "tpf", "nfe")},
-                   f"decode benchmark (canvas {n})")
-    emit_json({"bench": "decode", "model": str(model_path), "canvas": n, "block_length": block,
-               "threshold": args.threshold, "prompts": len(prompts), "repeats": args.repeats,
-               "methods": summary, "ratio_threshold_vs_reference": summary["threshold"]["tok_s"] / ref,
-               "ratio_threshold_vs_one_per_step": summary["threshold"]["tok_s"] / one,
-               "plot": str(png), "hardware": hardware(), "torch_threads": torch.get_num_threads()})
+    png = bar_plot(
+        out / "decode.png",
+        list(summary),
+        {k: [summary[m][k] for m in summary] for k in ("tok_s", "tpf", "nfe")},
+        f"decode benchmark (canvas {n})",
+    )
+    emit_json(
+        {
+            "bench": "decode",
+            "model": str(model_path),
+            "canvas": n,
+            "block_length": block,
+            "threshold": args.threshold,
+            "prompts": len(prompts),
+            "repeats": args.repeats,
+            "methods": summary,
+            "ratio_threshold_vs_reference": summary["threshold"]["tok_s"] / ref,
+            "ratio_threshold_vs_one_per_step": summary["threshold"]["tok_s"] / one,
+            "plot": str(png),
+            "hardware": hardware(),
+            "torch_threads": torch.get_num_threads(),
+        }
+    )
     return 0

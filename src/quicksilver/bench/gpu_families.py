@@ -16,6 +16,7 @@ For LLaDA and Dream (bidirectional) a KV cache is an approximation (Fast-dLLM's 
 timing is the same either way. ``--tiny`` runs toy shapes on CPU in seconds (CI). Ends with one
 line of JSON.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -24,6 +25,7 @@ import platform
 import resource
 import sys
 import time
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -35,20 +37,65 @@ from ..models.families.llada import llada_config
 from ..models.transformer import DiffusionLM, KVCache, Rotary
 
 # Published config.json files (shared/reference/model_formats.md §1.2, §2.2), the fields that shape the network.
-LLADA_8B = {"architectures": ["LLaDAModelLM"], "block_type": "llama", "d_model": 4096, "n_heads": 32, "n_kv_heads": 32,
-            "n_layers": 32, "mlp_hidden_size": 12288, "embedding_size": 126464, "vocab_size": 126464,
-            "rms_norm_eps": 1e-05, "rope_theta": 500000.0, "max_sequence_length": 4096, "weight_tying": False,
-            "mask_token_id": 126336, "eos_token_id": 126081, "pad_token_id": 126081}
-DREAM_7B = {"architectures": ["DreamModel"], "hidden_size": 3584, "intermediate_size": 18944, "num_hidden_layers": 28,
-            "num_attention_heads": 28, "num_key_value_heads": 4, "vocab_size": 152064, "rms_norm_eps": 1e-06,
-            "rope_theta": 1000000.0, "max_position_embeddings": 131072, "tie_word_embeddings": False,
-            "mask_token_id": 151666, "eos_token_id": 151643, "pad_token_id": 151643}
-TINY_OVERRIDES = {"llada-8b": {"d_model": 64, "n_heads": 4, "n_kv_heads": 4, "n_layers": 2, "mlp_hidden_size": 128,
-                               "embedding_size": 512, "vocab_size": 512, "mask_token_id": 500, "eos_token_id": 1,
-                               "pad_token_id": 1},
-                  "dream-7b": {"hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 2,
-                               "num_attention_heads": 4, "num_key_value_heads": 2, "vocab_size": 512,
-                               "mask_token_id": 500, "eos_token_id": 1, "pad_token_id": 1}}
+LLADA_8B = {
+    "architectures": ["LLaDAModelLM"],
+    "block_type": "llama",
+    "d_model": 4096,
+    "n_heads": 32,
+    "n_kv_heads": 32,
+    "n_layers": 32,
+    "mlp_hidden_size": 12288,
+    "embedding_size": 126464,
+    "vocab_size": 126464,
+    "rms_norm_eps": 1e-05,
+    "rope_theta": 500000.0,
+    "max_sequence_length": 4096,
+    "weight_tying": False,
+    "mask_token_id": 126336,
+    "eos_token_id": 126081,
+    "pad_token_id": 126081,
+}
+DREAM_7B = {
+    "architectures": ["DreamModel"],
+    "hidden_size": 3584,
+    "intermediate_size": 18944,
+    "num_hidden_layers": 28,
+    "num_attention_heads": 28,
+    "num_key_value_heads": 4,
+    "vocab_size": 152064,
+    "rms_norm_eps": 1e-06,
+    "rope_theta": 1000000.0,
+    "max_position_embeddings": 131072,
+    "tie_word_embeddings": False,
+    "mask_token_id": 151666,
+    "eos_token_id": 151643,
+    "pad_token_id": 151643,
+}
+TINY_OVERRIDES = {
+    "llada-8b": {
+        "d_model": 64,
+        "n_heads": 4,
+        "n_kv_heads": 4,
+        "n_layers": 2,
+        "mlp_hidden_size": 128,
+        "embedding_size": 512,
+        "vocab_size": 512,
+        "mask_token_id": 500,
+        "eos_token_id": 1,
+        "pad_token_id": 1,
+    },
+    "dream-7b": {
+        "hidden_size": 64,
+        "intermediate_size": 128,
+        "num_hidden_layers": 2,
+        "num_attention_heads": 4,
+        "num_key_value_heads": 2,
+        "vocab_size": 512,
+        "mask_token_id": 500,
+        "eos_token_id": 1,
+        "pad_token_id": 1,
+    },
+}
 
 
 def shape_config(name: str, tiny: bool) -> ModelConfig:
@@ -56,11 +103,21 @@ def shape_config(name: str, tiny: bool) -> ModelConfig:
     if name == "llada-8b":
         return llada_config(where, {**LLADA_8B, **(TINY_OVERRIDES[name] if tiny else {})})
     cj = {**DREAM_7B, **(TINY_OVERRIDES[name] if tiny else {})}
-    return qwen_config(where, cj, "Dream", qkv_bias=True, attention="bidirectional", logit_shift=True,
-                       max_seq_len=2048, mask_token_id=cj["mask_token_id"])
+    return qwen_config(
+        where,
+        cj,
+        "Dream",
+        qkv_bias=True,
+        attention="bidirectional",
+        logit_shift=True,
+        max_seq_len=2048,
+        mask_token_id=cj["mask_token_id"],
+    )
 
 
-def random_model(cfg: ModelConfig, device: torch.device, dtype: torch.dtype, seed: int = 0) -> DiffusionLM:
+def random_model(
+    cfg: ModelConfig, device: torch.device, dtype: torch.dtype, seed: int = 0
+) -> DiffusionLM:
     """The network with random N(0, 0.02) weights made directly on the device (no CPU copy, no init cost)."""
     with torch.device("meta"):
         model = DiffusionLM(cfg)
@@ -95,11 +152,15 @@ def _rate(fn: Any, device: torch.device, iters: int, warmup: int) -> float:
 def _peak_bytes(device: torch.device) -> int:
     if device.type == "cuda":
         return int(torch.cuda.max_memory_allocated(device))
-    return int(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss) * 1024  # process peak RSS (Linux: KiB)
+    return (
+        int(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss) * 1024
+    )  # process peak RSS (Linux: KiB)
 
 
 @torch.no_grad()
-def bench_shape(name: str, args: argparse.Namespace, device: torch.device, dtype: torch.dtype) -> dict[str, Any]:
+def bench_shape(
+    name: str, args: argparse.Namespace, device: torch.device, dtype: torch.dtype
+) -> dict[str, Any]:
     cfg = shape_config(name, args.tiny)
     if device.type == "cuda":
         torch.cuda.empty_cache()
@@ -110,43 +171,83 @@ def bench_shape(name: str, args: argparse.Namespace, device: torch.device, dtype
     rows = []
     for batch in args.batch:
         gen = torch.Generator(device="cpu").manual_seed(batch)
-        ctx = torch.randint(0, cfg.vocab_size, (batch, args.context), generator=gen).to(device)  # (B, P)
-        blk = torch.full((batch, args.block), cfg.mask_token_id, dtype=torch.long, device=device)  # (B, 32)
+        ctx = torch.randint(0, cfg.vocab_size, (batch, args.context), generator=gen).to(
+            device
+        )  # (B, P)
+        blk = torch.full(
+            (batch, args.block), cfg.mask_token_id, dtype=torch.long, device=device
+        )  # (B, 32)
         cache = KVCache()
         model(ctx, cache=cache, append=True)  # prefill the context once
-        block_rate = _rate(lambda: model(blk, cache=cache), device, args.iters, args.warmup)
+        block_rate = _rate(partial(model, blk, cache=cache), device, args.iters, args.warmup)
         whole = torch.cat((ctx, blk), dim=1)  # (B, P + 32)
-        full_rate = _rate(lambda: model(whole), device, max(1, args.iters // 2), 1)
-        row = {"batch": batch, "context": args.context, "block": args.block,
-               "block_fwd_per_s": round(block_rate, 2), "full_fwd_per_s": round(full_rate, 2),
-               "cache_speedup": round(block_rate / full_rate, 2), "cache_bytes": cache.nbytes(),
-               "projected_tok_s_per_request": {str(t): round(block_rate * t, 1) for t in args.tpf},
-               "projected_tok_s_aggregate": {str(t): round(block_rate * t * batch, 1) for t in args.tpf}}
+        full_rate = _rate(partial(model, whole), device, max(1, args.iters // 2), 1)
+        row = {
+            "batch": batch,
+            "context": args.context,
+            "block": args.block,
+            "block_fwd_per_s": round(block_rate, 2),
+            "full_fwd_per_s": round(full_rate, 2),
+            "cache_speedup": round(block_rate / full_rate, 2),
+            "cache_bytes": cache.nbytes(),
+            "projected_tok_s_per_request": {str(t): round(block_rate * t, 1) for t in args.tpf},
+            "projected_tok_s_aggregate": {
+                str(t): round(block_rate * t * batch, 1) for t in args.tpf
+            },
+        }
         rows.append(row)
         del cache
-        print(f"{name:>9} batch {batch}: {block_rate:8.2f} block fwd/s (cache of {args.context}), "
-              f"{full_rate:8.2f} full fwd/s, x{row['cache_speedup']} ; tok/s at TPF "
-              + ", ".join(f"{t}: {block_rate * t:.0f}" for t in args.tpf), file=sys.stderr)
-    out = {"shape": name, "architecture": cfg.architecture, "parameters": model.num_params(), "dtype": str(dtype),
-           "attention": cfg.attention, "logit_shift": cfg.logit_shift, "build_seconds": round(build_s, 2),
-           "peak_memory_bytes": _peak_bytes(device), "rows": rows}
+        print(
+            f"{name:>9} batch {batch}: {block_rate:8.2f} block fwd/s (cache of {args.context}), "
+            f"{full_rate:8.2f} full fwd/s, x{row['cache_speedup']} ; tok/s at TPF "
+            + ", ".join(f"{t}: {block_rate * t:.0f}" for t in args.tpf),
+            file=sys.stderr,
+        )
+    out = {
+        "shape": name,
+        "architecture": cfg.architecture,
+        "parameters": model.num_params(),
+        "dtype": str(dtype),
+        "attention": cfg.attention,
+        "logit_shift": cfg.logit_shift,
+        "build_seconds": round(build_s, 2),
+        "peak_memory_bytes": _peak_bytes(device),
+        "rows": rows,
+    }
     del model
     return out
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--tiny", action="store_true", help="toy shapes (CPU, seconds): checks the script, not the speed")
-    p.add_argument("--shapes", nargs="+", default=["llada-8b", "dream-7b"], choices=["llada-8b", "dream-7b"])
+    p.add_argument(
+        "--tiny",
+        action="store_true",
+        help="toy shapes (CPU, seconds): checks the script, not the speed",
+    )
+    p.add_argument(
+        "--shapes", nargs="+", default=["llada-8b", "dream-7b"], choices=["llada-8b", "dream-7b"]
+    )
     p.add_argument("--batch", nargs="+", type=int, default=[1, 8])
-    p.add_argument("--context", type=int, default=512, help="cached positions before the block (prompt + done)")
+    p.add_argument(
+        "--context", type=int, default=512, help="cached positions before the block (prompt + done)"
+    )
     p.add_argument("--block", type=int, default=32, help="block length decoded per forward")
     p.add_argument("--iters", type=int, default=20, help="timed forwards per measurement")
     p.add_argument("--warmup", type=int, default=3)
-    p.add_argument("--tpf", nargs="+", type=float, default=[1.0, 2.0, 3.0],
-                   help="tokens per forward to project tok/s at (1 = one token per step)")
+    p.add_argument(
+        "--tpf",
+        nargs="+",
+        type=float,
+        default=[1.0, 2.0, 3.0],
+        help="tokens per forward to project tok/s at (1 = one token per step)",
+    )
     p.add_argument("--device", default=None, help="default: cuda if available, else cpu")
-    p.add_argument("--dtype", default=None, choices=["bfloat16", "float16", "float32"],
-                   help="default: bfloat16 on GPU, float32 on CPU")
+    p.add_argument(
+        "--dtype",
+        default=None,
+        choices=["bfloat16", "float16", "float32"],
+        help="default: bfloat16 on GPU, float32 on CPU",
+    )
     p.add_argument("--out", default=None, help="also write the JSON result to this file")
 
 
@@ -155,15 +256,28 @@ def run(args: argparse.Namespace) -> int:
     dtype = getattr(torch, args.dtype or ("bfloat16" if device.type == "cuda" else "float32"))
     if args.tiny:
         args.context, args.iters = min(args.context, 64), min(args.iters, 3)
-    hw = torch.cuda.get_device_name(device) if device.type == "cuda" else platform.processor() or platform.machine()
-    print(f"quicksilver bench families: RANDOM weights ({'tiny toy shapes' if args.tiny else 'real shapes'}) "
-          f"on {device.type} ({hw}), {dtype}", file=sys.stderr)
+    hw = (
+        torch.cuda.get_device_name(device)
+        if device.type == "cuda"
+        else platform.processor() or platform.machine()
+    )
+    print(
+        f"quicksilver bench families: RANDOM weights ({'tiny toy shapes' if args.tiny else 'real shapes'}) "
+        f"on {device.type} ({hw}), {dtype}",
+        file=sys.stderr,
+    )
     results = [bench_shape(s, args, device, dtype) for s in args.shapes]
-    summary = {"bench": "families", "weights": "random", "tiny": args.tiny, "device": device.type, "hardware": hw,
-               "torch": torch.__version__,
-               "note": "speed of the network shape only: random weights, so no quality and no measured TPF; "
-                       "tok/s are projections at the given TPF",
-               "results": results}
+    summary = {
+        "bench": "families",
+        "weights": "random",
+        "tiny": args.tiny,
+        "device": device.type,
+        "hardware": hw,
+        "torch": torch.__version__,
+        "note": "speed of the network shape only: random weights, so no quality and no measured TPF; "
+        "tok/s are projections at the given TPF",
+        "results": results,
+    }
     line = json.dumps(summary)
     if args.out:
         Path(args.out).parent.mkdir(parents=True, exist_ok=True)
@@ -173,7 +287,9 @@ def run(args: argparse.Namespace) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m quicksilver.bench.gpu_families", description=__doc__.split("\n")[0])
+    p = argparse.ArgumentParser(
+        prog="python -m quicksilver.bench.gpu_families", description=__doc__.split("\n")[0]
+    )
     add_arguments(p)
     return run(p.parse_args(argv))
 

@@ -10,6 +10,7 @@ Agent loop: a multi-turn tool-calling conversation resent in full every turn (as
 do); seconds per turn, measured against a server with the prefix cache and one without.
 Both end with one JSON line and write a PNG.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -23,9 +24,10 @@ import socket
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
 from ..errors import QuicksilverError
 from .common import emit_json, hardware, median, print_table, save_figure
@@ -52,16 +54,30 @@ def launch_server(model: str | None, extra: list[str], timeout: float = 180.0) -
     import httpx
 
     port = free_port()
-    cmd = [sys.executable, "-m", "quicksilver.cli", "serve", "--host", "127.0.0.1", "--port", str(port), *extra]
+    cmd = [
+        sys.executable,
+        "-m",
+        "quicksilver.cli",
+        "serve",
+        "--host",
+        "127.0.0.1",
+        "--port",
+        str(port),
+        *extra,
+    ]
     if model:
         cmd += ["--model", model]
-    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, env=os.environ.copy())
+    proc = subprocess.Popen(
+        cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, env=os.environ.copy()
+    )
     url = f"http://127.0.0.1:{port}"
     try:
         t0 = time.time()
         while True:
             if proc.poll() is not None:
-                raise QuicksilverError(f"server exited: {(proc.stderr.read() if proc.stderr else '')[-400:]}")
+                raise QuicksilverError(
+                    f"server exited: {(proc.stderr.read() if proc.stderr else '')[-400:]}"
+                )
             try:
                 if httpx.get(url + "/health", timeout=2).status_code == 200:
                     break
@@ -100,7 +116,9 @@ async def stream_chat(client: Any, url: str, body: dict[str, Any], api_key: str 
     res = Result(ok=False)
     calls: dict[int, dict[str, Any]] = {}
     try:
-        async with client.stream("POST", url + "/v1/chat/completions", json=body, headers=headers) as r:
+        async with client.stream(
+            "POST", url + "/v1/chat/completions", json=body, headers=headers
+        ) as r:
             if r.status_code != 200:
                 res.error = f"HTTP {r.status_code}: {(await r.aread())[:200]!r}"
                 return res
@@ -117,7 +135,9 @@ async def stream_chat(client: Any, url: str, body: dict[str, Any], api_key: str 
                     delta = ch.get("delta") or {}
                     text = (delta.get("content") or "") + (delta.get("reasoning_content") or "")
                     for tc in delta.get("tool_calls") or []:
-                        c = calls.setdefault(tc.get("index", 0), {"id": tc.get("id"), "name": "", "arguments": ""})
+                        c = calls.setdefault(
+                            tc.get("index", 0), {"id": tc.get("id"), "name": "", "arguments": ""}
+                        )
                         fn = tc.get("function") or {}
                         c["name"] += fn.get("name") or ""
                         c["arguments"] += fn.get("arguments") or ""
@@ -138,8 +158,15 @@ async def stream_chat(client: Any, url: str, body: dict[str, Any], api_key: str 
     return res
 
 
-async def run_level(url: str, bodies: list[dict[str, Any]], concurrency: int, rate: float, time_limit: float,
-                    api_key: str | None, seed: int) -> tuple[list[Result], float]:
+async def run_level(
+    url: str,
+    bodies: list[dict[str, Any]],
+    concurrency: int,
+    rate: float,
+    time_limit: float,
+    api_key: str | None,
+    seed: int,
+) -> tuple[list[Result], float]:
     import httpx
 
     rng = random.Random(seed)
@@ -170,12 +197,18 @@ def level_summary(results: list[Result], wall: float, concurrency: int) -> dict[
     itl = [x for r in ok for x in r.itl]
     out = sum(r.out_tokens for r in ok)
     return {
-        "concurrency": concurrency, "requests": len(results), "failed": len(results) - len(ok),
+        "concurrency": concurrency,
+        "requests": len(results),
+        "failed": len(results) - len(ok),
         "ttft_p50_ms": 1000 * percentile([r.ttft for r in ok], 0.5),
         "ttft_p99_ms": 1000 * percentile([r.ttft for r in ok], 0.99),
-        "itl_p50_ms": 1000 * percentile(itl, 0.5), "itl_p99_ms": 1000 * percentile(itl, 0.99),
-        "e2e_p50_s": percentile([r.e2e for r in ok], 0.5), "e2e_p99_s": percentile([r.e2e for r in ok], 0.99),
-        "output_tokens": out, "wall_s": wall, "aggregate_tok_s": out / wall if wall > 0 else 0.0,
+        "itl_p50_ms": 1000 * percentile(itl, 0.5),
+        "itl_p99_ms": 1000 * percentile(itl, 0.99),
+        "e2e_p50_s": percentile([r.e2e for r in ok], 0.5),
+        "e2e_p99_s": percentile([r.e2e for r in ok], 0.99),
+        "output_tokens": out,
+        "wall_s": wall,
+        "aggregate_tok_s": out / wall if wall > 0 else 0.0,
         "single_request_tok_s_p50": median([r.out_tokens / r.e2e for r in ok if r.e2e > 0]),
         "errors": sorted({r.error for r in results if not r.ok})[:3],
     }
@@ -192,8 +225,13 @@ def to_openai_messages(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
                 fn = dict(c.get("function", c))
                 args = fn.get("arguments", {})
                 fn["arguments"] = args if isinstance(args, str) else json.dumps(args)
-                calls.append({"id": c.get("id") or f"call_{i}_{j}", "type": "function",
-                              "function": {"name": fn["name"], "arguments": fn["arguments"]}})
+                calls.append(
+                    {
+                        "id": c.get("id") or f"call_{i}_{j}",
+                        "type": "function",
+                        "function": {"name": fn["name"], "arguments": fn["arguments"]},
+                    }
+                )
             m["tool_calls"] = calls
         if m.get("role") == "tool" and not m.get("tool_call_id"):
             m["tool_call_id"] = f"call_{i - 1}_0"
@@ -205,20 +243,29 @@ def chat_bodies(n: int, seed: int, max_tokens: int) -> list[dict[str, Any]]:
     """Requests from the held-out task suite (so the server does real work), cycled to ``n``."""
     from ..train.tasks import get_task
 
-    items = [it for name in ("path_star", "sudoku4", "countdown3", "multiply", "tool_call", "chat")
-             for it in get_task(name).test_items(max(2, n // 6 + 1), seed) if it.is_chat]
+    items = [
+        it
+        for name in ("path_star", "sudoku4", "countdown3", "multiply", "tool_call", "chat")
+        for it in get_task(name).test_items(max(2, n // 6 + 1), seed)
+        if it.is_chat
+    ]
     random.Random(seed).shuffle(items)
     bodies = []
     for it in (items * (n // max(len(items), 1) + 1))[:n]:
-        body: dict[str, Any] = {"model": "quicksilver", "messages": to_openai_messages(it.messages or []),
-                                "max_tokens": max_tokens}
+        body: dict[str, Any] = {
+            "model": "quicksilver",
+            "messages": to_openai_messages(it.messages or []),
+            "max_tokens": max_tokens,
+        }
         if it.tools:
             body["tools"] = it.tools
         bodies.append(body)
     return bodies
 
 
-async def agent_loop(url: str, turns: int, seed: int, max_tokens: int) -> tuple[list[float], list[str]]:
+async def agent_loop(
+    url: str, turns: int, seed: int, max_tokens: int
+) -> tuple[list[float], list[str]]:
     """A tool-calling conversation resent in full every turn: seconds per turn (NaN for a failed turn)
     and the errors. Kept compact (short system prompt and tool results) so that five turns fit the
     embedded model's 384-token context."""
@@ -237,21 +284,61 @@ async def agent_loop(url: str, turns: int, seed: int, max_tokens: int) -> tuple[
         while len(times) < turns:
             it = items[k % len(items)]
             k += 1
-            user = next((m for m in (it.messages or []) if m["role"] == "user"), {"content": "hello"})
+            user = next(
+                (m for m in (it.messages or []) if m["role"] == "user"), {"content": "hello"}
+            )
             messages.append({"role": "user", "content": user["content"]})
-            r = await stream_chat(client, url, {"model": "quicksilver", "messages": messages, "tools": tools,
-                                                "max_tokens": max_tokens, "temperature": 0}, None)
+            r = await stream_chat(
+                client,
+                url,
+                {
+                    "model": "quicksilver",
+                    "messages": messages,
+                    "tools": tools,
+                    "max_tokens": max_tokens,
+                    "temperature": 0,
+                },
+                None,
+            )
             times.append(r.e2e if r.ok else float("nan"))
             errors += [r.error] if not r.ok else []
             if r.tool_calls and len(times) < turns:
                 call = r.tool_calls[0]
-                messages.append({"role": "assistant", "content": None, "tool_calls": [
-                    {"id": call["id"] or "call_0", "type": "function",
-                     "function": {"name": call["name"], "arguments": call["arguments"] or "{}"}}]})
-                messages.append({"role": "tool", "tool_call_id": call["id"] or "call_0",
-                                 "content": json.dumps({"value": 42})})
-                r2 = await stream_chat(client, url, {"model": "quicksilver", "messages": messages, "tools": tools,
-                                                     "max_tokens": max_tokens, "temperature": 0}, None)
+                messages.append(
+                    {
+                        "role": "assistant",
+                        "content": None,
+                        "tool_calls": [
+                            {
+                                "id": call["id"] or "call_0",
+                                "type": "function",
+                                "function": {
+                                    "name": call["name"],
+                                    "arguments": call["arguments"] or "{}",
+                                },
+                            }
+                        ],
+                    }
+                )
+                messages.append(
+                    {
+                        "role": "tool",
+                        "tool_call_id": call["id"] or "call_0",
+                        "content": json.dumps({"value": 42}),
+                    }
+                )
+                r2 = await stream_chat(
+                    client,
+                    url,
+                    {
+                        "model": "quicksilver",
+                        "messages": messages,
+                        "tools": tools,
+                        "max_tokens": max_tokens,
+                        "temperature": 0,
+                    },
+                    None,
+                )
                 times.append(r2.e2e if r2.ok else float("nan"))
                 errors += [r2.error] if not r2.ok else []
                 messages.append({"role": "assistant", "content": r2.content})
@@ -264,25 +351,58 @@ def run_serve_bench(args: argparse.Namespace) -> int:
     levels = [int(x) for x in args.concurrency.split(",") if x]
     rate = float(args.rate)
     extra = [f"--max-batch={max(levels)}"] if not args.url else []
-    report: dict[str, Any] = {"bench": "serve", "levels": [], "arrival_rate_per_s": args.rate,
-                              "max_tokens": args.max_tokens, "date": datetime.date.today().isoformat(),
-                              "hardware": hardware()}
+    report: dict[str, Any] = {
+        "bench": "serve",
+        "levels": [],
+        "arrival_rate_per_s": args.rate,
+        "max_tokens": args.max_tokens,
+        "date": datetime.date.today().isoformat(),
+        "hardware": hardware(),
+    }
     ctx = contextlib.nullcontext(args.url) if args.url else launch_server(args.model, extra)
     with ctx as url:
         for c in levels:
             n = min(args.max_requests, max(args.min_requests, 2 * c))
             bodies = chat_bodies(n, args.seed + c, args.max_tokens)
-            results, wall = asyncio.run(run_level(url, bodies, c, rate, args.time_limit, args.api_key, args.seed))
+            results, wall = asyncio.run(
+                run_level(url, bodies, c, rate, args.time_limit, args.api_key, args.seed)
+            )
             report["levels"].append(level_summary(results, wall, c))
     base = report["levels"][0]["aggregate_tok_s"] if report["levels"] else float("nan")
     for lv in report["levels"]:
         lv["speedup_vs_concurrency_1"] = lv["aggregate_tok_s"] / base if base else float("nan")
-    print_table("bench serve — streamed chat completions, Poisson arrivals",
-                ["concurrency", "requests", "failed", "TTFT p50 ms", "TTFT p99 ms", "ITL p50 ms", "ITL p99 ms",
-                 "e2e p50 s", "e2e p99 s", "agg tok/s", "× c=1"],
-                [[lv["concurrency"], lv["requests"], lv["failed"], lv["ttft_p50_ms"], lv["ttft_p99_ms"],
-                  lv["itl_p50_ms"], lv["itl_p99_ms"], lv["e2e_p50_s"], lv["e2e_p99_s"], lv["aggregate_tok_s"],
-                  lv["speedup_vs_concurrency_1"]] for lv in report["levels"]])
+    print_table(
+        "bench serve — streamed chat completions, Poisson arrivals",
+        [
+            "concurrency",
+            "requests",
+            "failed",
+            "TTFT p50 ms",
+            "TTFT p99 ms",
+            "ITL p50 ms",
+            "ITL p99 ms",
+            "e2e p50 s",
+            "e2e p99 s",
+            "agg tok/s",
+            "× c=1",
+        ],
+        [
+            [
+                lv["concurrency"],
+                lv["requests"],
+                lv["failed"],
+                lv["ttft_p50_ms"],
+                lv["ttft_p99_ms"],
+                lv["itl_p50_ms"],
+                lv["itl_p99_ms"],
+                lv["e2e_p50_s"],
+                lv["e2e_p99_s"],
+                lv["aggregate_tok_s"],
+                lv["speedup_vs_concurrency_1"],
+            ]
+            for lv in report["levels"]
+        ],
+    )
     if args.agent_turns and not args.url:
         loop: dict[str, list[float]] = {}
         loop_errors: list[str] = []
@@ -290,19 +410,33 @@ def run_serve_bench(args: argparse.Namespace) -> int:
             with launch_server(args.model, flags) as url:
                 asyncio.run(agent_loop(url, 2, args.seed + 99, args.agent_max_tokens))  # warm-up
                 runs = []
-                for _ in range(max(1, args.agent_repeats)):  # the same conversation again: median per turn
-                    times, errs = asyncio.run(agent_loop(url, args.agent_turns, args.seed, args.agent_max_tokens))
+                for _ in range(
+                    max(1, args.agent_repeats)
+                ):  # the same conversation again: median per turn
+                    times, errs = asyncio.run(
+                        agent_loop(url, args.agent_turns, args.seed, args.agent_max_tokens)
+                    )
                     runs.append(times)
                     loop_errors += errs
                 loop[label] = [median(list(ts)) for ts in zip(*runs)]
         on, off = sum(loop["prefix_cache"]), sum(loop["no_prefix_cache"])
-        report["agent_loop"] = {"turns": args.agent_turns, "repeats": args.agent_repeats,
-                                "max_tokens": args.agent_max_tokens, "seconds_per_turn": loop,
-                                "total_s": {"prefix_cache": on, "no_prefix_cache": off},
-                                "time_cut": 1 - on / off if off else float("nan"),
-                                "errors": sorted(set(loop_errors))[:3]}
-        print_table("agent loop — seconds per turn", ["turn", "prefix cache", "no prefix cache"],
-                    [[i + 1, a, b] for i, (a, b) in enumerate(zip(loop["prefix_cache"], loop["no_prefix_cache"]))])
+        report["agent_loop"] = {
+            "turns": args.agent_turns,
+            "repeats": args.agent_repeats,
+            "max_tokens": args.agent_max_tokens,
+            "seconds_per_turn": loop,
+            "total_s": {"prefix_cache": on, "no_prefix_cache": off},
+            "time_cut": 1 - on / off if off else float("nan"),
+            "errors": sorted(set(loop_errors))[:3],
+        }
+        print_table(
+            "agent loop — seconds per turn",
+            ["turn", "prefix cache", "no prefix cache"],
+            [
+                [i + 1, a, b]
+                for i, (a, b) in enumerate(zip(loop["prefix_cache"], loop["no_prefix_cache"]))
+            ],
+        )
     _plot(report, Path(args.out))
     report["plot"] = str(Path(args.out) / "serve.png")
     emit_json(report)
@@ -319,7 +453,9 @@ def _plot(report: dict[str, Any], out: Path) -> None:
     c = [x["concurrency"] for x in lv]
     fig, ax = plt.subplots(1, 3 if "agent_loop" in report else 2, figsize=(13, 3.8))
     ax[0].plot(c, [x["aggregate_tok_s"] for x in lv], "o-")
-    ax[0].set(xscale="log", xlabel="concurrency", ylabel="aggregate output tok/s", title="throughput")
+    ax[0].set(
+        xscale="log", xlabel="concurrency", ylabel="aggregate output tok/s", title="throughput"
+    )
     ax[1].plot(c, [x["ttft_p50_ms"] for x in lv], "o-", label="TTFT p50")
     ax[1].plot(c, [x["e2e_p50_s"] * 1000 for x in lv], "s-", label="e2e p50")
     ax[1].set(xscale="log", yscale="log", xlabel="concurrency", ylabel="ms", title="latency")
@@ -338,17 +474,35 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--url", help="benchmark an already running server instead of starting one")
     p.add_argument("--api-key", dest="api_key", help="API key of a running server")
     p.add_argument("--concurrency", default="1,4,16,64", help="comma-separated concurrency levels")
-    p.add_argument("--rate", default="32", help="Poisson arrival rate per second (inf: all at once, as fast as the "
-                                                 "concurrency cap allows)")
+    p.add_argument(
+        "--rate",
+        default="32",
+        help="Poisson arrival rate per second (inf: all at once, as fast as the "
+        "concurrency cap allows)",
+    )
     p.add_argument("--min-requests", type=int, default=32, dest="min_requests")
     p.add_argument("--max-requests", type=int, default=128, dest="max_requests")
-    p.add_argument("--time-limit", type=float, default=300.0, dest="time_limit", help="seconds per level")
+    p.add_argument(
+        "--time-limit", type=float, default=300.0, dest="time_limit", help="seconds per level"
+    )
     p.add_argument("--max-tokens", type=int, default=96, dest="max_tokens")
-    p.add_argument("--agent-turns", type=int, default=5, dest="agent_turns", help="0 skips the agent loop")
-    p.add_argument("--agent-max-tokens", type=int, default=48, dest="agent_max_tokens",
-                   help="max_tokens of each agent-loop turn")
-    p.add_argument("--agent-repeats", type=int, default=3, dest="agent_repeats",
-                   help="times the agent conversation is replayed (median per turn)")
+    p.add_argument(
+        "--agent-turns", type=int, default=5, dest="agent_turns", help="0 skips the agent loop"
+    )
+    p.add_argument(
+        "--agent-max-tokens",
+        type=int,
+        default=48,
+        dest="agent_max_tokens",
+        help="max_tokens of each agent-loop turn",
+    )
+    p.add_argument(
+        "--agent-repeats",
+        type=int,
+        default=3,
+        dest="agent_repeats",
+        help="times the agent conversation is replayed (median per turn)",
+    )
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--out", default="runs/bench_serve")
     p.add_argument("--json", action="store_true", help="(the JSON line is always printed last)")

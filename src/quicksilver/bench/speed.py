@@ -8,14 +8,16 @@ method: tok/s (committed output tokens per second from arrival to last token; me
 the median over repeats), TPF, NFE, TTFT and accuracy by the task verifiers; ratios to (a) and (b);
 a PNG; the last line is JSON whose top level holds the default configuration's numbers.
 """
+
 from __future__ import annotations
 
 import argparse
 import datetime
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import torch
 
@@ -48,11 +50,19 @@ class MethodStats:
     task: list[str] = field(default_factory=list)
 
     def summary(self) -> dict[str, Any]:
-        per_task = {t: sum(c for c, tt in zip(self.correct, self.task) if tt == t) / self.task.count(t)
-                    for t in dict.fromkeys(self.task)}
-        return {"tok_s": median(self.tok_s), "tpf": median(self.tpf), "nfe": median(self.nfe),
-                "ttft_ms": 1000 * median(self.ttft), "tokens": median(self.tokens),
-                "accuracy": sum(self.correct) / max(len(self.correct), 1), "task_accuracy": per_task}
+        per_task = {
+            t: sum(c for c, tt in zip(self.correct, self.task) if tt == t) / self.task.count(t)
+            for t in dict.fromkeys(self.task)
+        }
+        return {
+            "tok_s": median(self.tok_s),
+            "tpf": median(self.tpf),
+            "nfe": median(self.nfe),
+            "ttft_ms": 1000 * median(self.ttft),
+            "tokens": median(self.tokens),
+            "accuracy": sum(self.correct) / max(len(self.correct), 1),
+            "task_accuracy": per_task,
+        }
 
 
 def engine_run(pipe: Pipeline, ids: list[int], cfg: SamplerConfig) -> Run:
@@ -64,7 +74,12 @@ def engine_run(pipe: Pipeline, ids: list[int], cfg: SamplerConfig) -> Run:
             final = ev
     assert final is not None and final.result is not None
     st = final.stats
-    return Run(final.result.tokens, final.result.nfe, (st.e2e or 0.0), st.ttft if st.ttft is not None else st.e2e or 0.0)
+    return Run(
+        final.result.tokens,
+        final.result.nfe,
+        (st.e2e or 0.0),
+        st.ttft if st.ttft is not None else st.e2e or 0.0,
+    )
 
 
 def ar_run(pipe: Pipeline, ids: list[int], n: int) -> Run:
@@ -86,10 +101,14 @@ def ar_run(pipe: Pipeline, ids: list[int], n: int) -> Run:
 def reference_run(pipe: Pipeline, ids: list[int], n: int, block: int) -> Run:
     n = max(block, (n + block - 1) // block * block)
     t0 = time.perf_counter()
-    res = reference_generate(pipe.model, ids, pipe.config.mask_token_id, gen_length=n, steps=n, block_length=block)
+    res = reference_generate(
+        pipe.model, ids, pipe.config.mask_token_id, gen_length=n, steps=n, block_length=block
+    )
     dt = time.perf_counter() - t0
     out = res.canvas
-    for i, t in enumerate(out):  # the answer ends at the first stop token; nothing is streamed before the end
+    for i, t in enumerate(
+        out
+    ):  # the answer ends at the first stop token; nothing is streamed before the end
         if t in pipe.stop_ids:
             out = out[:i]
             break
@@ -124,15 +143,16 @@ def run_speed_bench(args: argparse.Namespace) -> int:
     methods: dict[str, Callable[[Pipeline, Pipeline, list[int], int], Run]] = {
         "ar_kv_cache": lambda p, a, ids, n: ar_run(a, ids, n),
         "reference": lambda p, a, ids, n: reference_run(p, ids, n, block),
-        "one_token_per_step": lambda p, a, ids, n: engine_run(p, ids, SamplerConfig(
-            max_new_tokens=n, policy="low_confidence", steps=n)),
+        "one_token_per_step": lambda p, a, ids, n: engine_run(
+            p, ids, SamplerConfig(max_new_tokens=n, policy="low_confidence", steps=n)
+        ),
         "default": lambda p, a, ids, n: engine_run(p, ids, default.replace(max_new_tokens=n)),
     }
     if args.skip_reference:
         methods.pop("reference")
     stats = {m: MethodStats() for m in methods}
     warm = items[0]
-    for name, fn in methods.items():  # warm-up
+    for fn in methods.values():  # warm-up
         fn(pipe, ar, tok.encode(prompt_text(warm, tok, False)), 16)
     for it in items:
         task = get_task(it.task)
@@ -154,24 +174,62 @@ def run_speed_bench(args: argparse.Namespace) -> int:
     d = summary["default"]
     ar_tok_s = summary["ar_kv_cache"]["tok_s"]
     ref_tok_s = summary["reference"]["tok_s"] if "reference" in summary else float("nan")
-    rows = [[m, v["accuracy"], v["tok_s"], v["tpf"], v["nfe"], v["ttft_ms"], v["tok_s"] / ar_tok_s,
-             v["tok_s"] / ref_tok_s] for m, v in summary.items()]
-    print_table(f"bench speed — {len(items)} items ({','.join(tasks)}), single stream, "
-                f"{torch.get_num_threads()} threads", ["method", "accuracy", "tok/s", "TPF", "NFE", "TTFT ms",
-                                                       "× AR", "× reference"], rows)
+    rows = [
+        [
+            m,
+            v["accuracy"],
+            v["tok_s"],
+            v["tpf"],
+            v["nfe"],
+            v["ttft_ms"],
+            v["tok_s"] / ar_tok_s,
+            v["tok_s"] / ref_tok_s,
+        ]
+        for m, v in summary.items()
+    ]
+    print_table(
+        f"bench speed — {len(items)} items ({','.join(tasks)}), single stream, "
+        f"{torch.get_num_threads()} threads",
+        ["method", "accuracy", "tok/s", "TPF", "NFE", "TTFT ms", "× AR", "× reference"],
+        rows,
+    )
     out = Path(args.out)
-    png = bar_plot(out / "speed.png", list(summary), {
-        "tok/s (median)": [v["tok_s"] for v in summary.values()],
-        "tokens per forward": [v["tpf"] for v in summary.values()],
-        "accuracy": [v["accuracy"] for v in summary.values()]}, "single-stream decoding, same model and items")
-    emit_json({
-        "bench": "speed", "tok_s": d["tok_s"], "tpf": d["tpf"], "accuracy": d["accuracy"],
-        "ratio_vs_ar": d["tok_s"] / ar_tok_s, "ratio_vs_reference": d["tok_s"] / ref_tok_s,
-        "accuracy_vs_one_per_step": d["accuracy"] - summary["one_token_per_step"]["accuracy"],
-        "methods": summary, "model": str(model_path), "ar_model": str(ar_path), "tasks": tasks,
-        "items": len(items), "repeats": args.repeats, "settings": {"policy": default.policy,
-                                                                   "threshold": default.threshold, "block": block,
-                                                                   "dtype": dtype_name, "ar_dtype": ar_dtype_name,
-                                                                   "compile": compile_},
-        "plot": str(png), "hardware": hardware(), "date": datetime.date.today().isoformat()})
+    png = bar_plot(
+        out / "speed.png",
+        list(summary),
+        {
+            "tok/s (median)": [v["tok_s"] for v in summary.values()],
+            "tokens per forward": [v["tpf"] for v in summary.values()],
+            "accuracy": [v["accuracy"] for v in summary.values()],
+        },
+        "single-stream decoding, same model and items",
+    )
+    emit_json(
+        {
+            "bench": "speed",
+            "tok_s": d["tok_s"],
+            "tpf": d["tpf"],
+            "accuracy": d["accuracy"],
+            "ratio_vs_ar": d["tok_s"] / ar_tok_s,
+            "ratio_vs_reference": d["tok_s"] / ref_tok_s,
+            "accuracy_vs_one_per_step": d["accuracy"] - summary["one_token_per_step"]["accuracy"],
+            "methods": summary,
+            "model": str(model_path),
+            "ar_model": str(ar_path),
+            "tasks": tasks,
+            "items": len(items),
+            "repeats": args.repeats,
+            "settings": {
+                "policy": default.policy,
+                "threshold": default.threshold,
+                "block": block,
+                "dtype": dtype_name,
+                "ar_dtype": ar_dtype_name,
+                "compile": compile_,
+            },
+            "plot": str(png),
+            "hardware": hardware(),
+            "date": datetime.date.today().isoformat(),
+        }
+    )
     return 0

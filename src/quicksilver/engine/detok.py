@@ -1,4 +1,5 @@
 """Incremental detokenization for append-only streams: text deltas that never split a character."""
+
 from __future__ import annotations
 
 from ..tokenizer import Tokenizer
@@ -19,15 +20,15 @@ class IncrementalDetokenizer:
         if full.endswith("\ufffd"):  # a multi-byte character still missing bytes: wait
             full = full.rstrip("\ufffd")
         if not full.startswith(self.text):  # decoding changed earlier text (rare merges): resync
-            delta = full[len(self.text):] if len(full) > len(self.text) else ""
+            delta = full[len(self.text) :] if len(full) > len(self.text) else ""
         else:
-            delta = full[len(self.text):]
+            delta = full[len(self.text) :]
         self.text += delta
         return delta
 
     def flush(self) -> str:
         """At the end: whatever is left, replacement characters included."""
         full = self.tok.decode(self.ids, skip_special_tokens=self.skip)
-        delta = full[len(self.text):] if full.startswith(self.text) else ""
+        delta = full[len(self.text) :] if full.startswith(self.text) else ""
         self.text += delta
         return delta

@@ -6,13 +6,15 @@ batching: requests join and leave between steps, each with its own sampler setti
 cache) and returns one ``EngineEvent`` per request touched. The server wraps it in a thread and
 asyncio; benchmarks and the CLI drive it directly. The engine speaks token ids only.
 """
+
 from __future__ import annotations
 
 import collections
 import threading
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass, field
-from typing import Any, Iterator
+from typing import Any
 
 from ..errors import ConfigError, QuicksilverError
 from ..sampling import Decoder, Row, SamplerConfig
@@ -41,7 +43,9 @@ class EngineRequest:
     suffix: list[int] | None = None  # tokens after the canvas (infilling)
     constraint: Constraint | None = None
     arrival: float = field(default_factory=time.perf_counter)
-    stop_token_ids: list[int] | None = None  # extra stop tokens for this request (e.g. </think> ends reasoning)
+    stop_token_ids: list[int] | None = (
+        None  # extra stop tokens for this request (e.g. </think> ends reasoning)
+    )
 
 
 @dataclass
@@ -116,12 +120,22 @@ class Engine:
     # ---- thread-safe commands -------------------------------------------------------------------
     def add(self, req: EngineRequest) -> None:
         """Validate and queue a request. Raises ConfigError on bad input, EngineOverloaded when full."""
-        row = self.decoder.new_row(req.prompt_ids, req.sampler, tag=req.request_id, prefill=req.prefill,
-                                   suffix=req.suffix, constraint=req.constraint, extra_stops=req.stop_token_ids)
+        row = self.decoder.new_row(
+            req.prompt_ids,
+            req.sampler,
+            tag=req.request_id,
+            prefill=req.prefill,
+            suffix=req.suffix,
+            constraint=req.constraint,
+            extra_stops=req.stop_token_ids,
+        )
         with self._lock:
             if req.request_id in self._pending_ids:
                 raise ConfigError(f"duplicate request id {req.request_id!r}")
-            if len(self._waiting) + sum(1 for c, _ in self._commands if c == "add") >= self.config.max_waiting:
+            if (
+                len(self._waiting) + sum(1 for c, _ in self._commands if c == "add")
+                >= self.config.max_waiting
+            ):
                 raise EngineOverloaded(f"{self.config.max_waiting} requests are already waiting")
             self._pending_ids.add(req.request_id)
             self._commands.append(("add", _Live(req, row, RequestStats(req.arrival))))
@@ -144,7 +158,9 @@ class Engine:
         return len(self._waiting)
 
     def cache_bytes(self) -> int:
-        return sum(lv.row.cache.nbytes() for lv in self._running.values() if lv.row.cache is not None)
+        return sum(
+            lv.row.cache.nbytes() for lv in self._running.values() if lv.row.cache is not None
+        )
 
     # ---- one step -----------------------------------------------------------------------------
     def _drain(self, now: float) -> list[EngineEvent]:
@@ -160,7 +176,9 @@ class Engine:
         return events
 
     def _admit(self, now: float) -> None:
-        budget = self.config.max_batch_tokens - sum(lv.row.input_len() for lv in self._running.values())
+        budget = self.config.max_batch_tokens - sum(
+            lv.row.input_len() for lv in self._running.values()
+        )
         while self._waiting and len(self._running) < self.config.max_batch:
             rid, lv = next(iter(self._waiting.items()))
             need = lv.row.input_len()
@@ -181,8 +199,23 @@ class Engine:
         res = lv.row.result()
         if reason in ("cancelled", "error"):
             res.finish_reason = reason
-        return EngineEvent(lv.req.request_id, self.step_count, [], lv.emitted, [], [], None, True, reason,
-                           lv.row.nfe, lv.row.P, lv.stats, error, res, lv.prompt_cached)
+        return EngineEvent(
+            lv.req.request_id,
+            self.step_count,
+            [],
+            lv.emitted,
+            [],
+            [],
+            None,
+            True,
+            reason,
+            lv.row.nfe,
+            lv.row.P,
+            lv.stats,
+            error,
+            res,
+            lv.prompt_cached,
+        )
 
     def step(self) -> list[EngineEvent]:
         now = time.perf_counter()
@@ -208,7 +241,7 @@ class Engine:
             if self.prefix_cache is not None and (row.nfe == 1 or ev.done):
                 self.prefix_cache.insert(row)
             self.totals["committed_tokens"] += len(ev.committed)
-            new = row.canvas[lv.emitted: ev.stable].tolist() if ev.stable > lv.emitted else []
+            new = row.canvas[lv.emitted : ev.stable].tolist() if ev.stable > lv.emitted else []
             if new:
                 lv.emitted = ev.stable
                 if lv.stats.first_token is None:
@@ -221,10 +254,25 @@ class Engine:
                 lv.stats.finished = now
                 self.totals["requests_" + (ev.finish_reason or "length")] += 1
                 self.totals["generated_tokens"] += ev.end
-            events.append(EngineEvent(
-                lv.req.request_id, self.step_count, new, lv.emitted, ev.committed, ev.remasked, ev.canvas, ev.done,
-                ev.finish_reason, row.nfe, row.P, lv.stats, None, row.result() if ev.done else None,
-                lv.prompt_cached))
+            events.append(
+                EngineEvent(
+                    lv.req.request_id,
+                    self.step_count,
+                    new,
+                    lv.emitted,
+                    ev.committed,
+                    ev.remasked,
+                    ev.canvas,
+                    ev.done,
+                    ev.finish_reason,
+                    row.nfe,
+                    row.P,
+                    lv.stats,
+                    None,
+                    row.result() if ev.done else None,
+                    lv.prompt_cached,
+                )
+            )
         return events
 
     def run_until_idle(self) -> Iterator[EngineEvent]:

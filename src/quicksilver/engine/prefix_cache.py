@@ -7,6 +7,7 @@ whose prompt starts with blocks another request already ran can start with those
 tokens); least recently used entries are evicted beyond a byte budget. Bidirectional models have
 no exact prefix cache (their prompt attends to the canvas), so rows in other cache modes are skipped.
 """
+
 from __future__ import annotations
 
 import collections
@@ -41,8 +42,10 @@ class PrefixCache:
     def _keys(self, tokens: list[int], n_blocks: int) -> list[bytes]:
         keys, h = [], b""
         for i in range(n_blocks):
-            blk = tokens[i * self.block:(i + 1) * self.block]
-            h = hashlib.blake2b(h + torch.tensor(blk, dtype=torch.int64).numpy().tobytes(), digest_size=16).digest()
+            blk = tokens[i * self.block : (i + 1) * self.block]
+            h = hashlib.blake2b(
+                h + torch.tensor(blk, dtype=torch.int64).numpy().tobytes(), digest_size=16
+            ).digest()
             keys.append(h)
         return keys
 
@@ -89,7 +92,9 @@ class PrefixCache:
                 self._entries.move_to_end(key)
                 continue
             a, b = i * self.block, (i + 1) * self.block
-            kv = torch.stack([torch.stack((k[0, :, a:b], v[0, :, a:b])) for k, v in zip(cache.k, cache.v)]).clone()
+            kv = torch.stack(
+                [torch.stack((k[0, :, a:b], v[0, :, a:b])) for k, v in zip(cache.k, cache.v)]
+            ).clone()
             e = _Entry(kv, kv.numel() * kv.element_size())
             self._entries[key] = e
             self.bytes += e.nbytes

@@ -2,6 +2,7 @@
 held-out accuracy (by the task's verifier), NFE, TPF and tok/s; ``--sweep`` runs a grid of decoding
 settings (threshold, steps, policy) and writes a table and an accuracy-vs-TPF PNG; ``--curves`` plots
 learning curves of finished runs. Always ends with one line of JSON."""
+
 from __future__ import annotations
 
 import argparse
@@ -16,45 +17,107 @@ from ..sampling.config import SamplerConfig
 DEFAULT_TASKS = "path_star,sudoku4,countdown3,multiply,tool_call,chat,fim"
 
 
-def add_parser(sub: "argparse._SubParsersAction[argparse.ArgumentParser]") -> None:
+def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     e = sub.add_parser("eval", help="held-out accuracy, NFE, TPF and tok/s on the task suite")
     e.add_argument("--model", help="checkpoint directory (default: the embedded model)")
-    e.add_argument("--tasks", default=DEFAULT_TASKS, help=f"comma-separated tasks (default: {DEFAULT_TASKS})")
-    e.add_argument("--benchmark", default="suite", choices=["suite", "gsm8k"],
-                   help="suite: quicksilver's task suite (default); gsm8k: your GSM8K JSONL (--data) with "
-                        "published settings (--preset)")
-    e.add_argument("--limit", type=int, default=None, help="held-out items per task (default: 200; gsm8k: all)")
+    e.add_argument(
+        "--tasks", default=DEFAULT_TASKS, help=f"comma-separated tasks (default: {DEFAULT_TASKS})"
+    )
+    e.add_argument(
+        "--benchmark",
+        default="suite",
+        choices=["suite", "gsm8k"],
+        help="suite: quicksilver's task suite (default); gsm8k: your GSM8K JSONL (--data) with "
+        "published settings (--preset)",
+    )
+    e.add_argument(
+        "--limit", type=int, default=None, help="held-out items per task (default: 200; gsm8k: all)"
+    )
     e.add_argument("--seed", type=int, default=1234, help="seed of the fixed test split")
-    e.add_argument("--instant", action="store_true", help="no reasoning: pre-fill an empty <think></think>")
-    e.add_argument("--batch-size", type=int, default=None, dest="batch_size",
-                   help="rows decoded together (default: 32; gsm8k: 1)")
+    e.add_argument(
+        "--instant", action="store_true", help="no reasoning: pre-fill an empty <think></think>"
+    )
+    e.add_argument(
+        "--batch-size",
+        type=int,
+        default=None,
+        dest="batch_size",
+        help="rows decoded together (default: 32; gsm8k: 1)",
+    )
     from .gsm8k import PRESETS
 
-    e.add_argument("--data", help="gsm8k: a GSM8K-format JSONL (question, answer ending in '#### N'); yours")
-    e.add_argument("--preset", default="llada", choices=sorted(PRESETS), help="gsm8k: published decoding settings")
-    e.add_argument("--num-fewshot", type=int, default=None, dest="num_fewshot", help="gsm8k: few-shot examples")
-    e.add_argument("--fewshot-data", default=None, dest="fewshot_data", help="gsm8k: JSONL of few-shot examples")
-    e.add_argument("--records", default=None, help="gsm8k: write one JSON line per item to this file")
-    e.add_argument("--stream-items", type=int, default=8, dest="stream_items",
-                   help="items per task timed at batch size 1 for single-stream tok/s (0: skip)")
-    e.add_argument("--examples", type=int, default=0, help="include this many replies per task in the JSON")
+    e.add_argument(
+        "--data", help="gsm8k: a GSM8K-format JSONL (question, answer ending in '#### N'); yours"
+    )
+    e.add_argument(
+        "--preset",
+        default="llada",
+        choices=sorted(PRESETS),
+        help="gsm8k: published decoding settings",
+    )
+    e.add_argument(
+        "--num-fewshot", type=int, default=None, dest="num_fewshot", help="gsm8k: few-shot examples"
+    )
+    e.add_argument(
+        "--fewshot-data",
+        default=None,
+        dest="fewshot_data",
+        help="gsm8k: JSONL of few-shot examples",
+    )
+    e.add_argument(
+        "--records", default=None, help="gsm8k: write one JSON line per item to this file"
+    )
+    e.add_argument(
+        "--stream-items",
+        type=int,
+        default=8,
+        dest="stream_items",
+        help="items per task timed at batch size 1 for single-stream tok/s (0: skip)",
+    )
+    e.add_argument(
+        "--examples", type=int, default=0, help="include this many replies per task in the JSON"
+    )
     e.add_argument("--json", action="store_true", help="print only the JSON line")
-    e.add_argument("--loss", action="store_true",
-                   help="also report the held-out loss (fixed items and noise; comparable across checkpoints)")
-    e.add_argument("--sweep", action="store_true", help="grid over threshold, steps and policy; table + PNG")
+    e.add_argument(
+        "--loss",
+        action="store_true",
+        help="also report the held-out loss (fixed items and noise; comparable across checkpoints)",
+    )
+    e.add_argument(
+        "--sweep", action="store_true", help="grid over threshold, steps and policy; table + PNG"
+    )
     e.add_argument("--out", default="runs/eval", help="directory for sweep tables and plots")
-    e.add_argument("--curves", help="plot learning curves: LABEL=RUN_DIR,... (metrics.jsonl eval records)")
-    e.add_argument("--tool-choice", dest="tool_choice", choices=["auto", "required"],
-                   help="also score tool_call's call turns through the server's own path with this tool_choice "
-                        "(required: schema-constrained canvas); reported under tasks.tool_call.served")
+    e.add_argument(
+        "--curves", help="plot learning curves: LABEL=RUN_DIR,... (metrics.jsonl eval records)"
+    )
+    e.add_argument(
+        "--tool-choice",
+        dest="tool_choice",
+        choices=["auto", "required"],
+        help="also score tool_call's call turns through the server's own path with this tool_choice "
+        "(required: schema-constrained canvas); reported under tasks.tool_call.served",
+    )
     from ..sampling.decoder import CACHE_MODES
 
-    e.add_argument("--cache", default="auto", choices=CACHE_MODES,
-                   help="KV cache (auto: exact block cache for block-causal models, none for bidirectional)")
-    e.add_argument("--refresh-every", type=int, default=0, dest="refresh_every",
-                   help="approximate caches: full recompute every N steps too (0: block starts only)")
-    add_dataclass_args(e, SamplerConfig, rename={"max_new_tokens": "max-tokens"},
-                       skip={"record_canvas", "max_new_tokens", "seed", "stop_at_eos"})
+    e.add_argument(
+        "--cache",
+        default="auto",
+        choices=CACHE_MODES,
+        help="KV cache (auto: exact block cache for block-causal models, none for bidirectional)",
+    )
+    e.add_argument(
+        "--refresh-every",
+        type=int,
+        default=0,
+        dest="refresh_every",
+        help="approximate caches: full recompute every N steps too (0: block starts only)",
+    )
+    add_dataclass_args(
+        e,
+        SamplerConfig,
+        rename={"max_new_tokens": "max-tokens"},
+        skip={"record_canvas", "max_new_tokens", "seed", "stop_at_eos"},
+    )
 
 
 def print_table(rep: dict[str, Any]) -> None:
@@ -62,11 +125,15 @@ def print_table(rep: dict[str, Any]) -> None:
     for name, r in rep["tasks"].items():
         strata = " ".join(f"{k}={v['accuracy']:.2f}" for k, v in r["strata"].items())
         extra = f" parseable={r['parseable']:.2f}" if "parseable" in r else ""
-        print(f"{name:<12}{r['accuracy']:>7.3f}{r['tpf']:>7.2f}{r['nfe']:>7.1f}{r.get('tok_s', 0):>8.0f}  {strata}{extra}")
+        print(
+            f"{name:<12}{r['accuracy']:>7.3f}{r['tpf']:>7.2f}{r['nfe']:>7.1f}{r.get('tok_s', 0):>8.0f}  {strata}{extra}"
+        )
         if "served" in r:
             sv = r["served"]
-            print(f"{'':<12}served, tool_choice={sv['tool_choice']}: call turns {sv['accuracy']:.3f} "
-                  f"(parseable {sv['parseable']:.2f}, n={sv['n']}, failed requests {sv['failed']})")
+            print(
+                f"{'':<12}served, tool_choice={sv['tool_choice']}: call turns {sv['accuracy']:.3f} "
+                f"(parseable {sv['parseable']:.2f}, n={sv['n']}, failed requests {sv['failed']})"
+            )
     loss = f"; held-out loss {rep['heldout_loss']:.4f}" if "heldout_loss" in rep else ""
     print(f"mean accuracy {rep['mean_accuracy']:.3f}{loss}; settings {json.dumps(rep['settings'])}")
 
@@ -79,7 +146,13 @@ def sweep_grid() -> list[tuple[str, str, dict[str, Any]]]:
     for pol in ("low_confidence", "margin", "entropy", "random"):
         for steps in (16, 64):
             grid.append((pol, f"s={steps}", {"policy": pol, "steps": steps}))
-    grid.append(("threshold+revision", "t=0.9,r=0.3", {"policy": "threshold", "threshold": 0.9, "revise_threshold": 0.3}))
+    grid.append(
+        (
+            "threshold+revision",
+            "t=0.9,r=0.3",
+            {"policy": "threshold", "threshold": 0.9, "revise_threshold": 0.3},
+        )
+    )
     return grid
 
 
@@ -118,14 +191,27 @@ def handle(args: argparse.Namespace) -> int:
     names = set(SamplerConfig.__dataclass_fields__)
     base = SamplerConfig(**{k: v for k, v in vars(args).items() if k in names and v is not None})
     if not args.sweep:
-        rep = evaluate(pipe.model, pipe.tokenizer, tasks, args.limit, base, args.instant, args.batch_size,
-                       args.seed, args.stream_items, args.examples, args.cache, args.refresh_every)
+        rep = evaluate(
+            pipe.model,
+            pipe.tokenizer,
+            tasks,
+            args.limit,
+            base,
+            args.instant,
+            args.batch_size,
+            args.seed,
+            args.stream_items,
+            args.examples,
+            args.cache,
+            args.refresh_every,
+        )
         rep["settings"]["model"] = str(pipe.path)
         if args.tool_choice and "tool_call" in rep["tasks"]:
             from .served import served_tool_calls
 
-            rep["tasks"]["tool_call"]["served"] = served_tool_calls(pipe.path, args.tool_choice, args.limit,
-                                                                    args.seed, base.threshold)
+            rep["tasks"]["tool_call"]["served"] = served_tool_calls(
+                pipe.path, args.tool_choice, args.limit, args.seed, base.threshold
+            )
         if args.loss:
             from .likelihood import heldout_loss
 
@@ -135,31 +221,57 @@ def handle(args: argparse.Namespace) -> int:
         print(json.dumps(rep))
         return 0
     if pipe.config.attention == "causal":
-        raise ConfigError("--sweep varies diffusion decoding settings; an AR model has none to sweep")
+        raise ConfigError(
+            "--sweep varies diffusion decoding settings; an AR model has none to sweep"
+        )
     rows = []
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     for group, short, over in sweep_grid():
         cfg = base.replace(**{"steps": None, "revise_threshold": None, **over})
-        rep = evaluate(pipe.model, pipe.tokenizer, tasks, args.limit, cfg, args.instant, args.batch_size, args.seed,
-                       cache=args.cache, refresh_every=args.refresh_every)
+        rep = evaluate(
+            pipe.model,
+            pipe.tokenizer,
+            tasks,
+            args.limit,
+            cfg,
+            args.instant,
+            args.batch_size,
+            args.seed,
+            cache=args.cache,
+            refresh_every=args.refresh_every,
+        )
         toks = sum(r["tokens"] * r["n"] for r in rep["tasks"].values())
         nfe = sum(r["nfe"] * r["n"] for r in rep["tasks"].values())
-        row = {"group": group, "short": short, "settings": over, "accuracy": rep["mean_accuracy"],
-               "tpf": toks / max(nfe, 1), "tasks": {k: v["accuracy"] for k, v in rep["tasks"].items()}}
+        row = {
+            "group": group,
+            "short": short,
+            "settings": over,
+            "accuracy": rep["mean_accuracy"],
+            "tpf": toks / max(nfe, 1),
+            "tasks": {k: v["accuracy"] for k, v in rep["tasks"].items()},
+        }
         rows.append(row)
         if not args.json:
-            print(f"{group:<20}{short:<14} acc {row['accuracy']:.3f}  TPF {row['tpf']:.2f}  "
-                  + " ".join(f"{k}={v:.2f}" for k, v in row["tasks"].items()), flush=True)
+            print(
+                f"{group:<20}{short:<14} acc {row['accuracy']:.3f}  TPF {row['tpf']:.2f}  "
+                + " ".join(f"{k}={v:.2f}" for k, v in row["tasks"].items()),
+                flush=True,
+            )
     from .plots import plot_accuracy_vs_tpf
 
-    png = plot_accuracy_vs_tpf(rows, out / "accuracy_vs_tpf.png", f"{pipe.path}: {args.limit} items/task")
+    png = plot_accuracy_vs_tpf(
+        rows, out / "accuracy_vs_tpf.png", f"{pipe.path}: {args.limit} items/task"
+    )
     (out / "sweep.json").write_text(json.dumps(rows, indent=1) + "\n")
     with open(out / "sweep.md", "w") as f:
         f.write("| policy | setting | TPF | mean acc | " + " | ".join(tasks) + " |\n")
         f.write("|---|---|---|---|" + "---|" * len(tasks) + "\n")
         for r in rows:
-            f.write(f"| {r['group']} | {r['short']} | {r['tpf']:.2f} | {r['accuracy']:.3f} | "
-                    + " | ".join(f"{r['tasks'][t]:.2f}" for t in tasks) + " |\n")
+            f.write(
+                f"| {r['group']} | {r['short']} | {r['tpf']:.2f} | {r['accuracy']:.3f} | "
+                + " | ".join(f"{r['tasks'][t]:.2f}" for t in tasks)
+                + " |\n"
+            )
     print(json.dumps({"sweep": rows, "plot": str(png), "table": str(out / "sweep.md")}))
     return 0

@@ -5,6 +5,7 @@ does not change answers); causal models (the AR baseline) by ``ar_generate`` wit
 task and stratum: accuracy, mean NFE per item, TPF (output tokens / forward passes), aggregate
 tok/s of the batched run, and single-stream tok/s measured on the first few items at batch size 1.
 """
+
 from __future__ import annotations
 
 import time
@@ -38,29 +39,49 @@ def stop_ids(model: DiffusionLM, tokenizer: Tokenizer) -> list[int]:
 
 
 @torch.no_grad()
-def decode_items(model: DiffusionLM, tokenizer: Tokenizer, items: list[Item], cfg: SamplerConfig,
-                 instant: bool = False, batch_size: int = 32, cache: str = "auto",
-                 refresh_every: int = 0) -> list[ItemResult]:
+def decode_items(
+    model: DiffusionLM,
+    tokenizer: Tokenizer,
+    items: list[Item],
+    cfg: SamplerConfig,
+    instant: bool = False,
+    batch_size: int = 32,
+    cache: str = "auto",
+    refresh_every: int = 0,
+) -> list[ItemResult]:
     """Generate a reply for every item and verify it."""
     was_training = model.training
     model.eval()
     stops = stop_ids(model, tokenizer)
     out: list[ItemResult] = []
     causal = model.config.attention == "causal"
-    decoder = Decoder(model, model.config.mask_token_id, stops, pad_id=tokenizer.pad_id or 0,
-                      vocab_limit=tokenizer.vocab_size, cache_mode=cache, refresh_every=refresh_every)
+    decoder = Decoder(
+        model,
+        model.config.mask_token_id,
+        stops,
+        pad_id=tokenizer.pad_id or 0,
+        vocab_limit=tokenizer.vocab_size,
+        cache_mode=cache,
+        refresh_every=refresh_every,
+    )
     for i in range(0, len(items), 1 if causal else batch_size):
-        chunk = items[i:i + (1 if causal else batch_size)]
+        chunk = items[i : i + (1 if causal else batch_size)]
         prompts = [tokenizer.encode(prompt_text(it, tokenizer, instant)) for it in chunk]
         room = [model.config.max_seq_len - len(p) for p in prompts]
         if min(room) <= 0:
-            raise ConfigError(f"{chunk[0].task}: a prompt of {max(map(len, prompts))} tokens does not fit "
-                              f"the model's context of {model.config.max_seq_len}")
-        cfgs = [cfg.replace(max_new_tokens=min(get_task(it.task).max_answer_tokens + 8, r))
-                for it, r in zip(chunk, room)]
+            raise ConfigError(
+                f"{chunk[0].task}: a prompt of {max(map(len, prompts))} tokens does not fit "
+                f"the model's context of {model.config.max_seq_len}"
+            )
+        cfgs = [
+            cfg.replace(max_new_tokens=min(get_task(it.task).max_answer_tokens + 8, r))
+            for it, r in zip(chunk, room)
+        ]
         t0 = time.perf_counter()
         if causal:
-            results = [ar_generate(model, p, c.max_new_tokens, stops) for p, c in zip(prompts, cfgs)]
+            results = [
+                ar_generate(model, p, c.max_new_tokens, stops) for p, c in zip(prompts, cfgs)
+            ]
         else:
             results = decoder.generate(prompts, cfgs)
         dt = time.perf_counter() - t0
@@ -68,17 +89,37 @@ def decode_items(model: DiffusionLM, tokenizer: Tokenizer, items: list[Item], cf
             text = tokenizer.decode(r.tokens)
             _, reply = split_reply(text)
             task = get_task(it.task)
-            out.append(ItemResult(it, text, bool(task.verify(it, reply)), len(r.tokens), r.nfe, dt / len(chunk)))
+            out.append(
+                ItemResult(
+                    it, text, bool(task.verify(it, reply)), len(r.tokens), r.nfe, dt / len(chunk)
+                )
+            )
     model.train(was_training)
     return out
 
 
-def single_stream_tok_s(model: DiffusionLM, tokenizer: Tokenizer, items: list[Item], cfg: SamplerConfig,
-                        instant: bool = False, cache: str = "auto", refresh_every: int = 0) -> float:
+def single_stream_tok_s(
+    model: DiffusionLM,
+    tokenizer: Tokenizer,
+    items: list[Item],
+    cfg: SamplerConfig,
+    instant: bool = False,
+    cache: str = "auto",
+    refresh_every: int = 0,
+) -> float:
     """Committed tokens per second of one request at a time (batch size 1), summed over items."""
     if not items:
         return 0.0
-    res = decode_items(model, tokenizer, items, cfg, instant, batch_size=1, cache=cache, refresh_every=refresh_every)
+    res = decode_items(
+        model,
+        tokenizer,
+        items,
+        cfg,
+        instant,
+        batch_size=1,
+        cache=cache,
+        refresh_every=refresh_every,
+    )
     secs = sum(r.seconds for r in res)
     return sum(r.tokens for r in res) / secs if secs > 0 else 0.0
 
@@ -94,20 +135,37 @@ def summarize(task_name: str, results: list[ItemResult]) -> dict[str, Any]:
         if rs:
             strata[s] = {"accuracy": sum(r.correct for r in rs) / len(rs), "n": len(rs)}
     out: dict[str, Any] = {
-        "accuracy": sum(r.correct for r in results) / max(n, 1), "n": n,
-        "tpf": toks / max(nfe, 1), "nfe": nfe / max(n, 1), "tokens": toks / max(n, 1),
-        "tok_s_batched": toks / secs if secs > 0 else 0.0, "strata": strata,
+        "accuracy": sum(r.correct for r in results) / max(n, 1),
+        "n": n,
+        "tpf": toks / max(nfe, 1),
+        "nfe": nfe / max(n, 1),
+        "tokens": toks / max(n, 1),
+        "tok_s_batched": toks / secs if secs > 0 else 0.0,
+        "strata": strata,
     }
     if task_name == "tool_call":
         calls = [r for r in results if r.item.stratum == "call"]
         if calls:
-            out["parseable"] = sum(ToolCall.parseable(r.item, split_reply(r.reply)[1]) for r in calls) / len(calls)
+            out["parseable"] = sum(
+                ToolCall.parseable(r.item, split_reply(r.reply)[1]) for r in calls
+            ) / len(calls)
     return out
 
 
-def evaluate(model: DiffusionLM, tokenizer: Tokenizer, tasks: list[str], limit: int, cfg: SamplerConfig,
-             instant: bool = False, batch_size: int = 32, seed: int = 1234, stream_items: int = 0,
-             examples: int = 0, cache: str = "auto", refresh_every: int = 0) -> dict[str, Any]:
+def evaluate(
+    model: DiffusionLM,
+    tokenizer: Tokenizer,
+    tasks: list[str],
+    limit: int,
+    cfg: SamplerConfig,
+    instant: bool = False,
+    batch_size: int = 32,
+    seed: int = 1234,
+    stream_items: int = 0,
+    examples: int = 0,
+    cache: str = "auto",
+    refresh_every: int = 0,
+) -> dict[str, Any]:
     """The --json shape: {"tasks": {name: {...}}, "settings": {...}}."""
     report: dict[str, Any] = {"tasks": {}}
     for name in tasks:
@@ -115,18 +173,39 @@ def evaluate(model: DiffusionLM, tokenizer: Tokenizer, tasks: list[str], limit: 
         res = decode_items(model, tokenizer, items, cfg, instant, batch_size, cache, refresh_every)
         rep = summarize(name, res)
         if stream_items:
-            rep["tok_s"] = single_stream_tok_s(model, tokenizer, items[:stream_items], cfg, instant, cache,
-                                               refresh_every)
+            rep["tok_s"] = single_stream_tok_s(
+                model, tokenizer, items[:stream_items], cfg, instant, cache, refresh_every
+            )
         if examples:
             rep["examples"] = [{"reply": r.reply, "correct": r.correct} for r in res[:examples]]
         report["tasks"][name] = rep
     accs = [v["accuracy"] for v in report["tasks"].values()]
     report["mean_accuracy"] = sum(accs) / max(len(accs), 1)
-    decoding = "autoregressive (KV cache, greedy)" if model.config.attention == "causal" else {
-        k: getattr(cfg, k) for k in ("policy", "threshold", "steps", "block_length", "temperature",
-                                     "revise_threshold", "max_revisions")}
-    report["settings"] = {"decoding": decoding, "instant": instant, "limit": limit, "seed": seed,
-                          "batch_size": 1 if model.config.attention == "causal" else batch_size,
-                          "attention": model.config.attention, "threads": torch.get_num_threads(),
-                          "cache": cache, "refresh_every": refresh_every}
+    decoding = (
+        "autoregressive (KV cache, greedy)"
+        if model.config.attention == "causal"
+        else {
+            k: getattr(cfg, k)
+            for k in (
+                "policy",
+                "threshold",
+                "steps",
+                "block_length",
+                "temperature",
+                "revise_threshold",
+                "max_revisions",
+            )
+        }
+    )
+    report["settings"] = {
+        "decoding": decoding,
+        "instant": instant,
+        "limit": limit,
+        "seed": seed,
+        "batch_size": 1 if model.config.attention == "causal" else batch_size,
+        "attention": model.config.attention,
+        "threads": torch.get_num_threads(),
+        "cache": cache,
+        "refresh_every": refresh_every,
+    }
     return report

@@ -15,6 +15,7 @@ The reply's final number is extracted (``#### N``, else ``\\boxed{N}``, else "an
 the last number) and compared numerically with the reference after ``####``. Ends with one line
 of JSON: accuracy, counts, the decoding settings and the TPF they ran at.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -22,29 +23,57 @@ import json
 import re
 import sys
 import time
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from decimal import Decimal, InvalidOperation
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any
 
 from ..errors import ConfigError
 
 PRESETS: dict[str, dict[str, Any]] = {
-    "llada": {"chat": True, "num_fewshot": 0,
-              "sampler": {"max_new_tokens": 256, "block_length": 8, "steps": 256, "policy": "low_confidence",
-                          "temperature": 0.0}},
-    "llada-block32": {"chat": True, "num_fewshot": 0,
-                      "sampler": {"max_new_tokens": 256, "block_length": 32, "steps": 256,
-                                  "policy": "low_confidence", "temperature": 0.0}},
-    "fast-dllm": {"chat": False, "num_fewshot": 5,
-                  "sampler": {"max_new_tokens": 256, "block_length": 32, "policy": "threshold", "threshold": 0.9,
-                              "temperature": 0.0}},
+    "llada": {
+        "chat": True,
+        "num_fewshot": 0,
+        "sampler": {
+            "max_new_tokens": 256,
+            "block_length": 8,
+            "steps": 256,
+            "policy": "low_confidence",
+            "temperature": 0.0,
+        },
+    },
+    "llada-block32": {
+        "chat": True,
+        "num_fewshot": 0,
+        "sampler": {
+            "max_new_tokens": 256,
+            "block_length": 32,
+            "steps": 256,
+            "policy": "low_confidence",
+            "temperature": 0.0,
+        },
+    },
+    "fast-dllm": {
+        "chat": False,
+        "num_fewshot": 5,
+        "sampler": {
+            "max_new_tokens": 256,
+            "block_length": 32,
+            "policy": "threshold",
+            "threshold": 0.9,
+            "temperature": 0.0,
+        },
+    },
     "family": {"chat": True, "num_fewshot": 0, "sampler": {"max_new_tokens": 256}},
 }
 
 _NUM = r"-?[$]?\d[\d,]*(?:\.\d+)?"
-_PATTERNS = [re.compile(r"####\s*(" + _NUM + ")"), re.compile(r"\\boxed\{\s*(" + _NUM + r")\s*\}"),
-             re.compile(r"answer is\s*:?\s*(" + _NUM + ")", re.IGNORECASE)]
+_PATTERNS = [
+    re.compile(r"####\s*(" + _NUM + ")"),
+    re.compile(r"\\boxed\{\s*(" + _NUM + r")\s*\}"),
+    re.compile(r"answer is\s*:?\s*(" + _NUM + ")", re.IGNORECASE),
+]
 _ANY_NUM = re.compile(_NUM)
 
 
@@ -124,8 +153,14 @@ def load_items(path: str | Path) -> list[Item]:
             obj = json.loads(raw)
         except json.JSONDecodeError as e:
             raise ConfigError(f"{p}:{n}: invalid JSON ({e.msg})") from None
-        if not isinstance(obj, dict) or not isinstance(obj.get("question"), str) or not isinstance(obj.get("answer"), str):
-            raise ConfigError(f"{p}:{n}: expected an object with string fields 'question' and 'answer'")
+        if (
+            not isinstance(obj, dict)
+            or not isinstance(obj.get("question"), str)
+            or not isinstance(obj.get("answer"), str)
+        ):
+            raise ConfigError(
+                f"{p}:{n}: expected an object with string fields 'question' and 'answer'"
+            )
         m = re.search(r"####\s*(.+?)\s*$", obj["answer"])
         target = normalize_number(m.group(1)) if m else None
         if target is None:
@@ -145,9 +180,18 @@ def _read_shots(path: str | Path, n: int) -> list[dict[str, str]]:
     return [{"question": it.question, "answer": it.solution} for it in load_items(path)[:n]]
 
 
-def evaluate_gsm8k(pipe: Any, data: str | Path, preset: str = "llada", limit: int | None = None,
-                   num_fewshot: int | None = None, fewshot_data: str | Path | None = None, chat: bool | None = None,
-                   batch_size: int = 1, progress: bool = False, **sampler: Any) -> Report:
+def evaluate_gsm8k(
+    pipe: Any,
+    data: str | Path,
+    preset: str = "llada",
+    limit: int | None = None,
+    num_fewshot: int | None = None,
+    fewshot_data: str | Path | None = None,
+    chat: bool | None = None,
+    batch_size: int = 1,
+    progress: bool = False,
+    **sampler: Any,
+) -> Report:
     """Decode every question with ``pipe`` (a ``quicksilver.Pipeline``) and score the final numbers.
 
     Few-shot examples come from ``fewshot_data`` or else the first ``num_fewshot`` items of ``data``
@@ -176,17 +220,30 @@ def evaluate_gsm8k(pipe: Any, data: str | Path, preset: str = "llada", limit: in
     records: list[Record] = []
     t0 = time.perf_counter()
     for start in range(0, len(items), batch_size):
-        chunk = items[start:start + batch_size]
+        chunk = items[start : start + batch_size]
         if use_chat:
-            prompts: list[Any] = [[{"role": "user", "content": prefix + f"Question: {it.question}\nAnswer:"
-                                    if shots else it.question}] for it in chunk]
+            prompts: list[Any] = [
+                [
+                    {
+                        "role": "user",
+                        "content": prefix + f"Question: {it.question}\nAnswer:"
+                        if shots
+                        else it.question,
+                    }
+                ]
+                for it in chunk
+            ]
         else:
             prompts = [prefix + f"Question: {it.question}\nAnswer:" for it in chunk]
         results = pipe.generate_batch(prompts, chat=use_chat, **opts)
         for it, res in zip(chunk, results):
             text = res.text if use_chat else re.split(r"\n\s*\n|Question:", res.text)[0]
             pred = extract_answer(text)
-            records.append(Record(it.line, it.answer, pred, pred == it.answer, res.text, len(res.tokens), res.nfe))
+            records.append(
+                Record(
+                    it.line, it.answer, pred, pred == it.answer, res.text, len(res.tokens), res.nfe
+                )
+            )
         if progress:
             done = len(records)
             acc = sum(r.correct for r in records) / done
@@ -196,25 +253,53 @@ def evaluate_gsm8k(pipe: Any, data: str | Path, preset: str = "llada", limit: in
     out_tokens = sum(r.tokens for r in records)
     nfe = sum(r.nfe for r in records)
     settings = {k2: v for k2, v in opts.items() if k2 != "record_canvas"}
-    return Report("gsm8k", correct / len(records), correct, len(records), preset, settings, len(shots), use_chat,
-                  out_tokens / max(nfe, 1), nfe, out_tokens, round(seconds, 3), records)
+    return Report(
+        "gsm8k",
+        correct / len(records),
+        correct,
+        len(records),
+        preset,
+        settings,
+        len(shots),
+        use_chat,
+        out_tokens / max(nfe, 1),
+        nfe,
+        out_tokens,
+        round(seconds, 3),
+        records,
+    )
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     """The flags of ``quicksilver eval --benchmark gsm8k`` (besides --model)."""
-    p.add_argument("--data", required=True, help="GSM8K-format JSONL: question, answer ending in '#### N'")
-    p.add_argument("--preset", default="llada", choices=sorted(PRESETS), help="published decoding settings")
+    p.add_argument(
+        "--data", required=True, help="GSM8K-format JSONL: question, answer ending in '#### N'"
+    )
+    p.add_argument(
+        "--preset", default="llada", choices=sorted(PRESETS), help="published decoding settings"
+    )
     p.add_argument("--limit", type=int, default=None, help="score only the first N items")
     p.add_argument("--num-fewshot", type=int, default=None, dest="num_fewshot")
-    p.add_argument("--fewshot-data", default=None, dest="fewshot_data", help="JSONL of few-shot examples")
+    p.add_argument(
+        "--fewshot-data", default=None, dest="fewshot_data", help="JSONL of few-shot examples"
+    )
     p.add_argument("--batch-size", type=int, default=1, dest="batch_size")
     p.add_argument("--records", default=None, help="write one JSON line per item to this file")
 
 
 def run(pipe: Any, args: argparse.Namespace, **sampler: Any) -> int:
     """Run with parsed flags (``sampler``: SamplerConfig overrides from the command line); prints the JSON line."""
-    rep = evaluate_gsm8k(pipe, args.data, preset=args.preset, limit=args.limit, num_fewshot=args.num_fewshot,
-                         fewshot_data=args.fewshot_data, batch_size=args.batch_size, progress=True, **sampler)
+    rep = evaluate_gsm8k(
+        pipe,
+        args.data,
+        preset=args.preset,
+        limit=args.limit,
+        num_fewshot=args.num_fewshot,
+        fewshot_data=args.fewshot_data,
+        batch_size=args.batch_size,
+        progress=True,
+        **sampler,
+    )
     if args.records:
         Path(args.records).parent.mkdir(parents=True, exist_ok=True)
         Path(args.records).write_text("".join(json.dumps(asdict(r)) + "\n" for r in rep.records))

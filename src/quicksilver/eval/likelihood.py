@@ -4,6 +4,7 @@ Diffusion models: the block-diffusion SFT loss (no substitution noise) on a fixe
 test-split items with fixed noise draws, so two checkpoints see exactly the same masks. Causal
 models: next-token cross-entropy on the same items' answers.
 """
+
 from __future__ import annotations
 
 import random
@@ -18,8 +19,14 @@ from ..train.tasks import get_task
 
 
 @torch.no_grad()
-def heldout_loss(model: DiffusionLM, tokenizer: Tokenizer, tasks: list[str], n: int = 64, seed: int = 0,
-                 repeats: int = 4) -> float:
+def heldout_loss(
+    model: DiffusionLM,
+    tokenizer: Tokenizer,
+    tasks: list[str],
+    n: int = 64,
+    seed: int = 0,
+    repeats: int = 4,
+) -> float:
     """Mean loss over ``n`` test items per task (batches of 16), averaged over ``repeats`` noise draws."""
     was = model.training
     model.eval()
@@ -37,9 +44,15 @@ def heldout_loss(model: DiffusionLM, tokenizer: Tokenizer, tasks: list[str], n: 
     for r in range(1 if causal else repeats):
         gen = torch.Generator().manual_seed(seed * 100 + r)
         for i in range(0, len(exs), 16):
-            b = collate(exs[i:i + 16], model.config.block_size, tokenizer.pad_id or 0, eot, pad_answers=not causal)
+            b = collate(
+                exs[i : i + 16],
+                model.config.block_size,
+                tokenizer.pad_id or 0,
+                eot,
+                pad_answers=not causal,
+            )
             out = (ar_loss if causal else diffusion_loss)(model, b, cfg, gen)
-            total += float(out.loss) * len(exs[i:i + 16])
-            count += len(exs[i:i + 16])
+            total += float(out.loss) * len(exs[i : i + 16])
+            count += len(exs[i : i + 16])
     model.train(was)
     return total / max(count, 1)

@@ -1,5 +1,6 @@
 """PNG plots of the evaluation: accuracy against TPF (from a sweep) and learning curves (from the
 ``eval`` records in a run's ``metrics.jsonl``)."""
+
 from __future__ import annotations
 
 import json
@@ -24,7 +25,13 @@ def plot_accuracy_vs_tpf(rows: list[dict[str, Any]], path: str | Path, title: st
         rs = sorted(rs, key=lambda r: r["tpf"])
         ax.plot([r["tpf"] for r in rs], [r["accuracy"] for r in rs], "o-", label=g)
         for r in rs:
-            ax.annotate(r["short"], (r["tpf"], r["accuracy"]), fontsize=7, xytext=(3, 3), textcoords="offset points")
+            ax.annotate(
+                r["short"],
+                (r["tpf"], r["accuracy"]),
+                fontsize=7,
+                xytext=(3, 3),
+                textcoords="offset points",
+            )
     ax.set_xlabel("TPF (committed tokens per forward pass)")
     ax.set_ylabel("mean held-out accuracy")
     ax.set_title(title or "accuracy vs tokens per forward pass")

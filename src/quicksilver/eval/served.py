@@ -8,6 +8,7 @@ name and argument slots are decoded, grammar-checked against the tools' JSON sch
 app in-process (FastAPI's test client: no socket, same code as ``quicksilver serve``) and scores
 the returned ``tool_calls`` with the same verifier.
 """
+
 from __future__ import annotations
 
 import json
@@ -23,14 +24,17 @@ CHOICES = ("auto", "required")
 def reply_from_message(message: dict[str, Any]) -> str:
     """The assistant message as the task's reply text: its calls in the model's tag format, then
     any content (the verifier accepts a call turn only if nothing but one call is there)."""
-    calls = "".join('<tool_call>{"name": %s, "arguments": %s}</tool_call>'
-                    % (json.dumps(c["function"]["name"]), c["function"]["arguments"] or "{}")
-                    for c in message.get("tool_calls") or [])
+    calls = "".join(
+        f'<tool_call>{{"name": {json.dumps(c["function"]["name"])}, '
+        f'"arguments": {c["function"]["arguments"] or "{}"}}}</tool_call>'
+        for c in message.get("tool_calls") or []
+    )
     return calls + (message.get("content") or "")
 
 
-def served_tool_calls(model: str | Path, choice: str, limit: int, seed: int,
-                      threshold: float = 0.9) -> dict[str, Any]:
+def served_tool_calls(
+    model: str | Path, choice: str, limit: int, seed: int, threshold: float = 0.9
+) -> dict[str, Any]:
     """Accuracy and parseable rate of the held-out call turns served with ``tool_choice=choice``."""
     from fastapi.testclient import TestClient
 
@@ -44,13 +48,21 @@ def served_tool_calls(model: str | Path, choice: str, limit: int, seed: int,
     cfg = ServerConfig(model=str(model))
     backend = build_backend(cfg)
     if backend.attention == "causal":
-        raise ConfigError("--tool-choice evaluates the served diffusion decoder; this is an AR model")
+        raise ConfigError(
+            "--tool-choice evaluates the served diffusion decoder; this is an AR model"
+        )
     correct = parseable = failed = 0
     with TestClient(build_app(backend, cfg)) as client:
         for it in items:
-            body = {"model": backend.name, "messages": to_openai_messages(it.messages or []), "tools": it.tools,
-                    "tool_choice": choice, "temperature": 0, "reasoning_effort": "none",
-                    "threshold": threshold}
+            body = {
+                "model": backend.name,
+                "messages": to_openai_messages(it.messages or []),
+                "tools": it.tools,
+                "tool_choice": choice,
+                "temperature": 0,
+                "reasoning_effort": "none",
+                "threshold": threshold,
+            }
             r = client.post("/v1/chat/completions", json=body)
             if r.status_code != 200:
                 failed += 1
@@ -59,5 +71,11 @@ def served_tool_calls(model: str | Path, choice: str, limit: int, seed: int,
             correct += bool(task.verify(it, reply))
             parseable += bool(task.parseable(it, reply))
     n = max(len(items), 1)
-    return {"tool_choice": choice, "n": len(items), "accuracy": correct / n, "parseable": parseable / n,
-            "failed": failed, "threshold": threshold}
+    return {
+        "tool_choice": choice,
+        "n": len(items),
+        "accuracy": correct / n,
+        "parseable": parseable / n,
+        "failed": failed,
+        "threshold": threshold,
+    }

@@ -3,11 +3,12 @@
 Loading dispatches on ``config.json``'s ``architectures`` through a registry of loaders (our own
 format here; the open diffusion LMs register theirs). Nothing is ever downloaded.
 """
+
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from pathlib import Path
-from typing import Callable
 
 import torch
 from safetensors import SafetensorError
@@ -25,8 +26,14 @@ LOADERS: dict[str, Loader] = {}
 TokenizerLoader = Callable[[Path, dict], Tokenizer]
 TOKENIZER_LOADERS: dict[str, TokenizerLoader] = {}
 
-DTYPES = {"float32": torch.float32, "fp32": torch.float32, "bfloat16": torch.bfloat16,
-          "bf16": torch.bfloat16, "float16": torch.float16, "fp16": torch.float16}
+DTYPES = {
+    "float32": torch.float32,
+    "fp32": torch.float32,
+    "bfloat16": torch.bfloat16,
+    "bf16": torch.bfloat16,
+    "float16": torch.float16,
+    "fp16": torch.float16,
+}
 
 
 def register_loader(*architectures: str) -> Callable[[Loader], Loader]:
@@ -34,6 +41,7 @@ def register_loader(*architectures: str) -> Callable[[Loader], Loader]:
         for a in architectures:
             LOADERS[a] = fn
         return fn
+
     return deco
 
 
@@ -71,13 +79,24 @@ def read_safetensors(path: Path) -> dict[str, torch.Tensor]:
             out: dict[str, torch.Tensor] = {}
             for shard in sorted(set(weight_map.values())):
                 if not (path / shard).is_file():
-                    raise CheckpointError(f"{path}: shard {shard} listed in model.safetensors.index.json is missing")
+                    raise CheckpointError(
+                        f"{path}: shard {shard} listed in model.safetensors.index.json is missing"
+                    )
                 out.update(load_file(str(path / shard)))
             absent = sorted(set(weight_map) - set(out))
             if absent:
-                raise CheckpointError(f"{path}: tensors listed in the index are absent from the shards: {absent[:4]}")
+                raise CheckpointError(
+                    f"{path}: tensors listed in the index are absent from the shards: {absent[:4]}"
+                )
             return out
-    except (SafetensorError, OSError, KeyError, TypeError, AttributeError, json.JSONDecodeError) as e:
+    except (
+        SafetensorError,
+        OSError,
+        KeyError,
+        TypeError,
+        AttributeError,
+        json.JSONDecodeError,
+    ) as e:
         raise CheckpointError(f"{path}: unreadable weights ({str(e).splitlines()[0]})") from None
     raise CheckpointError(f"{path}: no model.safetensors or model.safetensors.index.json")
 
@@ -91,8 +110,12 @@ def default_device() -> torch.device:
     return torch.device("cuda" if torch.cuda.is_available() else "cpu")
 
 
-def build_model(cfg: ModelConfig, state: dict[str, torch.Tensor], dtype: torch.dtype | None = None,
-                device: str | torch.device | None = None) -> DiffusionLM:
+def build_model(
+    cfg: ModelConfig,
+    state: dict[str, torch.Tensor],
+    dtype: torch.dtype | None = None,
+    device: str | torch.device | None = None,
+) -> DiffusionLM:
     """The network with ``state`` as its weights, built on the meta device first (no random init, no
     second copy of an 8B model in memory), in ``dtype`` (default float32) on ``device`` (default CPU)."""
     target = dtype or torch.float32
@@ -106,23 +129,32 @@ def build_model(cfg: ModelConfig, state: dict[str, torch.Tensor], dtype: torch.d
     missing, unexpected = expected - set(state), set(state) - expected
     if missing or unexpected:
         raise CheckpointError(
-            f"weights do not match the config: missing {sorted(missing)[:4]}, unexpected {sorted(unexpected)[:4]}")
+            f"weights do not match the config: missing {sorted(missing)[:4]}, unexpected {sorted(unexpected)[:4]}"
+        )
     for k, v in state.items():
         if shapes[k] != v.shape:
-            raise CheckpointError(f"{k}: shape {tuple(v.shape)} in the checkpoint, {tuple(shapes[k])} in the config")
-    floating = {k: v.to(device=dev, dtype=target if v.is_floating_point() else v.dtype) for k, v in state.items()}
+            raise CheckpointError(
+                f"{k}: shape {tuple(v.shape)} in the checkpoint, {tuple(shapes[k])} in the config"
+            )
+    floating = {
+        k: v.to(device=dev, dtype=target if v.is_floating_point() else v.dtype)
+        for k, v in state.items()
+    }
     model.load_state_dict(floating, strict=False, assign=True)
     if cfg.tie_embeddings:
         model.lm_head.weight = model.model.embed_tokens.weight
-    model.rotary = Rotary(cfg.rotary_dim, cfg.rope_theta, cfg.max_seq_len).to(dev)  # non-persistent buffer: recompute
+    model.rotary = Rotary(cfg.rotary_dim, cfg.rope_theta, cfg.max_seq_len).to(
+        dev
+    )  # non-persistent buffer: recompute
     left = [n for n, t in (*model.named_parameters(), *model.named_buffers()) if t.is_meta]
     if left:
         raise CheckpointError(f"tensors not set by the checkpoint: {left[:4]}")
     return model.eval()
 
 
-def load_checkpoint(path: str | Path, dtype: torch.dtype | None = None,
-                    device: str | torch.device | None = None) -> tuple[DiffusionLM, Tokenizer]:
+def load_checkpoint(
+    path: str | Path, dtype: torch.dtype | None = None, device: str | torch.device | None = None
+) -> tuple[DiffusionLM, Tokenizer]:
     """Model and tokenizer of a checkpoint directory. Defaults: CPU float32; on CUDA, bfloat16."""
     path = Path(path)
     cj = read_config_json(path)
@@ -131,26 +163,38 @@ def load_checkpoint(path: str | Path, dtype: torch.dtype | None = None,
         raise CheckpointError(f"{path}/config.json: no 'architectures' list")
     loader = LOADERS.get(archs[0])
     if loader is None:
-        raise CheckpointError(f"{path}: unsupported architecture {archs[0]!r} (known: {sorted(LOADERS)})")
+        raise CheckpointError(
+            f"{path}: unsupported architecture {archs[0]!r} (known: {sorted(LOADERS)})"
+        )
     tok_loader = TOKENIZER_LOADERS.get(archs[0])
     tokenizer = tok_loader(path, cj) if tok_loader is not None else Tokenizer.from_dir(path)
     cfg, state = loader(path, cj)
     if tokenizer.vocab_size > cfg.vocab_size:
-        raise CheckpointError(f"{path}: tokenizer has {tokenizer.vocab_size} tokens, model only {cfg.vocab_size}")
+        raise CheckpointError(
+            f"{path}: tokenizer has {tokenizer.vocab_size} tokens, model only {cfg.vocab_size}"
+        )
     dev = torch.device(device) if device is not None else default_device()
     if dtype is None and dev.type == "cuda":
         dtype = torch.bfloat16
     return build_model(cfg, state, dtype, dev), tokenizer
 
 
-def save_checkpoint(model: DiffusionLM, tokenizer: Tokenizer, path: str | Path, dtype: str = "float32",
-                    extra: dict[str, dict] | None = None) -> Path:
+def save_checkpoint(
+    model: DiffusionLM,
+    tokenizer: Tokenizer,
+    path: str | Path,
+    dtype: str = "float32",
+    extra: dict[str, dict] | None = None,
+) -> Path:
     """Write a checkpoint directory; ``extra`` adds JSON files (e.g. ``{"train_config": {...}}``)."""
     path = Path(path)
     path.mkdir(parents=True, exist_ok=True)
     cfg = model.config
-    state = {k: v.detach().to(DTYPES[dtype]).contiguous() for k, v in model.state_dict().items()
-             if not (cfg.tie_embeddings and k == "lm_head.weight")}
+    state = {
+        k: v.detach().to(DTYPES[dtype]).contiguous()
+        for k, v in model.state_dict().items()
+        if not (cfg.tie_embeddings and k == "lm_head.weight")
+    }
     save_file(state, str(path / "model.safetensors"), metadata={"format": "pt"})
     hf = cfg.to_hf_json()
     hf["torch_dtype"] = {"fp32": "float32", "bf16": "bfloat16", "fp16": "float16"}.get(dtype, dtype)

@@ -1,4 +1,5 @@
 """ModelConfig: the one dataclass that describes every network quicksilver runs, plus test presets."""
+
 from __future__ import annotations
 
 import dataclasses
@@ -30,7 +31,9 @@ class MoEConfig:
     top_k: int = 2
     expert_hidden: int = 128  # SwiGLU width of one routed expert
     shared_hidden: int = 0  # width of the always-on shared expert (0: none)
-    layers: list[int] | None = None  # indices of the MoE layers (None: every layer); the rest are dense
+    layers: list[int] | None = (
+        None  # indices of the MoE layers (None: every layer); the rest are dense
+    )
     score: str = "softmax"  # softmax | sigmoid
     norm_topk: bool = False  # renormalise the top-k weights to sum to 1 (only when top_k > 1)
     scale: float = 1.0  # routed scaling factor applied to the weights
@@ -47,9 +50,15 @@ class MoEConfig:
             raise ConfigError(f"moe: score must be one of {ROUTER_SCORES}, got {self.score!r}")
         if self.expert_bias is not None and self.expert_bias not in EXPERT_BIAS_MODES:
             raise ConfigError(f"moe: expert_bias must be one of {EXPERT_BIAS_MODES} or null")
-        if self.n_group <= 0 or self.n_experts % self.n_group or not 0 < self.topk_group <= self.n_group:
-            raise ConfigError(f"moe: n_group ({self.n_group}) must divide n_experts and hold topk_group "
-                              f"({self.topk_group}) groups")
+        if (
+            self.n_group <= 0
+            or self.n_experts % self.n_group
+            or not 0 < self.topk_group <= self.n_group
+        ):
+            raise ConfigError(
+                f"moe: n_group ({self.n_group}) must divide n_experts and hold topk_group "
+                f"({self.topk_group}) groups"
+            )
         if self.layers is not None and any(not 0 <= i < n_layers for i in self.layers):
             raise ConfigError(f"moe: layer indices {self.layers} outside 0..{n_layers - 1}")
 
@@ -84,7 +93,9 @@ class ModelConfig:
     # Family hooks (defaults keep the plain LLaMA/Qwen network):
     partial_rotary_factor: float = 1.0  # fraction of each head that RoPE rotates (LLaDA2: 0.5)
     o_bias: bool = False  # bias on the attention output projection (LLaDA-MoE with attention_bias)
-    clip_qkv: float | None = None  # clamp q, k, v to [-clip, clip] after projection (LLaDA-MoE option)
+    clip_qkv: float | None = (
+        None  # clamp q, k, v to [-clip, clip] after projection (LLaDA-MoE option)
+    )
     moe: MoEConfig | None = None  # mixture-of-experts feed-forward layers (None: dense everywhere)
 
     def __post_init__(self) -> None:
@@ -106,20 +117,40 @@ class ModelConfig:
 
     def validate(self) -> None:
         if self.attention not in ATTENTION_PATTERNS:
-            raise ConfigError(f"attention must be one of {ATTENTION_PATTERNS}, got {self.attention!r}")
-        for name in ("vocab_size", "d_model", "n_layers", "n_heads", "n_kv_heads", "mlp_hidden",
-                     "max_seq_len", "block_size"):
+            raise ConfigError(
+                f"attention must be one of {ATTENTION_PATTERNS}, got {self.attention!r}"
+            )
+        for name in (
+            "vocab_size",
+            "d_model",
+            "n_layers",
+            "n_heads",
+            "n_kv_heads",
+            "mlp_hidden",
+            "max_seq_len",
+            "block_size",
+        ):
             if int(getattr(self, name)) <= 0:
                 raise ConfigError(f"{name} must be positive, got {getattr(self, name)}")
         if self.n_heads % self.n_kv_heads:
-            raise ConfigError(f"n_heads ({self.n_heads}) must be a multiple of n_kv_heads ({self.n_kv_heads})")
+            raise ConfigError(
+                f"n_heads ({self.n_heads}) must be a multiple of n_kv_heads ({self.n_kv_heads})"
+            )
         if self.head_dim is None and self.d_model % self.n_heads:
-            raise ConfigError(f"d_model ({self.d_model}) must be divisible by n_heads ({self.n_heads})")
+            raise ConfigError(
+                f"d_model ({self.d_model}) must be divisible by n_heads ({self.n_heads})"
+            )
         if self.dim_head % 2:
             raise ConfigError(f"head dimension must be even for RoPE, got {self.dim_head}")
-        if not 0.0 < self.partial_rotary_factor <= 1.0 or self.rotary_dim % 2 or self.rotary_dim == 0:
-            raise ConfigError(f"partial_rotary_factor {self.partial_rotary_factor} must give an even, positive "
-                              f"rotary width (head dimension {self.dim_head})")
+        if (
+            not 0.0 < self.partial_rotary_factor <= 1.0
+            or self.rotary_dim % 2
+            or self.rotary_dim == 0
+        ):
+            raise ConfigError(
+                f"partial_rotary_factor {self.partial_rotary_factor} must give an even, positive "
+                f"rotary width (head dimension {self.dim_head})"
+            )
         if self.clip_qkv is not None and self.clip_qkv <= 0:
             raise ConfigError(f"clip_qkv must be positive, got {self.clip_qkv}")
         if self.moe is not None:
@@ -133,7 +164,7 @@ class ModelConfig:
         return dataclasses.asdict(self)
 
     @classmethod
-    def from_dict(cls, d: dict[str, Any]) -> "ModelConfig":
+    def from_dict(cls, d: dict[str, Any]) -> ModelConfig:
         known = {f.name for f in fields(cls)}
         unknown = set(d) - known
         if unknown:
@@ -144,11 +175,16 @@ class ModelConfig:
         """The ``config.json`` written beside our checkpoints (HF-style, dispatch on architectures)."""
         d = self.to_dict()
         arch = d.pop("architecture")
-        return {"architectures": [arch], "model_type": "quicksilver", **d,
-                "eos_token_id": self.eos_token_ids[0], "torch_dtype": "float32"}
+        return {
+            "architectures": [arch],
+            "model_type": "quicksilver",
+            **d,
+            "eos_token_id": self.eos_token_ids[0],
+            "torch_dtype": "float32",
+        }
 
     @classmethod
-    def from_hf_json(cls, d: dict[str, Any]) -> "ModelConfig":
+    def from_hf_json(cls, d: dict[str, Any]) -> ModelConfig:
         known = {f.name for f in fields(cls)}
         try:
             arch = d["architectures"][0]
@@ -168,8 +204,12 @@ class ModelConfig:
 # Presets: small shapes for tests and benchmarks. The vocabulary size is filled in from the tokenizer.
 PRESETS: dict[str, dict[str, Any]] = {
     "tiny": dict(d_model=64, n_layers=2, n_heads=4, n_kv_heads=2, mlp_hidden=172, max_seq_len=512),
-    "small": dict(d_model=256, n_layers=4, n_heads=4, n_kv_heads=4, mlp_hidden=688, max_seq_len=1024),
-    "base": dict(d_model=384, n_layers=6, n_heads=6, n_kv_heads=6, mlp_hidden=1024, max_seq_len=1024),
+    "small": dict(
+        d_model=256, n_layers=4, n_heads=4, n_kv_heads=4, mlp_hidden=688, max_seq_len=1024
+    ),
+    "base": dict(
+        d_model=384, n_layers=6, n_heads=6, n_kv_heads=6, mlp_hidden=1024, max_seq_len=1024
+    ),
 }
 
 

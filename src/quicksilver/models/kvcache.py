@@ -6,6 +6,7 @@ the first ``append`` of them (finished blocks, or every token for AR decoding) a
 overwritten by the next pass. Buffers grow by doubling. One cache serves a padded batch of B rows
 or a single packed sequence (B = 1).
 """
+
 from __future__ import annotations
 
 import torch
@@ -19,14 +20,24 @@ class KVCache:
         self.valid: torch.Tensor | None = None  # (B, capacity) bool
         self.length = 0  # committed positions
         self.cursor: int | None = None  # where the next pass writes (None: right after ``length``)
-        self.last_logits: torch.Tensor | None = None  # (B, V) raw output at the last committed position
+        self.last_logits: torch.Tensor | None = (
+            None  # (B, V) raw output at the last committed position
+        )
 
     @property
     def capacity(self) -> int:
         return 0 if self.positions is None else int(self.positions.shape[1])
 
-    def reserve(self, n_layers: int, B: int, n_kv: int, hd: int, need: int, dtype: torch.dtype,
-                device: torch.device) -> None:
+    def reserve(
+        self,
+        n_layers: int,
+        B: int,
+        n_kv: int,
+        hd: int,
+        need: int,
+        dtype: torch.dtype,
+        device: torch.device,
+    ) -> None:
         """Make room for ``need`` positions (keeps what is committed)."""
         if need <= self.capacity:
             return
@@ -54,16 +65,18 @@ class KVCache:
         """Positions (B, T) (and validity) of the tokens about to be written after ``length``."""
         assert self.positions is not None and self.valid is not None
         T = positions.shape[-1]
-        self.positions[:, self.length:self.length + T] = positions
-        self.valid[:, self.length:self.length + T] = True if valid is None else valid
+        self.positions[:, self.length : self.length + T] = positions
+        self.valid[:, self.length : self.length + T] = True if valid is None else valid
 
-    def write(self, layer: int, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    def write(
+        self, layer: int, k: torch.Tensor, v: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor]:
         """Store k/v (B, Hkv, T, hd) at the cursor (default: after the committed part); return the
         keys/values to attend over: everything committed plus what was just written."""
         T = k.shape[2]
         start = self.length if self.cursor is None else self.cursor
-        self.k[layer][:, :, start:start + T] = k
-        self.v[layer][:, :, start:start + T] = v
+        self.k[layer][:, :, start : start + T] = k
+        self.v[layer][:, :, start : start + T] = v
         end = max(self.length, start + T)
         return self.k[layer][:, :, :end], self.v[layer][:, :, :end]  # (B, Hkv, L(+T), hd)
 

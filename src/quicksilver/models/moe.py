@@ -14,6 +14,7 @@ Weight names follow the HF layout: ``gate.weight`` (E, C), ``gate.expert_bias`` 
 ``experts.{e}.{gate,up,down}_proj.weight``, ``shared_experts.{gate,up,down}_proj.weight``.
 Routing runs in fp32; the expert loop visits only experts that received tokens.
 """
+
 from __future__ import annotations
 
 import torch
@@ -64,7 +65,9 @@ class Router(nn.Module):
             grouped = choice.view(N, cfg.n_group, E // cfg.n_group)  # (N, G, E/G)
             group_score = grouped.topk(min(2, E // cfg.n_group), dim=-1).values.sum(-1)  # (N, G)
             keep = group_score.topk(cfg.topk_group, dim=-1).indices  # (N, topk_group)
-            allowed = torch.zeros_like(group_score, dtype=torch.bool).scatter_(1, keep, True)  # (N, G)
+            allowed = torch.zeros_like(group_score, dtype=torch.bool).scatter_(
+                1, keep, True
+            )  # (N, G)
             allowed = allowed[:, :, None].expand_as(grouped).reshape(N, E)  # (N, E)
             choice = choice.masked_fill(~allowed, float("-inf"))
         experts = choice.topk(cfg.top_k, dim=-1).indices  # (N, k)
@@ -81,7 +84,9 @@ class MoE(nn.Module):
         super().__init__()
         self.cfg = cfg
         self.gate = Router(d_model, cfg)
-        self.experts = nn.ModuleList(ExpertMLP(d_model, cfg.expert_hidden) for _ in range(cfg.n_experts))
+        self.experts = nn.ModuleList(
+            ExpertMLP(d_model, cfg.expert_hidden) for _ in range(cfg.n_experts)
+        )
         self.shared_experts = ExpertMLP(d_model, cfg.shared_hidden) if cfg.shared_hidden else None
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -98,7 +103,7 @@ class MoE(nn.Module):
         for e, n in enumerate(counts):
             if n == 0:
                 continue
-            tok, w = tokens[start:start + n], w_sorted[start:start + n]
+            tok, w = tokens[start : start + n], w_sorted[start : start + n]
             y = self.experts[e](flat[tok])  # (n, C)
             out.index_add_(0, tok, y.float() * w[:, None])
             start += n

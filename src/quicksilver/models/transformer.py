@@ -9,10 +9,11 @@ a masked-diffusion model, a block-diffusion model and the equal-size autoregress
 (the shift, when configured, is applied inside). An optional ``KVCache`` holds keys and values of
 earlier positions (exact for block_causal/causal models, an approximation for bidirectional ones).
 """
+
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import torch
 import torch.nn as nn
@@ -30,7 +31,9 @@ class RMSNorm(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if x.dtype == torch.float32 and self.weight.dtype == torch.float32:
-            return F.rms_norm(x, self.weight.shape, self.weight, self.eps)  # one fused op, same numbers
+            return F.rms_norm(
+                x, self.weight.shape, self.weight, self.eps
+            )  # one fused op, same numbers
         dtype = x.dtype
         x = x.float()
         x = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps)
@@ -53,7 +56,10 @@ class Rotary(nn.Module):
         self._build(min(max_len, 4096))  # grows on demand
 
     def _build(self, n: int) -> None:
-        freqs = torch.arange(n, dtype=torch.float32, device=self.inv_freq.device)[:, None] * self.inv_freq
+        freqs = (
+            torch.arange(n, dtype=torch.float32, device=self.inv_freq.device)[:, None]
+            * self.inv_freq
+        )
         emb = torch.cat((freqs, freqs), dim=-1)  # (n, hd)
         self.register_buffer("cos_table", emb.cos(), persistent=False)
         self.register_buffer("sin_table", emb.sin(), persistent=False)
@@ -61,7 +67,9 @@ class Rotary(nn.Module):
     def forward(self, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         if int(positions.max()) >= self.cos_table.shape[0]:
             self._build(int(positions.max()) + 1)
-        return self.cos_table[positions][:, None], self.sin_table[positions][:, None]  # (B, 1, T, hd)
+        return self.cos_table[positions][:, None], self.sin_table[positions][
+            :, None
+        ]  # (B, 1, T, hd)
 
 
 def apply_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
@@ -90,11 +98,17 @@ class Segment:
     hi: int
     cache: KVCache | None = None
     append: int = 0
-    overwrite: bool = False  # the tokens replace cached positions (dual cache) instead of following them
+    overwrite: bool = (
+        False  # the tokens replace cached positions (dual cache) instead of following them
+    )
 
 
 def build_attention_mask(
-    pattern: str, block_size: int, q_pos: torch.Tensor, k_pos: torch.Tensor, k_valid: torch.Tensor | None
+    pattern: str,
+    block_size: int,
+    q_pos: torch.Tensor,
+    k_pos: torch.Tensor,
+    k_valid: torch.Tensor | None,
 ) -> torch.Tensor:
     """Boolean mask (B, 1, Tq, Tk), True = may attend, from positions (not tensor indices).
 
@@ -109,7 +123,9 @@ def build_attention_mask(
     elif pattern == "causal":
         m = kp <= qp
     else:  # block_causal
-        m = torch.div(kp, block_size, rounding_mode="floor") <= torch.div(qp, block_size, rounding_mode="floor")
+        m = torch.div(kp, block_size, rounding_mode="floor") <= torch.div(
+            qp, block_size, rounding_mode="floor"
+        )
     if k_valid is not None:
         m = m & k_valid[:, None, :]
     m = m | ~m.any(-1, keepdim=True)
@@ -135,18 +151,23 @@ class Attention(nn.Module):
         w, b = _fused(self, (self.q_proj, self.k_proj, self.v_proj))  # one matmul at inference
         qkv = F.linear(x, w, b)
         nq, nk = self.n_heads * self.hd, self.n_kv * self.hd
-        return qkv[..., :nq], qkv[..., nq:nq + nk], qkv[..., nq + nk:]
+        return qkv[..., :nq], qkv[..., nq : nq + nk], qkv[..., nq + nk :]
 
-    def project(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor
-                ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    def project(
+        self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         B, T, _ = x.shape  # (B, T, C)
-        if not (self.training or torch.is_grad_enabled()) and self.q_norm is None and self.clip is None:
+        if (
+            not (self.training or torch.is_grad_enabled())
+            and self.q_norm is None
+            and self.clip is None
+        ):
             # inference: one matmul for q, k and v, and one rotation for q and k together
             w, b = _fused(self, (self.q_proj, self.k_proj, self.v_proj))
             H, Hkv = self.n_heads, self.n_kv
             qkv = F.linear(x, w, b).view(B, T, H + 2 * Hkv, self.hd)  # (B, T, H+2Hkv, hd)
             qk = apply_rotary(qkv[:, :, : H + Hkv].transpose(1, 2), cos, sin)  # (B, H+Hkv, T, hd)
-            return qk[:, :H], qk[:, H:], qkv[:, :, H + Hkv:].transpose(1, 2)
+            return qk[:, :H], qk[:, H:], qkv[:, :, H + Hkv :].transpose(1, 2)
         q_, k_, v_ = self._qkv(x)
         q = q_.reshape(B, T, self.n_heads, self.hd).transpose(1, 2)  # (B, H, T, hd)
         k = k_.reshape(B, T, self.n_kv, self.hd).transpose(1, 2)  # (B, Hkv, T, hd)
@@ -157,24 +178,43 @@ class Attention(nn.Module):
             q, k, v = (t.clamp(-self.clip, self.clip) for t in (q, k, v))
         return apply_rotary(q, cos, sin), apply_rotary(k, cos, sin), v
 
-    def attend(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
-        y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, enable_gqa=self.n_kv != self.n_heads)
+    def attend(
+        self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None
+    ) -> torch.Tensor:
+        y = F.scaled_dot_product_attention(
+            q, k, v, attn_mask=mask, enable_gqa=self.n_kv != self.n_heads
+        )
         return y  # (B, H, Tq, hd)
 
     def output(self, y: torch.Tensor) -> torch.Tensor:
         B, _, T, _ = y.shape
         return self.o_proj(y.transpose(1, 2).reshape(B, T, self.n_heads * self.hd))  # (B, T, C)
 
-    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, mask: torch.Tensor | None,
-                cache: KVCache | None, layer: int) -> torch.Tensor:
+    def forward(
+        self,
+        x: torch.Tensor,
+        cos: torch.Tensor,
+        sin: torch.Tensor,
+        mask: torch.Tensor | None,
+        cache: KVCache | None,
+        layer: int,
+    ) -> torch.Tensor:
         """Padded batch (B, T, C); with a cache, keys/values go after its committed part."""
         q, k, v = self.project(x, cos, sin)
         if cache is not None:
             k, v = cache.write(layer, k, v)  # (B, Hkv, L+T, hd)
         return self.output(self.attend(q, k, v, mask))
 
-    def forward_packed(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, spans: list[tuple[int, int]],
-                       caches: list[KVCache | None], masks: list[torch.Tensor | None], layer: int) -> torch.Tensor:
+    def forward_packed(
+        self,
+        x: torch.Tensor,
+        cos: torch.Tensor,
+        sin: torch.Tensor,
+        spans: list[tuple[int, int]],
+        caches: list[KVCache | None],
+        masks: list[torch.Tensor | None],
+        layer: int,
+    ) -> torch.Tensor:
         """Packed sequences (1, sum T_i, C): projections batched, attention per sequence with its own cache.
 
         Each sequence's attention sees exactly the tensors it would see alone, so a row's result does
@@ -192,7 +232,9 @@ class Attention(nn.Module):
         return self.output(torch.cat(ys, dim=2))
 
 
-def _fused(owner: nn.Module, linears: tuple[nn.Linear, ...]) -> tuple[torch.Tensor, torch.Tensor | None]:
+def _fused(
+    owner: nn.Module, linears: tuple[nn.Linear, ...]
+) -> tuple[torch.Tensor, torch.Tensor | None]:
     """Concatenated weights of several linears, rebuilt whenever one of them changes (inference only)."""
     key = tuple((lin.weight._version, lin.weight.data_ptr()) for lin in linears)
     cached = owner.__dict__.get("_fused_cache")
@@ -200,8 +242,14 @@ def _fused(owner: nn.Module, linears: tuple[nn.Linear, ...]) -> tuple[torch.Tens
         w = torch.cat([lin.weight for lin in linears])
         bias = None
         if any(lin.bias is not None for lin in linears):
-            bias = torch.cat([lin.bias if lin.bias is not None else torch.zeros(lin.out_features, dtype=w.dtype,
-                                                                                 device=w.device) for lin in linears])
+            bias = torch.cat(
+                [
+                    lin.bias
+                    if lin.bias is not None
+                    else torch.zeros(lin.out_features, dtype=w.dtype, device=w.device)
+                    for lin in linears
+                ]
+            )
         cached = (key, w, bias)
         owner.__dict__["_fused_cache"] = cached
     return cached[1], cached[2]
@@ -314,10 +362,20 @@ class DiffusionLM(nn.Module):
         L = cache.length if cache is not None else 0
         if positions is None:
             base = int(cache.positions[0, L - 1]) + 1 if cache is not None and L else 0
-            positions = (torch.arange(T, device=input_ids.device) + base)[None, :].expand(B, T)  # (B, T)
+            positions = (torch.arange(T, device=input_ids.device) + base)[None, :].expand(
+                B, T
+            )  # (B, T)
         if cache is not None:
             hd = cfg.dim_head
-            cache.reserve(cfg.n_layers, B, cfg.n_kv_heads, hd, L + T, self.lm_head.weight.dtype, input_ids.device)
+            cache.reserve(
+                cfg.n_layers,
+                B,
+                cfg.n_kv_heads,
+                hd,
+                L + T,
+                self.lm_head.weight.dtype,
+                input_ids.device,
+            )
             cache.write_meta(positions, valid)
         if attn_mask is None:
             k_pos, k_valid = positions, valid
@@ -325,8 +383,11 @@ class DiffusionLM(nn.Module):
                 assert cache.positions is not None and cache.valid is not None
                 k_pos, k_valid = cache.positions[:, : L + T], cache.valid[:, : L + T]  # (B, L+T)
             trivial = cfg.attention == "bidirectional" and (k_valid is None or bool(k_valid.all()))
-            attn_mask = None if trivial else build_attention_mask(
-                cfg.attention, cfg.block_size, positions, k_pos, k_valid)
+            attn_mask = (
+                None
+                if trivial
+                else build_attention_mask(cfg.attention, cfg.block_size, positions, k_pos, k_valid)
+            )
         cos, sin = self.rotary(positions)
         x = self.model.embed_tokens(input_ids)  # (B, T, C)
         for i, layer in enumerate(self.model.layers):
@@ -334,7 +395,11 @@ class DiffusionLM(nn.Module):
         logits = self.lm_head(self.model.norm(x))  # (B, T, V)
         raw_last = logits[:, -1]
         if cfg.logit_shift and not raw:
-            first = cache.last_logits[:, None] if cache is not None and cache.last_logits is not None else logits[:, :1]
+            first = (
+                cache.last_logits[:, None]
+                if cache is not None and cache.last_logits is not None
+                else logits[:, :1]
+            )
             logits = torch.cat((first, logits[:, :-1]), dim=1)  # (B, T, V): j predicted from j-1
         if cache is not None and append:
             cache.commit(T)
@@ -357,7 +422,9 @@ class DiffusionLM(nn.Module):
         if L:
             assert seg.cache is not None
             k_pos = torch.cat((seg.cache.committed_positions()[0], seg.positions))  # (L+T,)
-        return build_attention_mask(cfg.attention, cfg.block_size, seg.positions[None], k_pos[None], None)
+        return build_attention_mask(
+            cfg.attention, cfg.block_size, seg.positions[None], k_pos[None], None
+        )
 
     def forward_segments(self, segments: list[Segment]) -> list[torch.Tensor]:
         """Packed inference forward: one pass for several sequences, each with its own KV cache.
@@ -365,21 +432,40 @@ class DiffusionLM(nn.Module):
         Returns per segment the logits (hi - lo, V) of its tokens [lo, hi), aligned (shift applied).
         """
         cfg = self.config
-        ids = torch.cat([s.ids for s in segments])[None] if len(segments) > 1 else segments[0].ids[None]  # (1, Ttot)
-        pos = torch.cat([s.positions for s in segments])[None] if len(segments) > 1 else segments[0].positions[None]
+        ids = (
+            torch.cat([s.ids for s in segments])[None]
+            if len(segments) > 1
+            else segments[0].ids[None]
+        )  # (1, Ttot)
+        pos = (
+            torch.cat([s.positions for s in segments])[None]
+            if len(segments) > 1
+            else segments[0].positions[None]
+        )
         spans, start = [], 0
         for s in segments:
             spans.append((start, start + int(s.ids.shape[0])))
             start = spans[-1][1]
             if s.cache is not None and not s.overwrite:
                 L, T = s.cache.length, int(s.ids.shape[0])
-                s.cache.reserve(cfg.n_layers, 1, cfg.n_kv_heads, cfg.dim_head, L + T, self.lm_head.weight.dtype,
-                                ids.device)
-        masks = [self._segment_mask(s) for s in segments]  # before the caches see this pass's tokens
+                s.cache.reserve(
+                    cfg.n_layers,
+                    1,
+                    cfg.n_kv_heads,
+                    cfg.dim_head,
+                    L + T,
+                    self.lm_head.weight.dtype,
+                    ids.device,
+                )
+        masks = [
+            self._segment_mask(s) for s in segments
+        ]  # before the caches see this pass's tokens
         for s in segments:
             if s.cache is not None:
                 if s.overwrite:
-                    assert int(s.positions[-1]) < s.cache.length, "overwrite inside the cached range only"
+                    assert int(s.positions[-1]) < s.cache.length, (
+                        "overwrite inside the cached range only"
+                    )
                     s.cache.cursor = int(s.positions[0])
                 else:
                     s.cache.cursor = None
@@ -394,15 +480,20 @@ class DiffusionLM(nn.Module):
         for s, (a, _) in zip(segments, spans):
             if cfg.logit_shift:
                 src_lo = a + s.lo - 1
-                if src_lo < a:  # the first wanted token's predictor is the last cached one (or itself)
-                    first = (s.cache.last_logits if s.cache is not None and s.cache.last_logits is not None
-                             else self.lm_head(h[a:a + 1]))  # (1, V)
-                    rest = self.lm_head(h[a:a + s.hi - 1])  # (hi-1, V)
+                if (
+                    src_lo < a
+                ):  # the first wanted token's predictor is the last cached one (or itself)
+                    first = (
+                        s.cache.last_logits
+                        if s.cache is not None and s.cache.last_logits is not None
+                        else self.lm_head(h[a : a + 1])
+                    )  # (1, V)
+                    rest = self.lm_head(h[a : a + s.hi - 1])  # (hi-1, V)
                     out.append(torch.cat((first.reshape(1, -1), rest))[: s.hi - s.lo])
                 else:
-                    out.append(self.lm_head(h[src_lo:a + s.hi - 1]))  # (hi-lo, V)
+                    out.append(self.lm_head(h[src_lo : a + s.hi - 1]))  # (hi-lo, V)
             else:
-                out.append(self.lm_head(h[a + s.lo:a + s.hi]))  # (hi-lo, V)
+                out.append(self.lm_head(h[a + s.lo : a + s.hi]))  # (hi-lo, V)
             if s.cache is not None:
                 s.cache.cursor = None
             if s.append and s.cache is not None:

@@ -3,10 +3,11 @@
 The same network with ``attention="causal"`` (and no logit shift) predicts token j+1 from position j.
 One forward pass per token after the prompt's prefill; stops at a stop token or ``max_new_tokens``.
 """
+
 from __future__ import annotations
 
 import time
-from typing import Generator, Sequence
+from collections.abc import Generator, Sequence
 
 import torch
 
@@ -18,15 +19,25 @@ from .noise import sample_tokens
 
 
 @torch.no_grad()
-def ar_stream(model: DiffusionLM, prompt: Sequence[int], max_new_tokens: int, stop_ids: Sequence[int],
-              temperature: float = 0.0, top_p: float = 1.0, seed: int | None = None
-              ) -> Generator[int, None, DecodeResult]:
+def ar_stream(
+    model: DiffusionLM,
+    prompt: Sequence[int],
+    max_new_tokens: int,
+    stop_ids: Sequence[int],
+    temperature: float = 0.0,
+    top_p: float = 1.0,
+    seed: int | None = None,
+) -> Generator[int, None, DecodeResult]:
     """Yield tokens one by one; return the DecodeResult (nfe counts the prefill too)."""
     cfg = model.config
     if cfg.attention != "causal":
-        raise ConfigError(f"autoregressive decoding needs a causal model, this one is {cfg.attention}")
+        raise ConfigError(
+            f"autoregressive decoding needs a causal model, this one is {cfg.attention}"
+        )
     if len(prompt) + max_new_tokens > cfg.max_seq_len:
-        raise ConfigError(f"prompt ({len(prompt)}) + max_new_tokens ({max_new_tokens}) exceeds {cfg.max_seq_len}")
+        raise ConfigError(
+            f"prompt ({len(prompt)}) + max_new_tokens ({max_new_tokens}) exceeds {cfg.max_seq_len}"
+        )
     device = next(model.parameters()).device
     gen = None
     if temperature > 0:
@@ -41,7 +52,9 @@ def ar_stream(model: DiffusionLM, prompt: Sequence[int], max_new_tokens: int, st
     finish = "length"
     for _ in range(max_new_tokens):
         T = int(x.shape[0])  # the same packed path as diffusion decoding: one segment, exact cache
-        logits = model.forward_segments([Segment(x, pos, T - 1, T, cache, append=T)])[0]  # (1, V): the next token
+        logits = model.forward_segments([Segment(x, pos, T - 1, T, cache, append=T)])[
+            0
+        ]  # (1, V): the next token
         nfe += 1
         tok = int(sample_tokens(logits.float(), temperature, top_p, gen)[0])
         if tok in stops:
@@ -54,8 +67,15 @@ def ar_stream(model: DiffusionLM, prompt: Sequence[int], max_new_tokens: int, st
     return DecodeResult(out, finish, nfe, nfe, 0, time.perf_counter() - t0)
 
 
-def ar_generate(model: DiffusionLM, prompt: Sequence[int], max_new_tokens: int, stop_ids: Sequence[int],
-                temperature: float = 0.0, top_p: float = 1.0, seed: int | None = None) -> DecodeResult:
+def ar_generate(
+    model: DiffusionLM,
+    prompt: Sequence[int],
+    max_new_tokens: int,
+    stop_ids: Sequence[int],
+    temperature: float = 0.0,
+    top_p: float = 1.0,
+    seed: int | None = None,
+) -> DecodeResult:
     gen = ar_stream(model, prompt, max_new_tokens, stop_ids, temperature, top_p, seed)
     while True:
         try:

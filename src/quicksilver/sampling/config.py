@@ -1,4 +1,5 @@
 """SamplerConfig: every decoding option, validated in one place. CLI flags map 1:1 onto fields."""
+
 from __future__ import annotations
 
 import dataclasses
@@ -20,16 +21,20 @@ class SamplerConfig:
     seed: int | None = None
     revise_threshold: float | None = None  # re-mask committed tokens whose confidence falls below
     max_revisions: int = 1  # per position: bounds revision so decoding always terminates
-    stop_at_eos: bool = True  # honest length: stop once a stop token and all before it are committed
+    stop_at_eos: bool = (
+        True  # honest length: stop once a stop token and all before it are committed
+    )
     record_canvas: bool = False  # put the whole canvas in every step event (live views)
 
-    def validate(self, max_context: int | None = None, prompt_len: int = 0) -> "SamplerConfig":
+    def validate(self, max_context: int | None = None, prompt_len: int = 0) -> SamplerConfig:
         from .policies import POLICIES
 
         if self.policy not in POLICIES:
             raise ConfigError(f"unknown policy {self.policy!r}; choose one of {sorted(POLICIES)}")
         if not isinstance(self.max_new_tokens, int) or self.max_new_tokens <= 0:
-            raise ConfigError(f"max_new_tokens must be a positive integer, got {self.max_new_tokens}")
+            raise ConfigError(
+                f"max_new_tokens must be a positive integer, got {self.max_new_tokens}"
+            )
         if not (0.0 < float(self.threshold) <= 1.0):
             raise ConfigError(f"threshold must be in (0, 1], got {self.threshold}")
         if self.steps is not None and self.steps <= 0:
@@ -46,14 +51,17 @@ class SamplerConfig:
             raise ConfigError(f"max_revisions must be in [0, 8], got {self.max_revisions}")
         if max_context is not None:
             if prompt_len >= max_context:
-                raise ConfigError(f"prompt of {prompt_len} tokens does not fit the context of {max_context}")
+                raise ConfigError(
+                    f"prompt of {prompt_len} tokens does not fit the context of {max_context}"
+                )
             if prompt_len + self.max_new_tokens > max_context:
                 raise ConfigError(
                     f"max_new_tokens={self.max_new_tokens} plus a prompt of {prompt_len} tokens exceeds "
-                    f"the context of {max_context}; at most {max_context - prompt_len} new tokens fit")
+                    f"the context of {max_context}; at most {max_context - prompt_len} new tokens fit"
+                )
         return self
 
-    def replace(self, **changes: Any) -> "SamplerConfig":
+    def replace(self, **changes: Any) -> SamplerConfig:
         unknown = set(changes) - {f.name for f in dataclasses.fields(self)}
         if unknown:
             raise ConfigError(f"unknown sampler options: {sorted(unknown)}")

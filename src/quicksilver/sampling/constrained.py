@@ -28,28 +28,83 @@ the unsupported keywords are ignored): ``type`` (one or a list), ``properties``/
 into ``$defs``/``definitions``; annotations (``title``, ``description``, ``default``, ``format``,
 ...) are ignored. Strings allow the escapes ``\\" \\\\ \\/ \\b \\f \\n \\r \\t`` and no raw control characters.
 """
+
 from __future__ import annotations
 
 import json
 from collections import OrderedDict
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Iterable, Sequence, Union
+from typing import Any
 
 import torch
 
 from ..errors import ConfigError
-from .grammar import (MANY, MAX_MASK_STATES, SEP_COLON, SEP_COMMA, Alt, Lit, Machine, Number, Rep, Seq, SlotGrammar,
-                      State, StrBody, TokenTrie, any_json, json_object, opt, token_trie)
+from .grammar import (
+    MANY,
+    MAX_MASK_STATES,
+    SEP_COLON,
+    SEP_COMMA,
+    Alt,
+    Lit,
+    Machine,
+    Number,
+    Rep,
+    Seq,
+    SlotGrammar,
+    State,
+    StrBody,
+    TokenTrie,
+    any_json,
+    json_object,
+    opt,
+    token_trie,
+)
 
-ANNOTATIONS = frozenset({"title", "description", "default", "examples", "$schema", "$id", "$comment", "format",
-                         "readOnly", "writeOnly", "deprecated", "$defs", "definitions", "strict", "nullable"})
-SUPPORTED = frozenset({"type", "properties", "required", "additionalProperties", "items", "minItems", "maxItems",
-                       "enum", "const", "anyOf", "oneOf", "minLength", "maxLength", "$ref"}) | ANNOTATIONS
+ANNOTATIONS = frozenset(
+    {
+        "title",
+        "description",
+        "default",
+        "examples",
+        "$schema",
+        "$id",
+        "$comment",
+        "format",
+        "readOnly",
+        "writeOnly",
+        "deprecated",
+        "$defs",
+        "definitions",
+        "strict",
+        "nullable",
+    }
+)
+SUPPORTED = (
+    frozenset(
+        {
+            "type",
+            "properties",
+            "required",
+            "additionalProperties",
+            "items",
+            "minItems",
+            "maxItems",
+            "enum",
+            "const",
+            "anyOf",
+            "oneOf",
+            "minLength",
+            "maxLength",
+            "$ref",
+        }
+    )
+    | ANNOTATIONS
+)
 
 
 class SchemaError(ConfigError):
     """The schema uses something structured output cannot guarantee (HTTP 400)."""
-
 
 
 # ---- schema -> layout ------------------------------------------------------------------------------
@@ -57,9 +112,9 @@ class SchemaError(ConfigError):
 class Slot:
     machine: Machine
     budget: int
-    _grammars: dict[tuple[int, int], "SlotGrammar"] = field(default_factory=dict, repr=False)
+    _grammars: dict[tuple[int, int], SlotGrammar] = field(default_factory=dict, repr=False)
 
-    def grammar(self, trie: "TokenTrie", pad_id: int) -> "SlotGrammar":
+    def grammar(self, trie: TokenTrie, pad_id: int) -> SlotGrammar:
         """The token-level grammar, kept on the slot so cached layouts keep their memoized transitions."""
         key = (id(trie), pad_id)
         if key not in self._grammars:
@@ -67,7 +122,7 @@ class Slot:
         return self._grammars[key]
 
 
-Piece = Union[str, list[int], Slot]
+Piece = str | list[int] | Slot
 
 
 @dataclass
@@ -102,7 +157,9 @@ def _resolve(schema: Any, ctx: _Ctx) -> dict[str, Any]:
         ref = schema["$ref"]
         parts = ref.split("/") if isinstance(ref, str) else []
         if len(parts) != 3 or parts[0] != "#" or parts[1] not in ("$defs", "definitions"):
-            raise SchemaError(f"only local $ref into #/$defs or #/definitions is supported, got {ref!r}")
+            raise SchemaError(
+                f"only local $ref into #/$defs or #/definitions is supported, got {ref!r}"
+            )
         target = ctx.root.get(parts[1], {}).get(parts[2])
         if target is None:
             raise SchemaError(f"$ref {ref!r} does not resolve")
@@ -112,7 +169,9 @@ def _resolve(schema: Any, ctx: _Ctx) -> dict[str, Any]:
     if ctx.strict:
         bad = sorted(set(schema) - SUPPORTED)
         if bad:
-            raise SchemaError(f"schema keyword(s) {bad} cannot be enforced; drop them or set strict to false")
+            raise SchemaError(
+                f"schema keyword(s) {bad} cannot be enforced; drop them or set strict to false"
+            )
     return schema
 
 
@@ -197,10 +256,14 @@ def _machine(schema: Any, ctx: _Ctx) -> tuple[Machine, int]:
     if extra is False:
         return Lit("{}"), tok("{}")
     if extra is True or extra == {}:
-        return json_object(Seq([Lit('"'), StrBody(), SEP_COLON, any_json(1)])), ctx.budgets.free_object
+        return json_object(
+            Seq([Lit('"'), StrBody(), SEP_COLON, any_json(1)])
+        ), ctx.budgets.free_object
     vm, vb = _machine(extra, sub)
-    return (json_object(Seq([Lit('"'), StrBody(), SEP_COLON, vm])),
-            min(ctx.budgets.free_object, 2 + ctx.budgets.array_items * (vb + 8)))
+    return (
+        json_object(Seq([Lit('"'), StrBody(), SEP_COLON, vm])),
+        min(ctx.budgets.free_object, 2 + ctx.budgets.array_items * (vb + 8)),
+    )
 
 
 def _check_required(s: dict[str, Any], props: dict[str, Any], ctx: _Ctx) -> None:
@@ -240,7 +303,9 @@ def _pieces(schema: Any, ctx: _Ctx) -> list[Piece]:
     return [Slot(m, b)]
 
 
-def schema_pieces(schema: Any, strict: bool, encode: Any, budgets: Budgets | None = None) -> list[Piece]:
+def schema_pieces(
+    schema: Any, strict: bool, encode: Any, budgets: Budgets | None = None
+) -> list[Piece]:
     """Compile a JSON schema into skeleton text and slots (raises SchemaError)."""
     if schema is None or schema == {}:
         schema = {"type": "object"}
@@ -255,7 +320,7 @@ class StructuredCanvas:
 
     length: int
     prefill: dict[int, int]
-    constraint: "SlotConstraint"
+    constraint: SlotConstraint
 
 
 def build_canvas(pieces: Sequence[Piece], tokenizer: Any, pad_id: int) -> StructuredCanvas:
@@ -286,18 +351,22 @@ def build_canvas(pieces: Sequence[Piece], tokenizer: Any, pad_id: int) -> Struct
         else:
             n_slots += 1
             slots.append((pos, p.budget, p.grammar(trie, pad_id)))
-            closers.append(_closers(pieces[i + 1:], tokenizer, trie))
+            closers.append(_closers(pieces[i + 1 :], tokenizer, trie))
             pos += p.budget
     flush()
     if n_slots > Budgets.max_slots:
-        raise SchemaError(f"the schema has {n_slots} value slots; at most {Budgets.max_slots} are supported")
+        raise SchemaError(
+            f"the schema has {n_slots} value slots; at most {Budgets.max_slots} are supported"
+        )
     return StructuredCanvas(pos, prefill, SlotConstraint(slots, pos, closers))
 
 
-_HEAL: "OrderedDict[tuple[int, bytes], list[tuple[int, int | None]]]" = OrderedDict()
+_HEAL: OrderedDict[tuple[int, bytes], list[tuple[int, int | None]]] = OrderedDict()
 
 
-def _closers(rest: Sequence[Piece], tokenizer: Any, trie: TokenTrie) -> list[tuple[int, int | None]]:
+def _closers(
+    rest: Sequence[Piece], tokenizer: Any, trie: TokenTrie
+) -> list[tuple[int, int | None]]:
     """Token healing at a slot's end. A BPE model often spells the end of a value and the start of
     the skeleton after it as one token (``"}`` = ``"`` + ``}``), which the slot cannot take. For every
     token ``a + b`` whose tail ``b`` starts the skeleton text after the slot, return ``(token, a's
@@ -307,7 +376,11 @@ def _closers(rest: Sequence[Piece], tokenizer: Any, trie: TokenTrie) -> list[tup
     for p in rest:
         if isinstance(p, Slot):
             break
-        follow += p.encode() if isinstance(p, str) else tokenizer.decode(p, skip_special_tokens=False).encode()
+        follow += (
+            p.encode()
+            if isinstance(p, str)
+            else tokenizer.decode(p, skip_special_tokens=False).encode()
+        )
     if not follow:
         return []
     key = (id(trie), follow)
@@ -332,13 +405,22 @@ def _closers(rest: Sequence[Piece], tokenizer: Any, trie: TokenTrie) -> list[tup
 class SlotConstraint:
     """The decoder's ``Constraint``: grammar-checked unmasking over independent slots."""
 
-    def __init__(self, slots: list[tuple[int, int, SlotGrammar]], length: int,
-                 closers: list[list[tuple[int, int | None]]] | None = None) -> None:
+    def __init__(
+        self,
+        slots: list[tuple[int, int, SlotGrammar]],
+        length: int,
+        closers: list[list[tuple[int, int | None]]] | None = None,
+    ) -> None:
         self.slots = slots
         self.closers = closers or [[] for _ in slots]
         # healing pairs as tensors (source token, target token; -1 = the slot's PAD)
-        self._pairs = [(torch.tensor([t for t, _ in c], dtype=torch.long),
-                        torch.tensor([-1 if a is None else a for _, a in c], dtype=torch.long)) for c in self.closers]
+        self._pairs = [
+            (
+                torch.tensor([t for t, _ in c], dtype=torch.long),
+                torch.tensor([-1 if a is None else a for _, a in c], dtype=torch.long),
+            )
+            for c in self.closers
+        ]
         self.slot_of = [-1] * length
         for k, (start, budget, _) in enumerate(slots):
             for p in range(start, start + budget):
@@ -346,7 +428,10 @@ class SlotConstraint:
 
     def _tokens(self, row: Any, k: int) -> list[int | None]:
         start, budget, _ = self.slots[k]
-        canvas, committed = row.canvas[start:start + budget].tolist(), row.committed[start:start + budget].tolist()
+        canvas, committed = (
+            row.canvas[start : start + budget].tolist(),
+            row.committed[start : start + budget].tolist(),
+        )
         return [t if c else None for t, c in zip(canvas, committed)]
 
     @staticmethod
@@ -366,6 +451,7 @@ class SlotConstraint:
                 nxt = g.bot(s) if t is None else g.next(s, t)
                 memo[key] = any(co(j + 1, n) for n in nxt)
             return memo[key]
+
         return co
 
     def allow(self, row: Any, pos: int, token: int) -> bool:
@@ -387,7 +473,7 @@ class SlotConstraint:
         n, V = logits.shape  # (hi - lo, V)
         allowed = torch.ones(n, V, dtype=torch.bool)
         done: dict[int, tuple[list[int | None], list[frozenset[State]], Any]] = {}
-        committed = row.committed[lo:lo + n].tolist()
+        committed = row.committed[lo : lo + n].tolist()
         for i in range(n):
             pos = lo + i
             k = self.slot_of[pos] if pos < len(self.slot_of) else -1
@@ -402,7 +488,7 @@ class SlotConstraint:
             if len(fwd[j]) > MAX_MASK_STATES or MANY in fwd[j]:
                 continue  # too many reachable states to enumerate cheaply; allow() checks each commit
             ids: list[int] = []
-            if all(t is None for t in toks[j + 1:]):
+            if all(t is None for t in toks[j + 1 :]):
                 for s in fwd[j]:
                     ids += g.allowed_free(s, budget - j - 1)
             else:
@@ -419,7 +505,9 @@ class SlotConstraint:
         return logits.masked_fill(~allowed.to(logits.device), float("-inf"))
 
     @staticmethod
-    def _heal(logits: torch.Tensor, ok: torch.Tensor, pairs: tuple[torch.Tensor, torch.Tensor], pad: int) -> None:
+    def _heal(
+        logits: torch.Tensor, ok: torch.Tensor, pairs: tuple[torch.Tensor, torch.Tensor], pad: int
+    ) -> None:
         """Move the probability of tokens that run into the skeleton to the token (or PAD) that ends
         the value, where that one is allowed and they are not (logits (V,) of one position, in place)."""
         src, dst = pairs
@@ -436,7 +524,9 @@ class SlotConstraint:
         m = torch.maximum(logits[src].max(), logits[dst].max())
         if not torch.isfinite(m):
             return
-        mass = torch.zeros(V, dtype=logits.dtype).index_add_(0, dst, (logits[src] - m).exp())  # (V,)
+        mass = torch.zeros(V, dtype=logits.dtype).index_add_(
+            0, dst, (logits[src] - m).exp()
+        )  # (V,)
         tgt = dst.unique()
         logits[tgt] = torch.log((logits[tgt] - m).exp() + mass[tgt]) + m
 
@@ -474,7 +564,7 @@ class BanTokens:
         return logits
 
 
-_CACHE: "OrderedDict[str, list[Piece]]" = OrderedDict()
+_CACHE: OrderedDict[str, list[Piece]] = OrderedDict()
 
 
 def compile_cached(key: str, build: Any, size: int = 64) -> list[Piece]:

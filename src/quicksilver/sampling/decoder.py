@@ -11,12 +11,14 @@ Rows are independent: their own sampler settings, seeded generator, canvas lengt
 position, and the attention mask keeps them apart, so a row's output does not depend on what else
 is in the batch. Rows may join and leave between steps (``step`` takes any list of live rows).
 """
+
 from __future__ import annotations
 
 import math
 import time
+from collections.abc import Generator, Sequence
 from dataclasses import dataclass, field
-from typing import Generator, Protocol, Sequence
+from typing import Protocol
 
 import torch
 
@@ -36,16 +38,16 @@ class Constraint(Protocol):
     far. At the leftmost masked position some token must be allowed, so decoding always progresses.
     """
 
-    def mask_logits(self, row: "Row", lo: int, logits: torch.Tensor) -> torch.Tensor: ...
+    def mask_logits(self, row: Row, lo: int, logits: torch.Tensor) -> torch.Tensor: ...
 
-    def allow(self, row: "Row", pos: int, token: int) -> bool: ...
+    def allow(self, row: Row, pos: int, token: int) -> bool: ...
 
 
 @dataclass
 class RowEvent:
     """What one step did to one row. Positions are canvas indices (0 = first generated token)."""
 
-    row: "Row"
+    row: Row
     step: int
     committed: list[tuple[int, int]]  # (position, token) committed this step
     remasked: list[int]  # positions re-masked by revision this step
@@ -83,11 +85,19 @@ class Row:
     model_block: int | None  # the model's attention block size if block_causal, else None
     vocab_limit: int | None = None
     cache: KVCache | None = None
-    cache_mode: str = "none"  # block (exact, block-causal) | prefix | dual (approximate, bidirectional) | none
-    refresh_every: int = 0  # approximate caches: full recompute every k steps within a block (0: block starts only)
+    cache_mode: str = (
+        "none"  # block (exact, block-causal) | prefix | dual (approximate, bidirectional) | none
+    )
+    refresh_every: int = (
+        0  # approximate caches: full recompute every k steps within a block (0: block starts only)
+    )
     generator: torch.Generator | None = None
-    prefill: dict[int, int] | None = None  # canvas position -> token fixed before decoding (skeletons)
-    suffix: torch.Tensor | None = None  # (S,) tokens after the canvas (infilling, bidirectional models)
+    prefill: dict[int, int] | None = (
+        None  # canvas position -> token fixed before decoding (skeletons)
+    )
+    suffix: torch.Tensor | None = (
+        None  # (S,) tokens after the canvas (infilling, bidirectional models)
+    )
     constraint: Constraint | None = None
     canvas: torch.Tensor = field(init=False)  # (N,) long
     committed: torch.Tensor = field(init=False)  # (N,) bool
@@ -101,7 +111,9 @@ class Row:
         self.canvas = torch.full((n,), self.mask_id, dtype=torch.long, device=self.prompt.device)
         self.committed = torch.zeros(n, dtype=torch.bool, device=self.prompt.device)
         self.revisions = torch.zeros(n, dtype=torch.int32, device=self.prompt.device)
-        self.fixed = torch.zeros(n, dtype=torch.bool, device=self.prompt.device)  # prefilled: never revised
+        self.fixed = torch.zeros(
+            n, dtype=torch.bool, device=self.prompt.device
+        )  # prefilled: never revised
         for pos, tok in (self.prefill or {}).items():
             self.canvas[pos], self.committed[pos], self.fixed[pos] = tok, True, True
         self.S = 0 if self.suffix is None else int(self.suffix.shape[0])
@@ -160,7 +172,9 @@ class Row:
         if self.cache is not None:
             assert self.model_block is not None
             start = self.cache.length
-            freeze = (self.P + lo) // self.model_block * self.model_block  # start of the window's model block
+            freeze = (
+                (self.P + lo) // self.model_block * self.model_block
+            )  # start of the window's model block
             append = max(0, freeze - start)
         ids = seq[start:]
         positions = torch.arange(start, start + int(ids.shape[0]), device=ids.device)
@@ -177,13 +191,23 @@ class Row:
             self.cache.truncate(0)
             self.stale = False
             keep = self.P + lo if self.cache_mode == "prefix" else n
-            return Segment(seq, torch.arange(n, device=seq.device), self.P + lo, self.P + hi, self.cache, keep)
+            return Segment(
+                seq, torch.arange(n, device=seq.device), self.P + lo, self.P + hi, self.cache, keep
+            )
         if self.cache_mode == "prefix":
             start = self.cache.length
-            return Segment(seq[start:], torch.arange(start, n, device=seq.device), self.P + lo - start,
-                           self.P + hi - start, self.cache, 0)
+            return Segment(
+                seq[start:],
+                torch.arange(start, n, device=seq.device),
+                self.P + lo - start,
+                self.P + hi - start,
+                self.cache,
+                0,
+            )
         a, b = self.P + lo, self.P + hi
-        return Segment(seq[a:b], torch.arange(a, b, device=seq.device), 0, b - a, self.cache, 0, overwrite=True)
+        return Segment(
+            seq[a:b], torch.arange(a, b, device=seq.device), 0, b - a, self.cache, 0, overwrite=True
+        )
 
     @property
     def revising(self) -> bool:
@@ -231,7 +255,7 @@ class Row:
         logits = logits.float()
         logits[:, self.mask_id] = float("-inf")  # the mask is never a prediction
         if self.vocab_limit is not None:
-            logits[:, self.vocab_limit:] = float("-inf")
+            logits[:, self.vocab_limit :] = float("-inf")
         if self.constraint is not None:
             logits = self.constraint.mask_logits(self, lo, logits)
         probs = logits.softmax(-1)  # (n, V)
@@ -242,9 +266,16 @@ class Row:
         if cfg.revise_threshold is not None and cfg.max_revisions > 0:
             cur = self.canvas[lo:hi]
             p_cur = probs.gather(-1, cur.clamp_max(probs.shape[-1] - 1)[:, None]).squeeze(-1)
-            is_stop = torch.tensor([int(t) in self.stop_ids for t in cur.tolist()], dtype=torch.bool)
-            bad = ((~masked) & (p_cur < cfg.revise_threshold) & (self.revisions[lo:hi] < cfg.max_revisions)
-                   & ~is_stop & ~self.fixed[lo:hi])
+            is_stop = torch.tensor(
+                [int(t) in self.stop_ids for t in cur.tolist()], dtype=torch.bool
+            )
+            bad = (
+                (~masked)
+                & (p_cur < cfg.revise_threshold)
+                & (self.revisions[lo:hi] < cfg.max_revisions)
+                & ~is_stop
+                & ~self.fixed[lo:hi]
+            )
             if bool(bad.any()):
                 idx = bad.nonzero().squeeze(-1) + lo
                 self.canvas[idx] = self.mask_id
@@ -290,20 +321,34 @@ class Row:
                 self.stop_pos = min(stops)
                 self.end = self.stop_pos + 1
                 self.stale = True
-                self.canvas[self.end:] = self.mask_id
-                self.committed[self.end:] = False
+                self.canvas[self.end :] = self.mask_id
+                self.committed[self.end :] = False
                 committed = [(p, t) for p, t in committed if p < self.end]
         self._advance()
         return self._event(step, committed, remasked)
 
     def _event(self, step: int, committed: list[tuple[int, int]], remasked: list[int]) -> RowEvent:
         return RowEvent(
-            row=self, step=step, committed=committed, remasked=remasked, stable=self.stable(), end=self.output_end(),
-            done=self.done, finish_reason=self.finish_reason,
-            canvas=self.canvas[: self.end].tolist() if self.cfg.record_canvas else None)
+            row=self,
+            step=step,
+            committed=committed,
+            remasked=remasked,
+            stable=self.stable(),
+            end=self.output_end(),
+            done=self.done,
+            finish_reason=self.finish_reason,
+            canvas=self.canvas[: self.end].tolist() if self.cfg.record_canvas else None,
+        )
 
-    def _commit_constrained(self, lo: int, order: torch.Tensor, take: torch.Tensor, x0: torch.Tensor,
-                            logits: torch.Tensor, masked: torch.Tensor) -> list[tuple[int, int]]:
+    def _commit_constrained(
+        self,
+        lo: int,
+        order: torch.Tensor,
+        take: torch.Tensor,
+        x0: torch.Tensor,
+        logits: torch.Tensor,
+        masked: torch.Tensor,
+    ) -> list[tuple[int, int]]:
         """Commit the chosen positions in score order, each only if the constraint allows it."""
         assert self.constraint is not None
         committed: list[tuple[int, int]] = []
@@ -314,10 +359,14 @@ class Row:
             if self.constraint.allow(self, pos, tok):
                 self.canvas[pos], self.committed[pos] = tok, True
                 committed.append((pos, tok))
-        now = ~self.committed[lo:lo + masked.shape[0]]  # masked now (revision may have opened holes)
+        now = ~self.committed[
+            lo : lo + masked.shape[0]
+        ]  # masked now (revision may have opened holes)
         if committed or not bool(now.any()):
             return committed
-        i = int(now.nonzero()[0])  # nothing allowed: the leftmost masked position, best allowed token
+        i = int(
+            now.nonzero()[0]
+        )  # nothing allowed: the leftmost masked position, best allowed token
         for tok in logits[i].argsort(descending=True).tolist():
             if logits[i, tok] == float("-inf"):
                 break
@@ -331,7 +380,14 @@ class Row:
 
     def result(self) -> DecodeResult:
         out = self.canvas[: self.output_end()].tolist()
-        return DecodeResult(out, self.finish_reason or "length", self.nfe, self.steps, self.n_revisions, self.seconds)
+        return DecodeResult(
+            out,
+            self.finish_reason or "length",
+            self.nfe,
+            self.steps,
+            self.n_revisions,
+            self.seconds,
+        )
 
 
 CACHE_MODES = ("auto", "none", "block", "prefix", "dual")
@@ -340,16 +396,26 @@ CACHE_MODES = ("auto", "none", "block", "prefix", "dual")
 class Decoder:
     """Builds rows for a model and runs batched refinement steps over them."""
 
-    def __init__(self, model: DiffusionLM, mask_id: int, stop_ids: Sequence[int], pad_id: int = 0,
-                 vocab_limit: int | None = None, use_cache: bool = True, cache_mode: str = "auto",
-                 refresh_every: int = 0) -> None:
+    def __init__(
+        self,
+        model: DiffusionLM,
+        mask_id: int,
+        stop_ids: Sequence[int],
+        pad_id: int = 0,
+        vocab_limit: int | None = None,
+        use_cache: bool = True,
+        cache_mode: str = "auto",
+        refresh_every: int = 0,
+    ) -> None:
         self.model = model
         self.use_cache = use_cache  # False: no cache at all (the uncached reference path)
         if cache_mode not in CACHE_MODES:
             raise ConfigError(f"cache mode must be one of {CACHE_MODES}, got {cache_mode!r}")
         self.cache_mode = cache_mode
         self.refresh_every = refresh_every
-        self.vocab_limit = vocab_limit  # ids >= this are padding rows of the embedding: never sampled
+        self.vocab_limit = (
+            vocab_limit  # ids >= this are padding rows of the embedding: never sampled
+        )
         self.mask_id = mask_id
         self.stop_ids = frozenset(int(t) for t in stop_ids)
         self.pad_id = pad_id
@@ -368,19 +434,30 @@ class Decoder:
         if mode == "auto":
             mode = "block" if att == "block_causal" else "none"
         if mode == "block" and att != "block_causal":
-            raise ConfigError("the exact block cache needs a block-causal model; use prefix or dual")
+            raise ConfigError(
+                "the exact block cache needs a block-causal model; use prefix or dual"
+            )
         if mode in ("prefix", "dual") and att != "bidirectional":
             mode = "block"  # block-causal models have an exact cache: no need to approximate
         return mode
 
-    def new_row(self, prompt_ids: Sequence[int], cfg: SamplerConfig, tag: object = None,
-                prefill: dict[int, int] | None = None, suffix: Sequence[int] | None = None,
-                constraint: Constraint | None = None, extra_stops: Sequence[int] | None = None) -> Row:
+    def new_row(
+        self,
+        prompt_ids: Sequence[int],
+        cfg: SamplerConfig,
+        tag: object = None,
+        prefill: dict[int, int] | None = None,
+        suffix: Sequence[int] | None = None,
+        constraint: Constraint | None = None,
+        extra_stops: Sequence[int] | None = None,
+    ) -> Row:
         mcfg = self.model.config
         cfg.validate(mcfg.max_seq_len, len(prompt_ids) + len(suffix or ()))
         if suffix and mcfg.attention != "bidirectional":
-            raise ConfigError("a suffix after the canvas needs a bidirectional model; "
-                              "use the fill-in-the-middle prompt format for this one")
+            raise ConfigError(
+                "a suffix after the canvas needs a bidirectional model; "
+                "use the fill-in-the-middle prompt format for this one"
+            )
         if prefill and any(not 0 <= p < cfg.max_new_tokens for p in prefill):
             raise ConfigError("prefilled positions must lie inside the canvas")
         block_causal = mcfg.attention == "block_causal"
@@ -388,15 +465,33 @@ class Decoder:
         gen = None
         if cfg.temperature > 0 or POLICIES[cfg.policy].needs_noise:
             gen = torch.Generator(device=self.device)
-            gen.manual_seed(cfg.seed if cfg.seed is not None else int(torch.randint(0, 2**62, ()).item()))
+            gen.manual_seed(
+                cfg.seed if cfg.seed is not None else int(torch.randint(0, 2**62, ()).item())
+            )
         mode = self.resolve_cache_mode()
         prompt = torch.tensor(list(prompt_ids), dtype=torch.long, device=self.device)
         sfx = torch.tensor(list(suffix), dtype=torch.long, device=self.device) if suffix else None
-        stops = self.stop_ids | frozenset(int(t) for t in extra_stops) if extra_stops else self.stop_ids
-        return Row(prompt, cfg, self.mask_id, stops, bl, aligned=block_causal,
-                   model_block=mcfg.block_size if block_causal else None, generator=gen, tag=tag,
-                   prefill=prefill, suffix=sfx, constraint=constraint, vocab_limit=self.vocab_limit,
-                   cache=KVCache() if mode != "none" else None, cache_mode=mode, refresh_every=self.refresh_every)
+        stops = (
+            self.stop_ids | frozenset(int(t) for t in extra_stops) if extra_stops else self.stop_ids
+        )
+        return Row(
+            prompt,
+            cfg,
+            self.mask_id,
+            stops,
+            bl,
+            aligned=block_causal,
+            model_block=mcfg.block_size if block_causal else None,
+            generator=gen,
+            tag=tag,
+            prefill=prefill,
+            suffix=sfx,
+            constraint=constraint,
+            vocab_limit=self.vocab_limit,
+            cache=KVCache() if mode != "none" else None,
+            cache_mode=mode,
+            refresh_every=self.refresh_every,
+        )
 
     @torch.no_grad()
     def step(self, rows: Sequence[Row]) -> list[RowEvent]:
@@ -408,8 +503,9 @@ class Decoder:
         logits = self.model.forward_segments([r.segment() for r in rows])
         return [r.update(lg, self.step_count) for r, lg in zip(rows, logits)]  # lg: (hi-lo, V)
 
-    def run(self, prompts: Sequence[Sequence[int]], cfgs: SamplerConfig | Sequence[SamplerConfig]
-            ) -> Generator[list[RowEvent], None, list[DecodeResult]]:
+    def run(
+        self, prompts: Sequence[Sequence[int]], cfgs: SamplerConfig | Sequence[SamplerConfig]
+    ) -> Generator[list[RowEvent], None, list[DecodeResult]]:
         """Decode a fixed batch to the end, yielding each step's events; returns one result per prompt."""
         if isinstance(cfgs, SamplerConfig):
             cfgs = [cfgs] * len(prompts)
@@ -418,8 +514,9 @@ class Decoder:
             yield self.step(rows)
         return [r.result() for r in rows]
 
-    def generate(self, prompts: Sequence[Sequence[int]], cfgs: SamplerConfig | Sequence[SamplerConfig]
-                 ) -> list[DecodeResult]:
+    def generate(
+        self, prompts: Sequence[Sequence[int]], cfgs: SamplerConfig | Sequence[SamplerConfig]
+    ) -> list[DecodeResult]:
         gen = self.run(prompts, cfgs)
         while True:
             try:

@@ -11,13 +11,16 @@ one unknown (masked) token can lead to — DINGO's mask-token transition (arXiv:
 ``dist`` is the fewest tokens to an accepting state, which answers "can this slot still be
 completed in the positions left?" without enumerating completions.
 """
+
 from __future__ import annotations
 
 from collections import OrderedDict
-from typing import Any, Hashable, Iterable, Sequence
+from collections.abc import Hashable, Iterable, Sequence
+from typing import Any
 
 State = Hashable
 PAD_STATE: State = ("<pad>",)
+
 
 # ---- byte-level NFA combinators ------------------------------------------------------------------
 def _pair(s: State) -> tuple[int, State]:
@@ -108,10 +111,30 @@ class StrBody(Machine):
 
 
 _NUM = {  # JSON number: -?(0|[1-9][0-9]*)(\.[0-9]+)?([eE][+-]?[0-9]+)?
-    ("S", "-"): "M", ("S", "0"): "Z", ("S", "1"): "I", ("M", "0"): "Z", ("M", "1"): "I", ("I", "0"): "I",
-    ("I", "1"): "I", ("Z", "."): "D", ("I", "."): "D", ("D", "0"): "F", ("D", "1"): "F", ("F", "0"): "F",
-    ("F", "1"): "F", ("Z", "e"): "E", ("I", "e"): "E", ("F", "e"): "E", ("E", "-"): "G", ("E", "+"): "G",
-    ("E", "0"): "X", ("E", "1"): "X", ("G", "0"): "X", ("G", "1"): "X", ("X", "0"): "X", ("X", "1"): "X",
+    ("S", "-"): "M",
+    ("S", "0"): "Z",
+    ("S", "1"): "I",
+    ("M", "0"): "Z",
+    ("M", "1"): "I",
+    ("I", "0"): "I",
+    ("I", "1"): "I",
+    ("Z", "."): "D",
+    ("I", "."): "D",
+    ("D", "0"): "F",
+    ("D", "1"): "F",
+    ("F", "0"): "F",
+    ("F", "1"): "F",
+    ("Z", "e"): "E",
+    ("I", "e"): "E",
+    ("F", "e"): "E",
+    ("E", "-"): "G",
+    ("E", "+"): "G",
+    ("E", "0"): "X",
+    ("E", "1"): "X",
+    ("G", "0"): "X",
+    ("G", "1"): "X",
+    ("X", "0"): "X",
+    ("X", "1"): "X",
 }
 
 
@@ -214,7 +237,13 @@ SEP_COLON = Seq([Lit(":"), opt(Lit(" "))])
 
 def any_json(depth: int) -> Machine:
     """Any JSON value, containers nested at most ``depth`` deep."""
-    alts: list[Machine] = [Seq([Lit('"'), StrBody()]), Number(), Lit("true"), Lit("false"), Lit("null")]
+    alts: list[Machine] = [
+        Seq([Lit('"'), StrBody()]),
+        Number(),
+        Lit("true"),
+        Lit("false"),
+        Lit("null"),
+    ]
     if depth > 0:
         inner = any_json(depth - 1)
         alts.append(json_object(Seq([Lit('"'), StrBody(), SEP_COLON, inner])))
@@ -270,7 +299,6 @@ class TokenTrie:
                 node = node.setdefault(b, {})
             node.setdefault(None, []).append(tid)
 
-
     def exact(self, data: bytes) -> int | None:
         """The id of a token spelling exactly ``data`` (None if there is none)."""
         node = self.root
@@ -282,7 +310,7 @@ class TokenTrie:
         return ids[0] if ids else None
 
 
-_TRIES: "OrderedDict[int, tuple[Any, TokenTrie]]" = OrderedDict()
+_TRIES: OrderedDict[int, tuple[Any, TokenTrie]] = OrderedDict()
 
 
 def token_trie(tokenizer: Any) -> TokenTrie:
@@ -318,7 +346,9 @@ class SlotGrammar:
         if s not in self._trans:
             out: dict[int, frozenset[State]] = {}
             if s != PAD_STATE:
-                stack: list[tuple[dict[Any, Any], frozenset[State]]] = [(self.trie.root, frozenset((s,)))]
+                stack: list[tuple[dict[Any, Any], frozenset[State]]] = [
+                    (self.trie.root, frozenset((s,)))
+                ]
                 while stack:
                     node, states = stack.pop()
                     for b, child in node.items():
@@ -376,10 +406,16 @@ class SlotGrammar:
         """Tokens allowed from ``s`` when ``rest`` masked positions follow in the slot."""
         key = (s, rest)
         if key not in self._free:
-            self._free[key] = [t for nxt, ids in self.groups(s) if any(self.dist(n) <= rest for n in nxt)
-                               for t in ids]
+            self._free[key] = [
+                t
+                for nxt, ids in self.groups(s)
+                if any(self.dist(n) <= rest for n in nxt)
+                for t in ids
+            ]
         return self._free[key]
 
 
 MANY: State = ("<many>",)
-MAX_MASK_STATES = 24  # mask_logits skips positions whose reachable-state set is larger (allow() still checks)
+MAX_MASK_STATES = (
+    24  # mask_logits skips positions whose reachable-state set is larger (allow() still checks)
+)

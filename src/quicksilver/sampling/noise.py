@@ -1,4 +1,5 @@
 """Token sampling: greedy at temperature 0, otherwise top-p + Gumbel-max in float64 from a seeded generator."""
+
 from __future__ import annotations
 
 import torch
@@ -15,13 +16,19 @@ def filter_top_p(logits: torch.Tensor, top_p: float) -> torch.Tensor:
     return torch.empty_like(logits).scatter_(-1, idx, sorted_logits)
 
 
-def gumbel(shape: tuple[int, ...], generator: torch.Generator | None, device: torch.device) -> torch.Tensor:
+def gumbel(
+    shape: tuple[int, ...], generator: torch.Generator | None, device: torch.device
+) -> torch.Tensor:
     u = torch.rand(shape, generator=generator, dtype=torch.float64, device=device)
     return -torch.log(-torch.log(u.clamp(1e-300, 1.0 - 1e-16)))
 
 
-def sample_tokens(logits: torch.Tensor, temperature: float, top_p: float = 1.0,
-                  generator: torch.Generator | None = None) -> torch.Tensor:
+def sample_tokens(
+    logits: torch.Tensor,
+    temperature: float,
+    top_p: float = 1.0,
+    generator: torch.Generator | None = None,
+) -> torch.Tensor:
     """x0 (n,) from logits (n, V): argmax(logits / T + Gumbel) in float64, i.e. a categorical draw."""
     if temperature <= 0.0:
         return logits.argmax(-1)

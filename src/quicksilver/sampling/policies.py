@@ -5,10 +5,11 @@ count rule: ``schedule`` commits a fixed number per step from a linear schedule 
 low-confidence remasking), ``threshold`` commits every position whose score reaches the bound, at
 least one per step (Fast-dLLM's parallel decoding).
 """
+
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Callable
 
 import torch
 
@@ -51,10 +52,37 @@ def register(policy: Policy) -> Policy:
     return policy
 
 
-register(Policy("low_confidence", _confidence, "schedule",
-                doc="LLaDA: commit the k most confident positions per step, k from a linear schedule"))
-register(Policy("threshold", _confidence, "threshold",
-                doc="Fast-dLLM: commit every position with p(x0) >= threshold, at least one per step"))
-register(Policy("margin", _margin, "schedule", doc="commit the k positions with the largest top1-top2 margin"))
-register(Policy("entropy", _neg_entropy, "schedule", doc="commit the k positions with the lowest entropy"))
-register(Policy("random", _random, "schedule", needs_noise=True, doc="commit k uniformly random positions"))
+register(
+    Policy(
+        "low_confidence",
+        _confidence,
+        "schedule",
+        doc="LLaDA: commit the k most confident positions per step, k from a linear schedule",
+    )
+)
+register(
+    Policy(
+        "threshold",
+        _confidence,
+        "threshold",
+        doc="Fast-dLLM: commit every position with p(x0) >= threshold, at least one per step",
+    )
+)
+register(
+    Policy(
+        "margin",
+        _margin,
+        "schedule",
+        doc="commit the k positions with the largest top1-top2 margin",
+    )
+)
+register(
+    Policy(
+        "entropy", _neg_entropy, "schedule", doc="commit the k positions with the lowest entropy"
+    )
+)
+register(
+    Policy(
+        "random", _random, "schedule", needs_noise=True, doc="commit k uniformly random positions"
+    )
+)

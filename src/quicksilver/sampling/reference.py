@@ -7,6 +7,7 @@ of ``num_transfer_tokens``. No cache, no early stop, no revision. The fast decod
 where their semantics coincide (tests/test_decoder.py). Written from the published description of
 the algorithm (ML-GSAI/LLaDA, generate.py); no code is copied.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -29,7 +30,9 @@ def num_transfer_tokens(n_masked: int, steps: int) -> list[int]:
     return [base + (1 if i < extra else 0) for i in range(steps)]
 
 
-def gumbel_perturb(logits: torch.Tensor, temperature: float, generator: torch.Generator | None) -> torch.Tensor:
+def gumbel_perturb(
+    logits: torch.Tensor, temperature: float, generator: torch.Generator | None
+) -> torch.Tensor:
     """LLaDA's form of the Gumbel-max trick: exp(logits) / (-log u) ** T, in float64."""
     if temperature == 0:
         return logits
@@ -39,9 +42,17 @@ def gumbel_perturb(logits: torch.Tensor, temperature: float, generator: torch.Ge
 
 
 @torch.no_grad()
-def reference_generate(model: DiffusionLM, prompt: list[int], mask_id: int, gen_length: int = 128,
-                       steps: int = 128, block_length: int = 128, temperature: float = 0.0,
-                       remasking: str = "low_confidence", seed: int | None = None) -> ReferenceResult:
+def reference_generate(
+    model: DiffusionLM,
+    prompt: list[int],
+    mask_id: int,
+    gen_length: int = 128,
+    steps: int = 128,
+    block_length: int = 128,
+    temperature: float = 0.0,
+    remasking: str = "low_confidence",
+    seed: int | None = None,
+) -> ReferenceResult:
     if gen_length % block_length:
         raise ConfigError("reference decoder: gen_length must be a multiple of block_length")
     num_blocks = gen_length // block_length

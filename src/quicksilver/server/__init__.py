@@ -1,4 +1,5 @@
 """The OpenAI-compatible server: ``build_app(backend, config)``, ``ServerConfig``, the mock engine."""
+
 from .app import build_app
 from .config import ServerConfig
 from .launch import build_backend, serve

@@ -1,12 +1,14 @@
 """The FastAPI app: routes, the guard middleware (API key, body size, open-request bound), and the
 error handlers that put every failure in the OpenAI envelope with its status — never a traceback."""
+
 from __future__ import annotations
 
 import hmac
 import logging
 import time
+from collections.abc import AsyncGenerator
 from contextlib import asynccontextmanager
-from typing import Any, AsyncGenerator
+from typing import Any
 
 import anyio
 from fastapi import FastAPI, Request
@@ -28,13 +30,15 @@ from .serving_engine import sse_guard, until_disconnect
 
 log = logging.getLogger("quicksilver.server")
 OPEN_PATHS = ("/health",)
-ERRORS: dict[int | str, dict[str, Any]] = {c: {"model": ErrorResponse} for c in (400, 401, 404, 413, 429, 503)}
+ERRORS: dict[int | str, dict[str, Any]] = {
+    c: {"model": ErrorResponse} for c in (400, 401, 404, 413, 429, 503)
+}
 
 
 class Guard:
     """Pure ASGI middleware (streaming and disconnects pass through untouched)."""
 
-    def __init__(self, app: ASGIApp, config: ServerConfig, state: "ServerState") -> None:
+    def __init__(self, app: ASGIApp, config: ServerConfig, state: ServerState) -> None:
         self.app, self.cfg, self.state = app, config, state
         self.key = config.resolved_api_key()
 
@@ -43,14 +47,23 @@ class Guard:
             await self.app(scope, receive, send)
             return
         path = scope["path"]
-        headers = {k.decode("latin-1").lower(): v.decode("latin-1") for k, v in scope.get("headers", [])}
+        headers = {
+            k.decode("latin-1").lower(): v.decode("latin-1") for k, v in scope.get("headers", [])
+        }
         if self.key and path not in OPEN_PATHS:
             auth = headers.get("authorization", "")
             given = auth[7:].strip() if auth.lower().startswith("bearer ") else ""
             if not hmac.compare_digest(given.encode(), self.key.encode()):
                 self.state.metrics.inc("requests_rejected_total", reason="auth")
-                await error_response(APIError(401, "invalid or missing API key (send 'Authorization: Bearer KEY')",
-                                              "invalid_request_error", None, "invalid_api_key"))(scope, receive, send)
+                await error_response(
+                    APIError(
+                        401,
+                        "invalid or missing API key (send 'Authorization: Bearer KEY')",
+                        "invalid_request_error",
+                        None,
+                        "invalid_api_key",
+                    )
+                )(scope, receive, send)
                 return
         limit = self.cfg.max_body_bytes
         try:
@@ -75,8 +88,12 @@ class Guard:
         if generating:
             if self.state.open >= self.cfg.max_concurrent:
                 self.state.metrics.inc("requests_rejected_total", reason="too_many")
-                await error_response(too_many(f"{self.state.open} requests are open; the limit is "
-                                              f"{self.cfg.max_concurrent}"))(scope, receive, send)
+                await error_response(
+                    too_many(
+                        f"{self.state.open} requests are open; the limit is "
+                        f"{self.cfg.max_concurrent}"
+                    )
+                )(scope, receive, send)
                 return
             self.state.open += 1
         try:
@@ -108,8 +125,13 @@ class SSEResponse(StreamingResponse):
 
 
 def _too_large(limit: int) -> APIError:
-    return APIError(413, f"the request body is larger than {limit} bytes", "invalid_request_error", None,
-                    "request_too_large")
+    return APIError(
+        413,
+        f"the request body is larger than {limit} bytes",
+        "invalid_request_error",
+        None,
+        "request_too_large",
+    )
 
 
 class ServerState:
@@ -147,8 +169,14 @@ def build_app(backend: Backend, config: ServerConfig) -> FastAPI:
         yield
         await backend.engine.stop()
 
-    app = FastAPI(title="quicksilver", version="0.1.0", lifespan=lifespan, docs_url=None, redoc_url=None,
-                  description="OpenAI-compatible server for diffusion language models.")
+    app = FastAPI(
+        title="quicksilver",
+        version="0.1.0",
+        lifespan=lifespan,
+        docs_url=None,
+        redoc_url=None,
+        description="OpenAI-compatible server for diffusion language models.",
+    )
     app.state.qs = state
     app.add_middleware(Guard, config=config, state=state)
 
@@ -167,18 +195,29 @@ def build_app(backend: Backend, config: ServerConfig) -> FastAPI:
     @app.exception_handler(StarletteHTTPException)
     async def _http(request: Request, exc: StarletteHTTPException) -> Response:
         kind = "not_found_error" if exc.status_code == 404 else "invalid_request_error"
-        msg = f"no route {request.method} {request.url.path}" if exc.status_code in (404, 405) else str(exc.detail)
+        msg = (
+            f"no route {request.method} {request.url.path}"
+            if exc.status_code in (404, 405)
+            else str(exc.detail)
+        )
         return JSONResponse(error_body(msg, kind, None, None), status_code=exc.status_code)
 
     @app.exception_handler(Exception)
     async def _internal(request: Request, exc: Exception) -> Response:
         log.exception("unhandled error on %s", request.url.path)
-        return JSONResponse(error_body(f"internal error: {type(exc).__name__}", "server_error", None,
-                                       "internal_error"), status_code=500)
+        return JSONResponse(
+            error_body(
+                f"internal error: {type(exc).__name__}", "server_error", None, "internal_error"
+            ),
+            status_code=500,
+        )
 
     def sse_response(gen: AsyncGenerator[str, None]) -> StreamingResponse:
-        return SSEResponse(sse_guard(gen, state.metrics), media_type="text/event-stream",
-                                 headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
+        return SSEResponse(
+            sse_guard(gen, state.metrics),
+            media_type="text/event-stream",
+            headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"},
+        )
 
     @app.post("/v1/chat/completions", response_model=ChatCompletionResponse, responses=ERRORS)
     async def chat(req: ChatCompletionRequest, request: Request) -> Any:
@@ -187,7 +226,9 @@ def build_app(backend: Backend, config: ServerConfig) -> FastAPI:
         state.check_capacity()
         if req.stream:
             return sse_response(state.chat.stream(req, arrival))
-        return JSONResponse(await until_disconnect(request, state.chat.create(req, arrival), state.metrics))
+        return JSONResponse(
+            await until_disconnect(request, state.chat.create(req, arrival), state.metrics)
+        )
 
     @app.post("/v1/completions", response_model=CompletionResponse, responses=ERRORS)
     async def completions(req: CompletionRequest, request: Request) -> Any:
@@ -203,11 +244,16 @@ def build_app(backend: Backend, config: ServerConfig) -> FastAPI:
         state.check_capacity()
         if req.stream:
             return sse_response(state.completion.stream(req, arrival, fim))
-        return JSONResponse(await until_disconnect(request, state.completion.create(req, arrival, fim),
-                                                   state.metrics))
+        return JSONResponse(
+            await until_disconnect(
+                request, state.completion.create(req, arrival, fim), state.metrics
+            )
+        )
 
     def card() -> ModelCard:
-        return ModelCard(id=backend.name, max_model_len=backend.max_context, attention=backend.attention)
+        return ModelCard(
+            id=backend.name, max_model_len=backend.max_context, attention=backend.attention
+        )
 
     @app.get("/v1/models", response_model=ModelList)
     async def models() -> ModelList:
@@ -216,14 +262,21 @@ def build_app(backend: Backend, config: ServerConfig) -> FastAPI:
     @app.get("/v1/models/{model_id:path}", response_model=ModelCard, responses=ERRORS)
     async def model(model_id: str) -> ModelCard:
         if model_id != backend.name:
-            raise APIError(404, f"the model {model_id!r} does not exist", "invalid_request_error", "model",
-                           "model_not_found")
+            raise APIError(
+                404,
+                f"the model {model_id!r} does not exist",
+                "invalid_request_error",
+                "model",
+                "model_not_found",
+            )
         return card()
 
     @app.get("/health")
     async def health() -> Response:
         ok = backend.engine.alive or not backend.engine.engine.has_work
-        return JSONResponse({"status": "ok" if ok else "engine stopped"}, status_code=200 if ok else 503)
+        return JSONResponse(
+            {"status": "ok" if ok else "engine stopped"}, status_code=200 if ok else 503
+        )
 
     @app.get("/metrics")
     async def metrics() -> Response:

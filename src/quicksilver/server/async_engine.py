@@ -7,12 +7,14 @@ a consumer stops early (client disconnect, a stop string, the end of a reasoning
 generator's ``finally`` calls ``engine.cancel``: the engine drops the request before its next step,
 freeing its canvas and cache.
 """
+
 from __future__ import annotations
 
 import asyncio
 import logging
 import threading
-from typing import Any, AsyncGenerator, Protocol
+from collections.abc import AsyncGenerator
+from typing import Any, Protocol
 
 from ..engine import EngineEvent, EngineRequest
 

@@ -4,6 +4,7 @@ Limits are checked before any work is queued, so one request can never ask for u
 time (body size, prompt tokens, ``max_tokens``, ``n``, messages, tools, stop strings); the engine's
 queue bound turns overload into 503 and the open-request bound into 429.
 """
+
 from __future__ import annotations
 
 import os
@@ -27,16 +28,24 @@ API_KEY_ENV = "QUICKSILVER_API_KEY"
 @dataclass
 class ServerConfig:
     model: str | None = None  # checkpoint directory (default: the embedded model)
-    served_model_name: str | None = None  # the id clients send as `model` (default: quicksilver or the dir name)
+    served_model_name: str | None = (
+        None  # the id clients send as `model` (default: quicksilver or the dir name)
+    )
     host: str = "127.0.0.1"
     port: int = 8000
     api_key: str | None = None  # protects every route but /health (also QUICKSILVER_API_KEY)
     mock: bool = False  # serve the scripted mock engine (no weights; for demos and protocol tests)
     device: str | None = None  # torch device (default: the CPU)
-    dtype: str | None = None  # float32 | bfloat16 | float16 (default: float32 on CPU, bfloat16 on CUDA)
+    dtype: str | None = (
+        None  # float32 | bfloat16 | float16 (default: float32 on CPU, bfloat16 on CUDA)
+    )
     cache: str = "auto"  # KV cache mode: auto | none | block | prefix | dual (see quicksilver generate --help)
-    refresh_every: int = 0  # approximate caches: full recompute every N steps (0: at block starts only)
-    compile: bool = False  # torch.compile the per-token parts of each block (GPU; slower on small CPUs)
+    refresh_every: int = (
+        0  # approximate caches: full recompute every N steps (0: at block starts only)
+    )
+    compile: bool = (
+        False  # torch.compile the per-token parts of each block (GPU; slower on small CPUs)
+    )
     prefix_cache_mb: int = 256  # cross-request prefix cache for block-causal models (0: off)
     threads: int = 0  # torch intra-op threads (0: leave the default)
     max_body_bytes: int = MAX_BODY_BYTES

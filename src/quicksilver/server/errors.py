@@ -1,4 +1,5 @@
 """Errors in the OpenAI envelope ``{"error": {"message", "type", "param", "code"}}`` with their status."""
+
 from __future__ import annotations
 
 import re
@@ -12,18 +13,35 @@ _ADDR = re.compile(r" at 0x[0-9a-fA-F]+")
 class APIError(Exception):
     """An error that becomes one HTTP response (or one SSE error event mid-stream)."""
 
-    def __init__(self, status: int, message: str, type: str = "invalid_request_error", param: str | None = None,
-                 code: str | None = None, headers: dict[str, str] | None = None) -> None:
+    def __init__(
+        self,
+        status: int,
+        message: str,
+        type: str = "invalid_request_error",
+        param: str | None = None,
+        code: str | None = None,
+        headers: dict[str, str] | None = None,
+    ) -> None:
         super().__init__(message)
-        self.status, self.message, self.type, self.param, self.code = status, message, type, param, code
+        self.status, self.message, self.type, self.param, self.code = (
+            status,
+            message,
+            type,
+            param,
+            code,
+        )
         self.headers = headers
 
     def body(self) -> dict[str, Any]:
         return error_body(self.message, self.type, self.param, self.code)
 
 
-def error_body(message: str, type: str, param: str | None = None, code: str | None = None) -> dict[str, Any]:
-    return {"error": {"message": _ADDR.sub("", message), "type": type, "param": param, "code": code}}
+def error_body(
+    message: str, type: str, param: str | None = None, code: str | None = None
+) -> dict[str, Any]:
+    return {
+        "error": {"message": _ADDR.sub("", message), "type": type, "param": param, "code": code}
+    }
 
 
 def error_response(err: APIError) -> JSONResponse:
@@ -39,4 +57,6 @@ def overloaded(message: str) -> APIError:
 
 
 def too_many(message: str) -> APIError:
-    return APIError(429, message, "rate_limit_error", None, "rate_limit_exceeded", {"Retry-After": "1"})
+    return APIError(
+        429, message, "rate_limit_error", None, "rate_limit_exceeded", {"Retry-After": "1"}
+    )

@@ -14,13 +14,15 @@ Each phase streams ``Delta``s: append-only text that is final (a token is final 
 before it is committed and it can no longer change), and — with ``diffusing`` — the canvas state
 after every step. Stop strings cut the answer and cancel its request at once.
 """
+
 from __future__ import annotations
 
 import contextlib
 import time
 import uuid
+from collections.abc import AsyncGenerator
 from dataclasses import dataclass, field
-from typing import Any, AsyncGenerator, Literal
+from typing import Any, Literal
 
 from ..engine import EngineEvent, EngineRequest, IncrementalDetokenizer
 from ..sampling import SamplerConfig
@@ -44,7 +46,9 @@ class Backend:
     attention: str  # bidirectional | block_causal | causal
     stop_ids: list[int]
     mask_id: int
-    defaults: dict[str, Any] = field(default_factory=dict)  # the family's / checkpoint's sampler settings
+    defaults: dict[str, Any] = field(
+        default_factory=dict
+    )  # the family's / checkpoint's sampler settings
 
     def tid(self, text: str) -> int | None:
         return self.tokenizer.token_to_id(text)
@@ -160,7 +164,7 @@ class StopCutter:
         cut = min((i for i in (self.text.find(s) for s in self.stops) if i >= 0), default=-1)
         if cut >= 0:
             self.hit = True
-            out = self.text[self.sent:cut]
+            out = self.text[self.sent : cut]
             self.text, self.sent = self.text[:cut], cut
             return out
         hold = 0
@@ -170,19 +174,26 @@ class StopCutter:
                     hold = max(hold, k)
                     break
         end = max(self.sent, len(self.text) - hold)
-        out, self.sent = self.text[self.sent:end], end
+        out, self.sent = self.text[self.sent : end], end
         return out
 
     def flush(self) -> str:
-        out, self.sent = self.text[self.sent:], len(self.text)
+        out, self.sent = self.text[self.sent :], len(self.text)
         return out
 
 
 class ChoiceRunner:
     """Runs one choice's phases against the engine and yields its deltas; fills ``result``."""
 
-    def __init__(self, backend: Backend, plan: Plan, index: int, metrics: Metrics, arrival: float,
-                 seed: int | None = None) -> None:
+    def __init__(
+        self,
+        backend: Backend,
+        plan: Plan,
+        index: int,
+        metrics: Metrics,
+        arrival: float,
+        seed: int | None = None,
+    ) -> None:
         self.b, self.plan, self.metrics, self.arrival = backend, plan, metrics, arrival
         self.sampler = plan.sampler if seed is None else plan.sampler.replace(seed=seed)
         self.result = ChoiceResult(index, prompt_tokens=len(plan.prompt_ids))
@@ -192,12 +203,28 @@ class ChoiceRunner:
         self.queue_time: float | None = None
         self._reasoning_ids: list[int] = []
 
-    async def _phase(self, name: str, prompt: list[int], sampler: SamplerConfig, prefill: dict[int, int] | None = None,
-                     constraint: Any = None, suffix: list[int] | None = None,
-                     stop_ids: list[int] | None = None) -> AsyncGenerator[EngineEvent, None]:
+    async def _phase(
+        self,
+        name: str,
+        prompt: list[int],
+        sampler: SamplerConfig,
+        prefill: dict[int, int] | None = None,
+        constraint: Any = None,
+        suffix: list[int] | None = None,
+        stop_ids: list[int] | None = None,
+    ) -> AsyncGenerator[EngineEvent, None]:
         rid = f"{self.rid}-{name}"
-        self.b.engine.submit(EngineRequest(rid, prompt, sampler, prefill=prefill, suffix=suffix,
-                                           constraint=constraint, stop_token_ids=stop_ids))
+        self.b.engine.submit(
+            EngineRequest(
+                rid,
+                prompt,
+                sampler,
+                prefill=prefill,
+                suffix=suffix,
+                constraint=constraint,
+                stop_token_ids=stop_ids,
+            )
+        )
         async with contextlib.aclosing(self.b.engine.events(rid)) as events:
             async for ev in events:
                 if self.queue_time is None:
@@ -221,11 +248,19 @@ class ChoiceRunner:
 
     def _canvas(self, phase: str, ev: EngineEvent, skip: int = 0) -> Delta:
         canvas = ev.canvas or []
-        return Delta("canvas", canvas={
-            "phase": phase, "step": ev.nfe, "text": render_canvas(self.b.tokenizer, canvas,
-                                                                                   self.b.mask_id, skip),
-            "masked": sum(1 for t in canvas if t == self.b.mask_id), "committed": len(ev.committed),
-            "remasked": len(ev.remasked), "stable": max(0, ev.stable - skip), "done": ev.done})
+        return Delta(
+            "canvas",
+            canvas={
+                "phase": phase,
+                "step": ev.nfe,
+                "text": render_canvas(self.b.tokenizer, canvas, self.b.mask_id, skip),
+                "masked": sum(1 for t in canvas if t == self.b.mask_id),
+                "committed": len(ev.committed),
+                "remasked": len(ev.remasked),
+                "stable": max(0, ev.stable - skip),
+                "done": ev.done,
+            },
+        )
 
     async def run(self) -> AsyncGenerator[Delta, None]:
         plan, res = self.plan, self.result
@@ -240,15 +275,22 @@ class ChoiceRunner:
         res.completion_tokens += res.reasoning_tokens
         self._finish_metrics()
 
-    async def _reason(self, prompt: list[int], think: tuple[int, int]) -> AsyncGenerator[Delta, None]:
-        cfg = self.sampler.replace(max_new_tokens=self.plan.reasoning_budget, record_canvas=self.plan.diffusing,
-                                   stop_at_eos=True)
+    async def _reason(
+        self, prompt: list[int], think: tuple[int, int]
+    ) -> AsyncGenerator[Delta, None]:
+        cfg = self.sampler.replace(
+            max_new_tokens=self.plan.reasoning_budget,
+            record_canvas=self.plan.diffusing,
+            stop_at_eos=True,
+        )
         detok = IncrementalDetokenizer(self.b.tokenizer)
         self._reasoning_ids = []
         pos, ended, last = 0, False, None
         # </think> is a stop token of this phase: once it is committed with everything before it, the
         # phase is over at once (honest length), not when its block has been checked
-        async for ev in self._phase("think", prompt, cfg, prefill={0: think[0]}, stop_ids=[think[1]]):
+        async for ev in self._phase(
+            "think", prompt, cfg, prefill={0: think[0]}, stop_ids=[think[1]]
+        ):
             last = ev
             fresh: list[int] = []
             for t in ev.new_tokens:
@@ -309,7 +351,9 @@ class ChoiceRunner:
                 break
             if ev.done:
                 reason = ev.finish_reason or "stop"
-                res.finish_reason = "stop" if plan.pieces is not None and reason == "length" else reason
+                res.finish_reason = (
+                    "stop" if plan.pieces is not None and reason == "length" else reason
+                )
                 break
         res.completion_tokens += n_tokens
         self._account(last)

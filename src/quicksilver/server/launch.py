@@ -1,4 +1,5 @@
 """``quicksilver serve``: load the model (or the mock engine), build the app, run uvicorn."""
+
 from __future__ import annotations
 
 import logging
@@ -14,15 +15,24 @@ from .generation import Backend
 
 def build_backend(cfg: ServerConfig, mock_step_delay: float = 0.0) -> Backend:
     """The served model as a ``Backend`` (nothing is read from the network, ever)."""
-    ecfg = EngineConfig(max_batch=cfg.max_batch, max_waiting=cfg.max_waiting, prefix_cache_mb=cfg.prefix_cache_mb)
+    ecfg = EngineConfig(
+        max_batch=cfg.max_batch, max_waiting=cfg.max_waiting, prefix_cache_mb=cfg.prefix_cache_mb
+    )
     if cfg.mock:
         from .mock_engine import MockEngine
 
         mock = MockEngine(config=ecfg, step_delay=mock_step_delay)
         tok = mock.tokenizer
         assert tok.mask_id is not None
-        return Backend(cfg.served_model_name or "quicksilver-mock", tok, AsyncEngine(mock), mock.max_context,
-                       "bidirectional", list(tok.stop_ids), tok.mask_id)
+        return Backend(
+            cfg.served_model_name or "quicksilver-mock",
+            tok,
+            AsyncEngine(mock),
+            mock.max_context,
+            "bidirectional",
+            list(tok.stop_ids),
+            tok.mask_id,
+        )
     import torch
 
     import quicksilver
@@ -37,15 +47,30 @@ def build_backend(cfg: ServerConfig, mock_step_delay: float = 0.0) -> Backend:
     if cfg.dtype not in (None, "float32", "bfloat16", "float16"):
         raise QuicksilverError(f"--dtype must be float32, bfloat16 or float16, got {cfg.dtype!r}")
     dtype = getattr(torch, cfg.dtype) if cfg.dtype else None
-    pipe = quicksilver.load(path, dtype=dtype, device=cfg.device, cache=cfg.cache, refresh_every=cfg.refresh_every,
-                            compile=cfg.compile)
+    pipe = quicksilver.load(
+        path,
+        dtype=dtype,
+        device=cfg.device,
+        cache=cfg.cache,
+        refresh_every=cfg.refresh_every,
+        compile=cfg.compile,
+    )
     pipe.model.eval()
     from ..assets import embedded_model_path
 
-    name = cfg.served_model_name or ("quicksilver" if path == embedded_model_path() else Path(path).name)
-    return Backend(name, pipe.tokenizer, AsyncEngine(Engine(pipe.decoder, ecfg)), pipe.config.max_seq_len,
-                   pipe.config.attention, list(pipe.stop_ids), pipe.config.mask_token_id,
-                   dict(pipe.generation_defaults))
+    name = cfg.served_model_name or (
+        "quicksilver" if path == embedded_model_path() else Path(path).name
+    )
+    return Backend(
+        name,
+        pipe.tokenizer,
+        AsyncEngine(Engine(pipe.decoder, ecfg)),
+        pipe.config.max_seq_len,
+        pipe.config.attention,
+        list(pipe.stop_ids),
+        pipe.config.mask_token_id,
+        dict(pipe.generation_defaults),
+    )
 
 
 def serve(cfg: ServerConfig, mock_step_delay: float = 0.0) -> int:
@@ -53,11 +78,19 @@ def serve(cfg: ServerConfig, mock_step_delay: float = 0.0) -> int:
 
     from .app import build_app
 
-    logging.basicConfig(level=cfg.log_level.upper(), format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    logging.basicConfig(
+        level=cfg.log_level.upper(), format="%(asctime)s %(name)s %(levelname)s %(message)s"
+    )
     backend = build_backend(cfg, mock_step_delay)
     app = build_app(backend, cfg)
     key = "on" if cfg.resolved_api_key() else "off"
-    print(f"quicksilver: serving {backend.name!r} ({backend.attention}, context {backend.max_context}) on "
-          f"http://{cfg.host}:{cfg.port} (API key {key})", file=sys.stderr, flush=True)
-    uvicorn.run(app, host=cfg.host, port=cfg.port, log_level=cfg.log_level, timeout_graceful_shutdown=5)
+    print(
+        f"quicksilver: serving {backend.name!r} ({backend.attention}, context {backend.max_context}) on "
+        f"http://{cfg.host}:{cfg.port} (API key {key})",
+        file=sys.stderr,
+        flush=True,
+    )
+    uvicorn.run(
+        app, host=cfg.host, port=cfg.port, log_level=cfg.log_level, timeout_graceful_shutdown=5
+    )
     return 0

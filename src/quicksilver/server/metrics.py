@@ -7,21 +7,43 @@ a tokens-per-forward histogram. Engine-wide counters are read from ``engine.tota
 the prefix cache's (``prefix_cache_queries_total``/``prefix_cache_hits_total``, in prompt tokens, as
 vLLM's) from ``engine.prefix_cache`` when the engine has one.
 """
+
 from __future__ import annotations
 
 import threading
 from typing import Any
 
 PREFIX = "quicksilver:"
-LATENCY_BUCKETS = (0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0, 20.0, 40.0,
-                   80.0)
+LATENCY_BUCKETS = (
+    0.005,
+    0.01,
+    0.02,
+    0.04,
+    0.06,
+    0.08,
+    0.1,
+    0.25,
+    0.5,
+    0.75,
+    1.0,
+    2.5,
+    5.0,
+    7.5,
+    10.0,
+    20.0,
+    40.0,
+    80.0,
+)
 TOKEN_BUCKETS = (1, 2, 5, 10, 20, 50, 100, 200, 500, 1000, 2000, 4000, 8000)
 TPF_BUCKETS = (0.25, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0, 8.0, 12.0, 16.0, 32.0)
 # engine.totals key -> (metric name, help)
 ENGINE_COUNTERS = {
     "steps": ("diffusion_denoising_steps_total", "Batched refinement steps the engine ran."),
     "forward_passes": ("diffusion_forward_passes_total", "Forward passes of the network."),
-    "committed_tokens": ("diffusion_committed_tokens_total", "Canvas positions committed (revisions count again)."),
+    "committed_tokens": (
+        "diffusion_committed_tokens_total",
+        "Canvas positions committed (revisions count again).",
+    ),
 }
 
 
@@ -45,14 +67,18 @@ class Metrics:
 
     HISTOGRAMS = {
         "time_to_first_token_seconds": ("Arrival to the first streamed token.", LATENCY_BUCKETS),
-        "inter_token_latency_seconds": ("Time between successive token-bearing steps of a request.",
-                                        LATENCY_BUCKETS),
+        "inter_token_latency_seconds": (
+            "Time between successive token-bearing steps of a request.",
+            LATENCY_BUCKETS,
+        ),
         "e2e_request_latency_seconds": ("Arrival to the last token.", LATENCY_BUCKETS),
         "request_queue_time_seconds": ("Time waiting in the engine queue.", LATENCY_BUCKETS),
         "request_prompt_tokens": ("Prompt tokens per request.", TOKEN_BUCKETS),
         "request_generation_tokens": ("Generated tokens per request.", TOKEN_BUCKETS),
-        "diffusion_tokens_per_forward": ("Committed output tokens per forward pass (TPF) per request.",
-                                         TPF_BUCKETS),
+        "diffusion_tokens_per_forward": (
+            "Committed output tokens per forward pass (TPF) per request.",
+            TPF_BUCKETS,
+        ),
     }
 
     def __init__(self, model_name: str) -> None:
@@ -81,10 +107,22 @@ class Metrics:
             lines.append(f"# HELP {PREFIX}{name} {help}")
             lines.append(f"# TYPE {PREFIX}{name} {kind}")
             for labels, v in samples:
-                lines.append(f"{PREFIX}{name}{{{labels}}} {v:g}" if labels else f"{PREFIX}{name} {v:g}")
+                lines.append(
+                    f"{PREFIX}{name}{{{labels}}} {v:g}" if labels else f"{PREFIX}{name} {v:g}"
+                )
 
-        one("num_requests_running", "gauge", "Requests in the running batch.", [(model, engine.num_running)])
-        one("num_requests_waiting", "gauge", "Requests waiting for the batch.", [(model, engine.num_waiting)])
+        one(
+            "num_requests_running",
+            "gauge",
+            "Requests in the running batch.",
+            [(model, engine.num_running)],
+        )
+        one(
+            "num_requests_waiting",
+            "gauge",
+            "Requests waiting for the batch.",
+            [(model, engine.num_waiting)],
+        )
         one("num_requests_open", "gauge", "HTTP requests being served.", [(model, open_requests)])
         with self._lock:
             by_name: dict[str, list[tuple[str, float]]] = {}
@@ -97,10 +135,18 @@ class Metrics:
                 one(metric, "counter", help, [(model, float(engine.totals.get(key, 0)))])
             pc = getattr(engine, "prefix_cache", None)
             if pc is not None:  # hit rate = hits / queries
-                one("prefix_cache_queries_total", "counter", "Prompt tokens looked up in the prefix cache.",
-                    [(model, float(pc.query_tokens))])
-                one("prefix_cache_hits_total", "counter", "Prompt tokens served from the prefix cache.",
-                    [(model, float(pc.hit_tokens))])
+                one(
+                    "prefix_cache_queries_total",
+                    "counter",
+                    "Prompt tokens looked up in the prefix cache.",
+                    [(model, float(pc.query_tokens))],
+                )
+                one(
+                    "prefix_cache_hits_total",
+                    "counter",
+                    "Prompt tokens served from the prefix cache.",
+                    [(model, float(pc.hit_tokens))],
+                )
             for name, h in self.hist.items():
                 lines.append(f"# HELP {PREFIX}{name} {self.HISTOGRAMS[name][0]}")
                 lines.append(f"# TYPE {PREFIX}{name} histogram")

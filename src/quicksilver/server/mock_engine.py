@@ -8,13 +8,14 @@ in some steps and one in others. Everything downstream of the network is real â€
 prefilled skeletons, constraints, stop tokens, cancellation, stats â€” so protocol tests exercise the
 same code paths as a served model, just fast and deterministically.
 """
+
 from __future__ import annotations
 
 import json
 import re
 import time
+from collections.abc import Callable, Sequence
 from types import SimpleNamespace
-from typing import Callable, Sequence
 
 import torch
 
@@ -76,8 +77,14 @@ def default_script(prompt: str) -> str:
 class ScriptedDecoder:
     """Builds real ``Row``s and steps them with scripted logits instead of a network."""
 
-    def __init__(self, tokenizer: Tokenizer, script: Script, max_context: int = 2048, step_delay: float = 0.0,
-                 block_length: int = 32) -> None:
+    def __init__(
+        self,
+        tokenizer: Tokenizer,
+        script: Script,
+        max_context: int = 2048,
+        step_delay: float = 0.0,
+        block_length: int = 32,
+    ) -> None:
         self.tok, self.script, self.max_context = tokenizer, script, max_context
         self.step_delay, self.default_block = step_delay, block_length
         assert tokenizer.mask_id is not None
@@ -88,15 +95,25 @@ class ScriptedDecoder:
         self.step_count = 0
         self.forward_passes = 0
         # what the engine asks of a decoder's model: a bidirectional "network" with no KV cache
-        self.model = SimpleNamespace(config=SimpleNamespace(attention="bidirectional", block_size=block_length,
-                                                            max_seq_len=max_context))
+        self.model = SimpleNamespace(
+            config=SimpleNamespace(
+                attention="bidirectional", block_size=block_length, max_seq_len=max_context
+            )
+        )
 
     def resolve_cache_mode(self) -> str:
         return "none"
 
-    def new_row(self, prompt_ids: Sequence[int], cfg: SamplerConfig, tag: object = None,
-                prefill: dict[int, int] | None = None, suffix: Sequence[int] | None = None,
-                constraint: Constraint | None = None, extra_stops: Sequence[int] | None = None) -> Row:
+    def new_row(
+        self,
+        prompt_ids: Sequence[int],
+        cfg: SamplerConfig,
+        tag: object = None,
+        prefill: dict[int, int] | None = None,
+        suffix: Sequence[int] | None = None,
+        constraint: Constraint | None = None,
+        extra_stops: Sequence[int] | None = None,
+    ) -> Row:
         cfg.validate(self.max_context, len(prompt_ids) + len(suffix or ()))
         if prefill and any(not 0 <= p < cfg.max_new_tokens for p in prefill):
             raise ConfigError("prefilled positions must lie inside the canvas")
@@ -107,10 +124,21 @@ class ScriptedDecoder:
         if suffix:
             text += "<|fim_middle|>"
         stops = self.stop_ids | frozenset(extra_stops or ())
-        row = Row(torch.tensor(list(prompt_ids), dtype=torch.long), cfg, self.mask_id, stops,
-                  cfg.block_length or min(self.default_block, cfg.max_new_tokens), aligned=False, model_block=None,
-                  vocab_limit=self.vocab, generator=gen, tag=tag, prefill=prefill, constraint=constraint,
-                  suffix=torch.tensor(list(suffix), dtype=torch.long) if suffix else None)
+        row = Row(
+            torch.tensor(list(prompt_ids), dtype=torch.long),
+            cfg,
+            self.mask_id,
+            stops,
+            cfg.block_length or min(self.default_block, cfg.max_new_tokens),
+            aligned=False,
+            model_block=None,
+            vocab_limit=self.vocab,
+            generator=gen,
+            tag=tag,
+            prefill=prefill,
+            constraint=constraint,
+            suffix=torch.tensor(list(suffix), dtype=torch.long) if suffix else None,
+        )
         stop = self.end_id if "<|im_start|>" in text else (self.tok.eos_id or self.end_id)
         target = self.tok.encode(self.script(text)) + [stop]
         row.script_target = target  # type: ignore[attr-defined]
@@ -121,7 +149,9 @@ class ScriptedDecoder:
         logits = torch.zeros(hi - lo, self.vocab)  # (n, V)
         for i, pos in enumerate(range(lo, hi)):
             tok = target[pos] if pos < len(target) else target[-1]
-            logits[i, tok] = 6.0 + 6.0 * ((pos * 7 + 3) % 4) / 3.0  # confident at some positions, not others
+            logits[i, tok] = (
+                6.0 + 6.0 * ((pos * 7 + 3) % 4) / 3.0
+            )  # confident at some positions, not others
         return logits
 
     def step(self, rows: Sequence[Row]) -> list[RowEvent]:
@@ -138,9 +168,17 @@ class ScriptedDecoder:
 class MockEngine(Engine):
     """``Engine`` over a ``ScriptedDecoder``: the same interface, scripted replies, no weights."""
 
-    def __init__(self, tokenizer: Tokenizer | None = None, script: Script = default_script,
-                 config: EngineConfig | None = None, max_context: int = 2048, step_delay: float = 0.0) -> None:
+    def __init__(
+        self,
+        tokenizer: Tokenizer | None = None,
+        script: Script = default_script,
+        config: EngineConfig | None = None,
+        max_context: int = 2048,
+        step_delay: float = 0.0,
+    ) -> None:
         self.tokenizer = tokenizer or Tokenizer.byte_level()
         self.max_context = max_context
-        super().__init__(ScriptedDecoder(self.tokenizer, script, max_context, step_delay),  # type: ignore[arg-type]
-                         config)
+        super().__init__(
+            ScriptedDecoder(self.tokenizer, script, max_context, step_delay),  # type: ignore[arg-type]
+            config,
+        )

@@ -3,6 +3,7 @@
 Request models tolerate unknown fields (the OpenAI API does; clients send vendor fields) but type
 and range-check every known one: a bad value is a 400 in the error envelope, never a 500.
 """
+
 from __future__ import annotations
 
 import time
@@ -59,14 +60,27 @@ class StreamOptions(OpenAIBaseModel):
 class DiffusionExtras(OpenAIBaseModel):
     """Diffusion decoding fields, accepted at the top level (the SDK's ``extra_body`` puts them there)."""
 
-    steps: int | None = Field(default=None, ge=1, le=4096, description="refinement steps (a cap for threshold)")
-    block_length: int | None = Field(default=None, ge=1, le=4096, description="semi-autoregressive block length")
-    threshold: float | None = Field(default=None, gt=0.0, le=1.0, description="confidence bound of `threshold`")
+    steps: int | None = Field(
+        default=None, ge=1, le=4096, description="refinement steps (a cap for threshold)"
+    )
+    block_length: int | None = Field(
+        default=None, ge=1, le=4096, description="semi-autoregressive block length"
+    )
+    threshold: float | None = Field(
+        default=None, gt=0.0, le=1.0, description="confidence bound of `threshold`"
+    )
     policy: Policy | None = Field(default=None, description="unmasking policy")
-    diffusing: bool | None = Field(default=False, description="stream canvas states at each step (see docs)")
-    realtime: bool | None = Field(default=False, description="lowest time to first token: no reasoning "
-                                  "phase unless asked, small first block")
-    ignore_eos: bool | None = Field(default=False, description="decode the whole canvas (benchmarks)")
+    diffusing: bool | None = Field(
+        default=False, description="stream canvas states at each step (see docs)"
+    )
+    realtime: bool | None = Field(
+        default=False,
+        description="lowest time to first token: no reasoning "
+        "phase unless asked, small first block",
+    )
+    ignore_eos: bool | None = Field(
+        default=False, description="decode the whole canvas (benchmarks)"
+    )
 
 
 class ModelCard(BaseModel):
@@ -83,9 +97,15 @@ class ModelList(BaseModel):
     data: list[ModelCard] = Field(default_factory=list)
 
 
-def usage(prompt: int, completion: int, reasoning: int | None = None, cached: int = 0) -> dict[str, Any]:
-    u: dict[str, Any] = {"prompt_tokens": prompt, "completion_tokens": completion,
-                         "total_tokens": prompt + completion, "prompt_tokens_details": {"cached_tokens": cached}}
+def usage(
+    prompt: int, completion: int, reasoning: int | None = None, cached: int = 0
+) -> dict[str, Any]:
+    u: dict[str, Any] = {
+        "prompt_tokens": prompt,
+        "completion_tokens": completion,
+        "total_tokens": prompt + completion,
+        "prompt_tokens_details": {"cached_tokens": cached},
+    }
     if reasoning is not None:
         u["completion_tokens_details"] = {"reasoning_tokens": reasoning}
     return u

@@ -1,5 +1,6 @@
 """``POST /v1/chat/completions``: request and response models, ordered as in OpenAI's API reference
 (https://platform.openai.com/docs/api-reference/chat/create), then quicksilver's diffusion extras."""
+
 from __future__ import annotations
 
 import time
@@ -39,7 +40,7 @@ class ChatMessage(OpenAIBaseModel):
     reasoning: str | None = None  # ... and its new one
 
     @model_validator(mode="after")
-    def _content_by_role(self) -> "ChatMessage":
+    def _content_by_role(self) -> ChatMessage:
         if self.role != "assistant" and self.content is None:
             raise ValueError(f"a {self.role} message needs content")
         if self.role == "assistant" and self.content is None and not self.tool_calls:
@@ -82,7 +83,7 @@ class ResponseFormat(OpenAIBaseModel):
     json_schema: JsonSchemaFormat | None = None
 
     @model_validator(mode="after")
-    def _schema_given(self) -> "ResponseFormat":
+    def _schema_given(self) -> ResponseFormat:
         if self.type == "json_schema" and self.json_schema is None:
             raise ValueError("response_format of type json_schema needs a json_schema object")
         return self
@@ -128,7 +129,9 @@ class ChatChoice(BaseModel):
     index: int
     message: ChatCompletionMessage
     logprobs: None = None
-    finish_reason: Literal["stop", "length", "tool_calls", "content_filter", "cancelled", "error"] | None
+    finish_reason: (
+        Literal["stop", "length", "tool_calls", "content_filter", "cancelled", "error"] | None
+    )
 
 
 class ChatCompletionResponse(BaseModel):

@@ -1,6 +1,7 @@
 """``POST /v1/completions`` and ``POST /v1/fim/completions``: requests and the shared response, ordered
 as in OpenAI's legacy completions reference, then quicksilver's diffusion extras. A completion with
 a ``suffix`` is fill-in-the-middle: the canvas is the gap between prompt and suffix."""
+
 from __future__ import annotations
 
 import time

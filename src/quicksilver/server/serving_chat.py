@@ -7,32 +7,55 @@ text; tool calls arrive parsed, in one ``tool_calls`` delta; a last chunk per ch
 ``usage`` follows; then ``data: [DONE]``. With ``diffusing`` every step also sends a chunk whose
 choice has an empty delta and a ``canvas`` object (see docs/SERVER.md).
 """
+
 from __future__ import annotations
 
 import json
 import time
 import uuid
-from typing import Any, AsyncGenerator, Callable
+from collections.abc import AsyncGenerator, Callable
+from typing import Any
 
 from ..errors import ConfigError
-from ..sampling.constrained import Budgets, Piece, SchemaError, build_canvas, compile_cached, schema_pieces
+from ..sampling.constrained import (
+    Budgets,
+    Piece,
+    SchemaError,
+    build_canvas,
+    compile_cached,
+    schema_pieces,
+)
 from .errors import bad_request
 from .generation import ChoiceResult, Delta, Plan
 from .protocol import usage
 from .protocol_chat import ChatCompletionRequest, NamedToolChoice
 from .serving_engine import OpenAIServing, sse, sse_chunk
-from .tools import ToolStreamFilter, forced_call_pieces, parse_tool_calls, template_messages, tool_dicts
+from .tools import (
+    ToolStreamFilter,
+    forced_call_pieces,
+    parse_tool_calls,
+    template_messages,
+    tool_dicts,
+)
 
 
 class OpenAIServingChat(OpenAIServing):
     def _budgets(self, answer: int | None = None) -> Budgets:
         c = self.cfg
-        return Budgets(string=c.json_string_tokens, number=c.json_number_tokens,
-                       integer=max(2, c.json_number_tokens - 2),
-                       free_object=answer if answer is not None else c.json_object_tokens)
+        return Budgets(
+            string=c.json_string_tokens,
+            number=c.json_number_tokens,
+            integer=max(2, c.json_number_tokens - 2),
+            free_object=answer if answer is not None else c.json_object_tokens,
+        )
 
-    def _fit(self, layout: Callable[[Budgets], list[Piece]], limit: int, param: str, max_tokens: int | None
-             ) -> list[Piece]:
+    def _fit(
+        self,
+        layout: Callable[[Budgets], list[Piece]],
+        limit: int,
+        param: str,
+        max_tokens: int | None,
+    ) -> list[Piece]:
         """The layout with the configured slot budgets, or — when that canvas does not fit in
         ``limit`` (max_tokens, or the context) — with budgets shrunk to fit (every value keeps at
         least 2 tokens). Only a schema whose skeleton alone does not fit is refused."""
@@ -45,36 +68,57 @@ class OpenAIServingChat(OpenAIServing):
                 return pieces
             slots = canvas.length - len(canvas.prefill)
             f = max(0.0, (limit - len(canvas.prefill)) / max(slots, 1)) * 0.95
-            b = Budgets(string=max(2, int(b.string * f)), number=max(2, int(b.number * f)),
-                        integer=max(2, int(b.integer * f)), free_object=max(4, int(b.free_object * f)),
-                        array_items=max(1, int(b.array_items * min(1.0, f))))
+            b = Budgets(
+                string=max(2, int(b.string * f)),
+                number=max(2, int(b.number * f)),
+                integer=max(2, int(b.integer * f)),
+                free_object=max(4, int(b.free_object * f)),
+                array_items=max(1, int(b.array_items * min(1.0, f))),
+            )
             pieces = layout(b)
         length = build_canvas(pieces, tok, self.b.pad_id).length
         if length <= limit:
             return pieces
-        raise bad_request(f"the structured output needs a canvas of at least {length} tokens; only {limit} are "
-                          f"available ({param}={max_tokens}, context {self.b.max_context})", param,
-                          "context_length_exceeded")
+        raise bad_request(
+            f"the structured output needs a canvas of at least {length} tokens; only {limit} are "
+            f"available ({param}={max_tokens}, context {self.b.max_context})",
+            param,
+            "context_length_exceeded",
+        )
 
     def plan(self, req: ChatCompletionRequest) -> tuple[Plan, str]:
         """The request as a plan, and its tool mode: none | parse | forced."""
         c = self.cfg
         self.check_model(req.model)
         if len(req.messages) > c.max_messages:
-            raise bad_request(f"at most {c.max_messages} messages are accepted, got {len(req.messages)}", "messages")
+            raise bad_request(
+                f"at most {c.max_messages} messages are accepted, got {len(req.messages)}",
+                "messages",
+            )
         tools = req.tools or []
         if len(tools) > c.max_tools:
-            raise bad_request(f"at most {c.max_tools} tools are accepted, got {len(tools)}", "tools")
-        stops = self.check_common(req.n, req.stop, req.logit_bias, (req.frequency_penalty, req.presence_penalty),
-                                  req.logprobs or req.top_logprobs)
+            raise bad_request(
+                f"at most {c.max_tools} tools are accepted, got {len(tools)}", "tools"
+            )
+        stops = self.check_common(
+            req.n,
+            req.stop,
+            req.logit_bias,
+            (req.frequency_penalty, req.presence_penalty),
+            req.logprobs or req.top_logprobs,
+        )
         choice = req.tool_choice or ("auto" if tools else "none")
         if isinstance(choice, NamedToolChoice) or choice == "required":
             if not tools:
                 raise bad_request("tool_choice needs tools", "tool_choice")
-        mode = "none" if choice == "none" or not tools else ("parse" if choice == "auto" else "forced")
+        mode = (
+            "none" if choice == "none" or not tools else ("parse" if choice == "auto" else "forced")
+        )
         fmt = req.response_format
         if fmt is not None and fmt.type != "text" and mode == "forced":
-            raise bad_request("response_format and a forced tool_choice cannot be combined", "response_format")
+            raise bad_request(
+                "response_format and a forced tool_choice cannot be combined", "response_format"
+            )
         effort = self.effort(req.reasoning_effort, req, self.b.think_ids is not None)
         tok = self.b.tokenizer
         messages = template_messages(req.messages)
@@ -85,7 +129,9 @@ class OpenAIServingChat(OpenAIServing):
         def encode(reasoning: bool) -> list[int]:
             kw: dict[str, Any] = {} if reasoning else {"reasoning": False}
             try:
-                text = tok.apply_chat_template(messages, tools=template_tools, add_generation_prompt=True, **kw)
+                text = tok.apply_chat_template(
+                    messages, tools=template_tools, add_generation_prompt=True, **kw
+                )
             except ConfigError as e:
                 raise bad_request(str(e), "messages") from None
             return tok.encode(text)
@@ -96,11 +142,17 @@ class OpenAIServingChat(OpenAIServing):
         limit = min(max_tokens or self.b.max_context, self.b.max_context - len(ids))
         if mode == "forced":
             name = choice.function.name if isinstance(choice, NamedToolChoice) else None
-            pieces = self._fit(lambda b: forced_call_pieces(tools, name, tok, b), limit, param, max_tokens)
+            pieces = self._fit(
+                lambda b: forced_call_pieces(tools, name, tok, b), limit, param, max_tokens
+            )
         elif fmt is not None and fmt.type == "json_object":
             budget = min(max_tokens or c.default_max_tokens, limit)
-            pieces = compile_cached(f"json_object:{budget}:{id(tok)}", lambda: schema_pieces(
-                {"type": "object"}, False, tok.encode, self._budgets(budget - 1)))
+            pieces = compile_cached(
+                f"json_object:{budget}:{id(tok)}",
+                lambda: schema_pieces(
+                    {"type": "object"}, False, tok.encode, self._budgets(budget - 1)
+                ),
+            )
         elif fmt is not None and fmt.type == "json_schema":
             js = fmt.json_schema
             assert js is not None
@@ -109,25 +161,40 @@ class OpenAIServingChat(OpenAIServing):
             def layout(b: Budgets) -> list[Piece]:
                 key = json.dumps([js.schema_, strict, b.__dict__, id(tok)], sort_keys=True)
                 try:
-                    return compile_cached(key, lambda: schema_pieces(js.schema_, strict, tok.encode, b))
+                    return compile_cached(
+                        key, lambda: schema_pieces(js.schema_, strict, tok.encode, b)
+                    )
                 except SchemaError as e:
                     raise bad_request(str(e), "response_format.json_schema.schema") from None
+
             pieces = self._fit(layout, limit, param, max_tokens)
         if pieces is not None:
             max_tokens = build_canvas(pieces, tok, self.b.pad_id).length
         answer, think = self.budgets(len(ids), max_tokens, effort.reasoning, param)
         if effort.reasoning > 0 and think == 0:  # no room to think: answer at once
             ids = encode(False)
-        sampler = self.sampler(req, effort, req.temperature, req.top_p, req.seed, req.reasoning_effort is not None)
+        sampler = self.sampler(
+            req, effort, req.temperature, req.top_p, req.seed, req.reasoning_effort is not None
+        )
         ban = []
         if mode == "none" and tok.token_to_id("<tool_call>") is not None and tools:
             ban = [tok.token_to_id("<tool_call>")]
-        plan = Plan(ids, sampler, answer, think, pieces=pieces, ban_ids=[b for b in ban if b is not None],
-                    stop=stops, diffusing=bool(req.diffusing))
+        plan = Plan(
+            ids,
+            sampler,
+            answer,
+            think,
+            pieces=pieces,
+            ban_ids=[b for b in ban if b is not None],
+            stop=stops,
+            diffusing=bool(req.diffusing),
+        )
         return plan, mode
 
     # ---- responses -------------------------------------------------------------------------
-    def _message(self, r: ChoiceResult, mode: str, parallel: bool = True) -> tuple[dict[str, Any], str]:
+    def _message(
+        self, r: ChoiceResult, mode: str, parallel: bool = True
+    ) -> tuple[dict[str, Any], str]:
         msg: dict[str, Any] = {"role": "assistant", "content": r.text}
         finish = r.finish_reason
         if mode != "none":
@@ -147,27 +214,50 @@ class OpenAIServingChat(OpenAIServing):
         choices, totals = [], [0, 0, 0, 0, 0]
         for r in results:
             msg, finish = self._message(r, mode, req.parallel_tool_calls is not False)
-            choices.append({"index": r.index, "message": msg, "logprobs": None, "finish_reason": finish})
-            totals = [a + b for a, b in zip(totals, (r.completion_tokens, r.reasoning_tokens, r.nfe, r.steps, 0))]
+            choices.append(
+                {"index": r.index, "message": msg, "logprobs": None, "finish_reason": finish}
+            )
+            totals = [
+                a + b
+                for a, b in zip(
+                    totals, (r.completion_tokens, r.reasoning_tokens, r.nfe, r.steps, 0)
+                )
+            ]
         gen, reasoning, nfe, steps, _ = totals
-        return {"id": f"chatcmpl-{uuid.uuid4().hex}", "object": "chat.completion", "created": int(time.time()),
-                "model": self.b.name, "choices": choices,
-                "usage": usage(len(plan.prompt_ids), gen, reasoning, results[0].cached_tokens),
-                "diffusion": {"nfe": nfe, "steps": steps, "tpf": round(gen / nfe, 3) if nfe else 0.0}}
+        return {
+            "id": f"chatcmpl-{uuid.uuid4().hex}",
+            "object": "chat.completion",
+            "created": int(time.time()),
+            "model": self.b.name,
+            "choices": choices,
+            "usage": usage(len(plan.prompt_ids), gen, reasoning, results[0].cached_tokens),
+            "diffusion": {"nfe": nfe, "steps": steps, "tpf": round(gen / nfe, 3) if nfe else 0.0},
+        }
 
     def stream(self, req: ChatCompletionRequest, arrival: float) -> AsyncGenerator[str, None]:
         plan, mode = self.plan(req)  # errors here are plain HTTP errors, before the stream starts
         runners = self.runners([plan], req.n or 1, req.seed, arrival)
         return self._stream(req, plan, mode, runners)
 
-    async def _stream(self, req: ChatCompletionRequest, plan: Plan, mode: str, runners: list[Any]
-                      ) -> AsyncGenerator[str, None]:
+    async def _stream(
+        self, req: ChatCompletionRequest, plan: Plan, mode: str, runners: list[Any]
+    ) -> AsyncGenerator[str, None]:
         cid, created = f"chatcmpl-{uuid.uuid4().hex}", int(time.time())
         include_usage = bool(req.stream_options and req.stream_options.include_usage)
 
-        def chunk(index: int, delta: dict[str, Any], finish: str | None = None, **extra: Any) -> str:
-            choice = {"index": index, "delta": delta, "logprobs": None, "finish_reason": finish, **extra}
-            return sse_chunk(cid, "chat.completion.chunk", created, self.b.name, choice, include_usage)
+        def chunk(
+            index: int, delta: dict[str, Any], finish: str | None = None, **extra: Any
+        ) -> str:
+            choice = {
+                "index": index,
+                "delta": delta,
+                "logprobs": None,
+                "finish_reason": finish,
+                **extra,
+            }
+            return sse_chunk(
+                cid, "chat.completion.chunk", created, self.b.name, choice, include_usage
+            )
 
         filters = {r.result.index: ToolStreamFilter() for r in runners}
         for r in runners:
@@ -200,6 +290,14 @@ class OpenAIServingChat(OpenAIServing):
             cached = cached or item.cached_tokens
             yield chunk(i, {}, finish)
         if include_usage:
-            yield sse({"id": cid, "object": "chat.completion.chunk", "created": created, "model": self.b.name,
-                       "choices": [], "usage": usage(len(plan.prompt_ids), gen, reasoning, cached)})
+            yield sse(
+                {
+                    "id": cid,
+                    "object": "chat.completion.chunk",
+                    "created": created,
+                    "model": self.b.name,
+                    "choices": [],
+                    "usage": usage(len(plan.prompt_ids), gen, reasoning, cached),
+                }
+            )
         yield "data: [DONE]\n\n"

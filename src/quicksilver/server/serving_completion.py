@@ -5,14 +5,16 @@ and suffix. A bidirectional model sees the suffix itself, after the canvas (the 
 ``suffix`` rows); block-causal and causal models cannot look ahead, so they get the infilling
 prompt format ``<|fim_prefix|>{prompt}<|fim_suffix|>{suffix}<|fim_middle|>`` and write the middle.
 """
+
 from __future__ import annotations
 
 import time
 import uuid
-from typing import Any, AsyncGenerator
+from collections.abc import AsyncGenerator
+from typing import Any
 
 from .errors import bad_request
-from .generation import Delta, EFFORTS, Plan
+from .generation import EFFORTS, Delta, Plan
 from .protocol import usage
 from .protocol_completion import CompletionRequest
 from .serving_engine import OpenAIServing, sse, sse_chunk
@@ -39,15 +41,27 @@ class OpenAIServingCompletion(OpenAIServing):
 
     def plans(self, req: CompletionRequest, fim: bool) -> list[Plan]:
         self.check_model(req.model)
-        stops = self.check_common(req.n, req.stop, req.logit_bias, (req.frequency_penalty, req.presence_penalty),
-                                  req.logprobs)
-        if (req.n or 1) * (len(req.prompt) if isinstance(req.prompt, list) and req.prompt
-                           and isinstance(req.prompt[0], str) else 1) > self.cfg.max_n:
-            raise bad_request(f"prompts times n is above this server's limit of {self.cfg.max_n}", "n")
+        stops = self.check_common(
+            req.n,
+            req.stop,
+            req.logit_bias,
+            (req.frequency_penalty, req.presence_penalty),
+            req.logprobs,
+        )
+        if (req.n or 1) * (
+            len(req.prompt)
+            if isinstance(req.prompt, list) and req.prompt and isinstance(req.prompt[0], str)
+            else 1
+        ) > self.cfg.max_n:
+            raise bad_request(
+                f"prompts times n is above this server's limit of {self.cfg.max_n}", "n"
+            )
         if req.best_of not in (None, 1, req.n):
             raise bad_request("best_of is not supported", "best_of")
         effort = EFFORTS["instant" if req.realtime else "none"]
-        sampler = self.sampler(req, effort, req.temperature, req.top_p, req.seed, effort_given=bool(req.realtime))
+        sampler = self.sampler(
+            req, effort, req.temperature, req.top_p, req.seed, effort_given=bool(req.realtime)
+        )
         plans = []
         for ids in self._prompts(req):
             suffix_ids = None
@@ -57,8 +71,17 @@ class OpenAIServingCompletion(OpenAIServing):
                 ids, suffix_ids = self._fim(req.prompt, req.suffix or "")
             self.check_prompt(ids + (suffix_ids or []))
             answer, _ = self.budgets(len(ids) + len(suffix_ids or []), req.max_tokens, 0)
-            plans.append(Plan(ids, sampler, answer, 0, suffix_ids=suffix_ids, stop=stops,
-                              diffusing=bool(req.diffusing)))
+            plans.append(
+                Plan(
+                    ids,
+                    sampler,
+                    answer,
+                    0,
+                    suffix_ids=suffix_ids,
+                    stop=stops,
+                    diffusing=bool(req.diffusing),
+                )
+            )
         return plans
 
     def _fim(self, prefix: str, suffix: str) -> tuple[list[int], list[int] | None]:
@@ -70,7 +93,9 @@ class OpenAIServingCompletion(OpenAIServing):
             return pre, tok.encode(suffix) or None
         ids = [tok.token_to_id(t) for t in FIM_TOKENS]
         if any(i is None for i in ids):
-            raise bad_request("this model is not bidirectional and has no fill-in-the-middle tokens", "suffix")
+            raise bad_request(
+                "this model is not bidirectional and has no fill-in-the-middle tokens", "suffix"
+            )
         p, s, m = (int(i) for i in ids if i is not None)
         return [p] + tok.encode(prefix) + [s] + tok.encode(suffix) + [m], None
 
@@ -86,25 +111,46 @@ class OpenAIServingCompletion(OpenAIServing):
             text = r.text
             if req.echo and not fim and isinstance(req.prompt, (str, list)):
                 text = self.b.tokenizer.decode(plans[r.index // n].prompt_ids) + text
-            choices.append({"index": r.index, "text": text, "logprobs": None, "finish_reason": r.finish_reason})
+            choices.append(
+                {"index": r.index, "text": text, "logprobs": None, "finish_reason": r.finish_reason}
+            )
         cid, created, prompt_tokens = self._result(req, plans)
         gen, nfe = sum(r.completion_tokens for r in results), sum(r.nfe for r in results)
-        return {"id": cid, "object": "text_completion", "created": created, "model": self.b.name,
-                "choices": choices, "usage": usage(prompt_tokens, gen),
-                "diffusion": {"nfe": nfe, "steps": sum(r.steps for r in results),
-                              "tpf": round(gen / nfe, 3) if nfe else 0.0}}
+        return {
+            "id": cid,
+            "object": "text_completion",
+            "created": created,
+            "model": self.b.name,
+            "choices": choices,
+            "usage": usage(prompt_tokens, gen),
+            "diffusion": {
+                "nfe": nfe,
+                "steps": sum(r.steps for r in results),
+                "tpf": round(gen / nfe, 3) if nfe else 0.0,
+            },
+        }
 
-    def stream(self, req: CompletionRequest, arrival: float, fim: bool) -> AsyncGenerator[str, None]:
+    def stream(
+        self, req: CompletionRequest, arrival: float, fim: bool
+    ) -> AsyncGenerator[str, None]:
         plans = self.plans(req, fim)
         runners = self.runners(plans, req.n or 1, req.seed, arrival)
         return self._stream(req, plans, runners)
 
-    async def _stream(self, req: CompletionRequest, plans: list[Plan], runners: list[Any]) -> AsyncGenerator[str, None]:
+    async def _stream(
+        self, req: CompletionRequest, plans: list[Plan], runners: list[Any]
+    ) -> AsyncGenerator[str, None]:
         cid, created, prompt_tokens = self._result(req, plans)
         include_usage = bool(req.stream_options and req.stream_options.include_usage)
 
         def chunk(index: int, text: str, finish: str | None = None, **extra: Any) -> str:
-            choice = {"index": index, "text": text, "logprobs": None, "finish_reason": finish, **extra}
+            choice = {
+                "index": index,
+                "text": text,
+                "logprobs": None,
+                "finish_reason": finish,
+                **extra,
+            }
             return sse_chunk(cid, "text_completion", created, self.b.name, choice, include_usage)
 
         gen = 0
@@ -120,6 +166,14 @@ class OpenAIServingCompletion(OpenAIServing):
             gen += item.completion_tokens
             yield chunk(i, "", item.finish_reason)
         if include_usage:
-            yield sse({"id": cid, "object": "text_completion", "created": created, "model": self.b.name,
-                       "choices": [], "usage": usage(prompt_tokens, gen)})
+            yield sse(
+                {
+                    "id": cid,
+                    "object": "text_completion",
+                    "created": created,
+                    "model": self.b.name,
+                    "choices": [],
+                    "usage": usage(prompt_tokens, gen),
+                }
+            )
         yield "data: [DONE]\n\n"

@@ -1,5 +1,6 @@
 """Tool calls: template input from OpenAI messages, the model's ``<tool_call>`` output parsed back,
 and the layouts that force a call (``tool_choice`` required or named) under the tool's schema."""
+
 from __future__ import annotations
 
 import json
@@ -24,8 +25,11 @@ def message_text(m: ChatMessage) -> str:
     parts = []
     for p in m.content:
         if p.type != "text" or p.text is None:
-            raise bad_request(f"content parts of type {p.type!r} are not supported (text only; the server never "
-                              "fetches URLs or files)", "messages")
+            raise bad_request(
+                f"content parts of type {p.type!r} are not supported (text only; the server never "
+                "fetches URLs or files)",
+                "messages",
+            )
         parts.append(p.text)
     return "".join(parts)
 
@@ -43,9 +47,17 @@ def template_messages(messages: list[ChatMessage]) -> list[dict[str, Any]]:
                 try:
                     args = json.loads(c.function.arguments or "{}")
                 except json.JSONDecodeError:
-                    raise bad_request("tool call arguments must be a JSON object string",
-                                      f"messages[{i}].tool_calls[{j}].function.arguments") from None
-                calls.append({"id": c.id, "type": "function", "function": {"name": c.function.name, "arguments": args}})
+                    raise bad_request(
+                        "tool call arguments must be a JSON object string",
+                        f"messages[{i}].tool_calls[{j}].function.arguments",
+                    ) from None
+                calls.append(
+                    {
+                        "id": c.id,
+                        "type": "function",
+                        "function": {"name": c.function.name, "arguments": args},
+                    }
+                )
             if calls:
                 d["tool_calls"] = calls
         if m.role == "tool" and m.tool_call_id:
@@ -83,14 +95,24 @@ def parse_tool_calls(text: str) -> tuple[str | None, list[dict[str, Any]]]:
             except json.JSONDecodeError:
                 continue
         first = m.start() if first is None else first
-        calls.append({"id": new_call_id(), "type": "function",
-                      "function": {"name": obj["name"], "arguments": json.dumps(args, ensure_ascii=False)}})
+        calls.append(
+            {
+                "id": new_call_id(),
+                "type": "function",
+                "function": {
+                    "name": obj["name"],
+                    "arguments": json.dumps(args, ensure_ascii=False),
+                },
+            }
+        )
     if not calls:
         return text, calls
     return text[:first].strip() or None, calls
 
 
-def forced_call_pieces(tools: list[Tool], name: str | None, tok: Tokenizer, budgets: Budgets) -> list[Piece]:
+def forced_call_pieces(
+    tools: list[Tool], name: str | None, tok: Tokenizer, budgets: Budgets
+) -> list[Piece]:
     """The canvas of a forced call: ``<tool_call>{"name": ..., "arguments": <schema>}</tool_call>``.
     One tool (named or the only one): the arguments' skeleton is laid out; several: one slot whose
     grammar is the union of the tools' call objects."""
@@ -110,10 +132,24 @@ def forced_call_pieces(tools: list[Tool], name: str | None, tok: Tokenizer, budg
                 t = chosen[0]
                 strict = bool(t.function.strict)
                 body = schema_pieces(params(t), strict, tok.encode, budgets)
-                return head + ['{"name": ' + json.dumps(t.function.name) + ', "arguments": '] + body + ["}"] + tail
-            union = {"anyOf": [{"type": "object", "properties": {"name": {"const": t.function.name},
-                                                                 "arguments": params(t)},
-                                "required": ["name", "arguments"], "additionalProperties": False} for t in chosen]}
+                return (
+                    head
+                    + ['{"name": ' + json.dumps(t.function.name) + ', "arguments": ']
+                    + body
+                    + ["}"]
+                    + tail
+                )
+            union = {
+                "anyOf": [
+                    {
+                        "type": "object",
+                        "properties": {"name": {"const": t.function.name}, "arguments": params(t)},
+                        "required": ["name", "arguments"],
+                        "additionalProperties": False,
+                    }
+                    for t in chosen
+                ]
+            }
             return head + schema_pieces(union, False, tok.encode, budgets) + tail
         except SchemaError as e:
             raise bad_request(f"tool schema: {e}", "tools") from None
@@ -144,7 +180,7 @@ class ToolStreamFilter:
             if self.buf.endswith(OPEN[:k]):
                 keep = k
                 break
-        out, self.buf = self.buf[:len(self.buf) - keep], self.buf[len(self.buf) - keep:]
+        out, self.buf = self.buf[: len(self.buf) - keep], self.buf[len(self.buf) - keep :]
         return out
 
     def finish(self) -> tuple[str, list[dict[str, Any]]]:

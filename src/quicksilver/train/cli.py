@@ -1,5 +1,6 @@
 """``quicksilver train --recipe NAME [--field value ...]``: the parser (one flag per ``TrainConfig``
 field) and the handler. Under ``torchrun`` every process runs the same command (data parallel)."""
+
 from __future__ import annotations
 
 import argparse
@@ -18,10 +19,16 @@ HELP = {
 }
 
 
-def add_parser(sub: "argparse._SubParsersAction[argparse.ArgumentParser]") -> None:
-    t = sub.add_parser("train", help="train a model on the task suite (diffusion or the AR baseline)")
-    t.add_argument("--recipe", default="small", help=f"starting configuration: {', '.join(sorted(RECIPES))}")
-    t.add_argument("--print-config", action="store_true", help="print the resolved config as JSON and exit")
+def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    t = sub.add_parser(
+        "train", help="train a model on the task suite (diffusion or the AR baseline)"
+    )
+    t.add_argument(
+        "--recipe", default="small", help=f"starting configuration: {', '.join(sorted(RECIPES))}"
+    )
+    t.add_argument(
+        "--print-config", action="store_true", help="print the resolved config as JSON and exit"
+    )
     add_dataclass_args(t, TrainConfig, help=HELP)
 
 

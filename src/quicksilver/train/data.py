@@ -7,11 +7,12 @@ as the template does for ``reasoning=False``; raw fill-in-the-middle prompts end
 ``<|endoftext|>``), then ``<|endoftext|>`` pads up to the end of the block the answer ends in, so the
 model learns where answers stop.
 """
+
 from __future__ import annotations
 
 import random
+from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import Iterator
 
 import torch
 
@@ -35,14 +36,18 @@ def prompt_text(item: Item, tokenizer: Tokenizer, instant: bool) -> str:
         assert item.raw_prompt is not None
         return item.raw_prompt
     kw = {"reasoning": False} if instant else {}
-    return tokenizer.apply_chat_template(item.messages or [], tools=item.tools, add_generation_prompt=True, **kw)
+    return tokenizer.apply_chat_template(
+        item.messages or [], tools=item.tools, add_generation_prompt=True, **kw
+    )
 
 
 def render(item: Item, tokenizer: Tokenizer, instant: bool = False) -> tuple[list[int], list[int]]:
     """(prompt ids, answer ids ending in the stop token)."""
     stop = tokenizer.token_to_id(IM_END if item.is_chat else EOT)
     assert stop is not None
-    return tokenizer.encode(prompt_text(item, tokenizer, instant)), tokenizer.encode(answer_text(item, instant)) + [stop]
+    return tokenizer.encode(prompt_text(item, tokenizer, instant)), tokenizer.encode(
+        answer_text(item, instant)
+    ) + [stop]
 
 
 def corpus(n: int, seed: int = 0) -> Iterator[str]:
@@ -57,7 +62,9 @@ def corpus(n: int, seed: int = 0) -> Iterator[str]:
 
 def build_tokenizer(vocab_size: int, n_texts: int = 20000, seed: int = 0) -> Tokenizer:
     """Byte-level BPE with individual digits, trained on generated text of every task."""
-    return Tokenizer.byte_level(merges_from=corpus(n_texts, seed), vocab_size=vocab_size, individual_digits=True)
+    return Tokenizer.byte_level(
+        merges_from=corpus(n_texts, seed), vocab_size=vocab_size, individual_digits=True
+    )
 
 
 def parse_weights(spec: str) -> dict[str, float]:
@@ -88,8 +95,13 @@ class Example:
 class Mixture:
     """Fresh examples from weighted tasks; deterministic given the rng."""
 
-    def __init__(self, weights: dict[str, float], tokenizer: Tokenizer, instant_frac: float = 0.15,
-                 max_len: int | None = None) -> None:
+    def __init__(
+        self,
+        weights: dict[str, float],
+        tokenizer: Tokenizer,
+        instant_frac: float = 0.15,
+        max_len: int | None = None,
+    ) -> None:
         self.names = list(weights)
         self.weights = [weights[n] for n in self.names]
         self.tokenizer = tokenizer
@@ -117,7 +129,9 @@ class Batch:
     n_tokens: int  # data tokens in the batch (the budget's unit)
 
 
-def collate(examples: list[Example], block_size: int, pad_id: int, eot_id: int, pad_answers: bool = True) -> Batch:
+def collate(
+    examples: list[Example], block_size: int, pad_id: int, eot_id: int, pad_answers: bool = True
+) -> Batch:
     """Lay out examples; with ``pad_answers`` each answer is filled with ``eot_id`` to its block's end."""
     lens = []
     for ex in examples:
@@ -132,8 +146,8 @@ def collate(examples: list[Example], block_size: int, pad_id: int, eot_id: int, 
     for i, (ex, n) in enumerate(zip(examples, lens)):
         P, A = len(ex.prompt), len(ex.answer)
         ids[i, :P] = torch.tensor(ex.prompt)
-        ids[i, P:P + A] = torch.tensor(ex.answer)
-        ids[i, P + A:n] = eot_id
+        ids[i, P : P + A] = torch.tensor(ex.answer)
+        ids[i, P + A : n] = eot_id
         answer[i, P:n] = True
         valid[i, :n] = True
         plen[i], clen[i] = P, P + A

@@ -24,10 +24,11 @@ answer (with its block padding) masked at rate t anywhere, the whole sequence se
 ``ar``: the same network with a causal mask, next-token cross-entropy on answer tokens (stop token
 included, no trailing pads), averaged per example then over the batch.
 """
+
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Callable
 
 import torch
 import torch.nn.functional as F
@@ -43,7 +44,9 @@ class NoiseConfig:
     eps: float = 1e-3
     sub_prob: float = 0.0  # fraction of visible answer tokens replaced by a wrong token
     sub_weight: float = 1.0  # loss weight at substituted positions
-    keep_weight: float = 0.1  # loss weight at untouched visible answer positions (only when sub_prob > 0)
+    keep_weight: float = (
+        0.1  # loss weight at untouched visible answer positions (only when sub_prob > 0)
+    )
 
 
 @dataclass
@@ -60,8 +63,14 @@ def stratified_t(n: int, eps: float, generator: torch.Generator | None) -> torch
     return eps + (1 - eps) * u  # (n,)
 
 
-def corrupt(x0: torch.Tensor, ans: torch.Tensor, block: torch.Tensor, cfg: NoiseConfig,
-            generator: torch.Generator | None, pool: torch.Tensor) -> tuple[torch.Tensor, ...]:
+def corrupt(
+    x0: torch.Tensor,
+    ans: torch.Tensor,
+    block: torch.Tensor,
+    cfg: NoiseConfig,
+    generator: torch.Generator | None,
+    pool: torch.Tensor,
+) -> tuple[torch.Tensor, ...]:
     """Mask (and substitute) answer tokens of x0 (B, N); ``block`` (B, N) ids for per-block t.
 
     Returns xt (B, N), masked (B, N) bool, subst (B, N) bool, t (B, N) float (per position).
@@ -81,8 +90,16 @@ def corrupt(x0: torch.Tensor, ans: torch.Tensor, block: torch.Tensor, cfg: Noise
     return xt, masked, subst, t
 
 
-def weighted_ce(logits: torch.Tensor, x0: torch.Tensor, masked: torch.Tensor, subst: torch.Tensor,
-                visible: torch.Tensor, t: torch.Tensor, denom: torch.Tensor, cfg: NoiseConfig) -> torch.Tensor:
+def weighted_ce(
+    logits: torch.Tensor,
+    x0: torch.Tensor,
+    masked: torch.Tensor,
+    subst: torch.Tensor,
+    visible: torch.Tensor,
+    t: torch.Tensor,
+    denom: torch.Tensor,
+    cfg: NoiseConfig,
+) -> torch.Tensor:
     """Per-position weighted CE summed per row / denom (B,), averaged over rows."""
     ce = F.cross_entropy(logits.float().transpose(1, 2), x0, reduction="none")  # (B, N)
     w = masked.float() / t
@@ -91,17 +108,23 @@ def weighted_ce(logits: torch.Tensor, x0: torch.Tensor, masked: torch.Tensor, su
     return ((ce * w).sum(1) / denom.clamp_min(1)).mean()
 
 
-def two_copy_mask(pos: torch.Tensor, noisy: torch.Tensor, valid: torch.Tensor, bs: int) -> torch.Tensor:
+def two_copy_mask(
+    pos: torch.Tensor, noisy: torch.Tensor, valid: torch.Tensor, bs: int
+) -> torch.Tensor:
     """(B, 1, T, T) bool attention mask of the [x_0 ; x_t] layout from positions (B, T) and copy flags."""
     blk = torch.div(pos, bs, rounding_mode="floor")
     qb, kb = blk[:, :, None], blk[:, None, :]  # (B, T, 1), (B, 1, T)
     qn, kn = noisy[:, :, None], noisy[:, None, :]
-    m = ((~qn & ~kn & (kb <= qb)) | (qn & ~kn & (kb < qb)) | (qn & kn & (kb == qb))) & valid[:, None, :]
+    m = ((~qn & ~kn & (kb <= qb)) | (qn & ~kn & (kb < qb)) | (qn & kn & (kb == qb))) & valid[
+        :, None, :
+    ]
     m = m | ~m.any(-1, keepdim=True)  # padding queries: open, outputs unused
     return m[:, None]
 
 
-def diffusion_loss(model: DiffusionLM, batch: Batch, cfg: NoiseConfig, generator: torch.Generator | None) -> LossOut:
+def diffusion_loss(
+    model: DiffusionLM, batch: Batch, cfg: NoiseConfig, generator: torch.Generator | None
+) -> LossOut:
     bs = cfg.block_size
     ids, ans, valid = batch.ids, batch.answer, batch.valid  # (B, L)
     B, L = ids.shape
@@ -114,18 +137,32 @@ def diffusion_loss(model: DiffusionLM, batch: Batch, cfg: NoiseConfig, generator
     x0 = ids.gather(1, npos)  # (B, N)
     nans = ans.gather(1, npos) & nvalid
     pool = ids[ans]
-    xt, masked, subst, t = corrupt(x0, nans, torch.div(npos, bs, rounding_mode="floor") - (start // bs)[:, None],
-                                   cfg, generator, pool)
+    xt, masked, subst, t = corrupt(
+        x0,
+        nans,
+        torch.div(npos, bs, rounding_mode="floor") - (start // bs)[:, None],
+        cfg,
+        generator,
+        pool,
+    )
     seq = torch.cat((ids, xt), dim=1)  # (B, L + N)
     pos = torch.cat((torch.arange(L)[None, :].expand(B, L), npos), dim=1)  # (B, L + N)
-    noisy = torch.cat((torch.zeros(B, L, dtype=torch.bool), torch.ones(B, N, dtype=torch.bool)), dim=1)
+    noisy = torch.cat(
+        (torch.zeros(B, L, dtype=torch.bool), torch.ones(B, N, dtype=torch.bool)), dim=1
+    )
     allv = torch.cat((valid, nvalid), dim=1)
     mask = two_copy_mask(pos, noisy, allv, bs)
-    shift = bool(getattr(getattr(getattr(model, "module", model), "config", None), "logit_shift", False))
+    shift = bool(
+        getattr(getattr(getattr(model, "module", model), "config", None), "logit_shift", False)
+    )
     out = model(seq, positions=pos, attn_mask=mask, raw=True)  # (B, L + N, V)
-    if shift:  # Dream / Fast-dLLM v2 convention: position p is predicted from p - 1 as the block sees it:
+    if (
+        shift
+    ):  # Dream / Fast-dLLM v2 convention: position p is predicted from p - 1 as the block sees it:
         q = npos - 1  # the noisy copy inside the block, the clean copy across a block boundary
-        same = (j > 0) & (torch.div(q, bs, rounding_mode="floor") == torch.div(npos, bs, rounding_mode="floor"))
+        same = (j > 0) & (
+            torch.div(q, bs, rounding_mode="floor") == torch.div(npos, bs, rounding_mode="floor")
+        )
         src = torch.where(same, L + j - 1, q.clamp_min(0))  # (B, N)
         logits = out.gather(1, src[..., None].expand(-1, -1, out.shape[-1]))  # (B, N, V)
     else:
@@ -134,14 +171,17 @@ def diffusion_loss(model: DiffusionLM, batch: Batch, cfg: NoiseConfig, generator
     return LossOut(loss, int(masked.sum()), int(allv.sum()))
 
 
-def diffusion_single_loss(model: DiffusionLM, batch: Batch, cfg: NoiseConfig,
-                          generator: torch.Generator | None) -> LossOut:
+def diffusion_single_loss(
+    model: DiffusionLM, batch: Batch, cfg: NoiseConfig, generator: torch.Generator | None
+) -> LossOut:
     bs = cfg.block_size
     ids, ans, valid = batch.ids, batch.answer, batch.valid
     B, L = ids.shape
     first = torch.div(batch.prompt_len, bs, rounding_mode="floor")  # (B,) first answer block
     last = torch.div(valid.sum(1) - 1, bs, rounding_mode="floor")  # (B,) last answer block
-    pick = first + (torch.rand(B, generator=generator) * (last - first + 1)).long().clamp_max(last - first)
+    pick = first + (torch.rand(B, generator=generator) * (last - first + 1)).long().clamp_max(
+        last - first
+    )
     blk = torch.div(torch.arange(L), bs, rounding_mode="floor")[None, :]  # (1, L)
     keep = valid & (blk <= pick[:, None])  # (B, L): drop every block after the chosen one
     target = ans & (blk == pick[:, None])
@@ -151,17 +191,25 @@ def diffusion_single_loss(model: DiffusionLM, batch: Batch, cfg: NoiseConfig,
     return LossOut(loss, int(masked.sum()), int(keep.sum()))
 
 
-def mdm_loss(model: DiffusionLM, batch: Batch, cfg: NoiseConfig, generator: torch.Generator | None) -> LossOut:
+def mdm_loss(
+    model: DiffusionLM, batch: Batch, cfg: NoiseConfig, generator: torch.Generator | None
+) -> LossOut:
     ids, ans, valid = batch.ids, batch.answer, batch.valid  # (B, L)
-    xt, masked, subst, t = corrupt(ids, ans, torch.zeros_like(ids), cfg, generator, ids[ans])  # one t per row
+    xt, masked, subst, t = corrupt(
+        ids, ans, torch.zeros_like(ids), cfg, generator, ids[ans]
+    )  # one t per row
     logits = model(xt, valid=valid)  # (B, L, V) bidirectional
     loss = weighted_ce(logits, ids, masked, subst, ans & ~masked, t, ans.sum(1), cfg)
     return LossOut(loss, int(masked.sum()), int(valid.sum()))
 
 
-def ar_loss(model: DiffusionLM, batch: Batch, cfg: NoiseConfig, generator: torch.Generator | None) -> LossOut:
+def ar_loss(
+    model: DiffusionLM, batch: Batch, cfg: NoiseConfig, generator: torch.Generator | None
+) -> LossOut:
     ids, ans = batch.ids, batch.answer  # (B, L); collated without trailing pads
-    tgt = ans[:, 1:] & (torch.arange(1, ids.shape[1])[None, :] < batch.content_len[:, None])  # (B, L-1)
+    tgt = ans[:, 1:] & (
+        torch.arange(1, ids.shape[1])[None, :] < batch.content_len[:, None]
+    )  # (B, L-1)
     logits = model(ids[:, :-1], valid=batch.valid[:, :-1])  # (B, L-1, V) causal
     ce = F.cross_entropy(logits.float().transpose(1, 2), ids[:, 1:], reduction="none")  # (B, L-1)
     loss = ((ce * tgt).sum(1) / tgt.sum(1).clamp_min(1)).mean()
@@ -169,7 +217,9 @@ def ar_loss(model: DiffusionLM, batch: Batch, cfg: NoiseConfig, generator: torch
 
 
 LossFn = Callable[[DiffusionLM, Batch, NoiseConfig, "torch.Generator | None"], LossOut]
-OBJECTIVES: dict[str, tuple[LossFn, str, bool]] = {  # name -> (loss, attention pattern, pad answers)
+OBJECTIVES: dict[
+    str, tuple[LossFn, str, bool]
+] = {  # name -> (loss, attention pattern, pad answers)
     "diffusion": (diffusion_loss, "block_causal", True),
     "diffusion_single": (diffusion_single_loss, "block_causal", True),
     "mdm": (mdm_loss, "bidirectional", True),

@@ -4,6 +4,7 @@ A recipe is a ``TrainConfig`` with chosen values; ``quicksilver train --recipe N
 starts from the recipe and overrides single fields. The config is saved as JSON beside every
 checkpoint, so any run can be reproduced from its directory.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -18,16 +19,24 @@ DEFAULT_EVAL = "path_star,sudoku4,countdown3,multiply,tool_call,chat,fim"
 
 @dataclass
 class TrainConfig:
-    out: str = "runs/default"  # run directory: checkpoints, metrics.jsonl, the final model in out/final
-    objective: str = "diffusion"  # diffusion | diffusion_single | ar (the equal-size causal baseline)
+    out: str = (
+        "runs/default"  # run directory: checkpoints, metrics.jsonl, the final model in out/final
+    )
+    objective: str = (
+        "diffusion"  # diffusion | diffusion_single | ar (the equal-size causal baseline)
+    )
     # model
     d_model: int = 192
     n_layers: int = 6
     n_heads: int = 4
     mlp_hidden: int = 512
     block_size: int = 32
-    logit_shift: bool = False  # position p predicted from p - 1 (Dream / Fast-dLLM v2; keeps an AR init's head)
-    init_from: str = ""  # start from this checkpoint's weights and tokenizer (e.g. adapt the AR baseline)
+    logit_shift: bool = (
+        False  # position p predicted from p - 1 (Dream / Fast-dLLM v2; keeps an AR init's head)
+    )
+    init_from: str = (
+        ""  # start from this checkpoint's weights and tokenizer (e.g. adapt the AR baseline)
+    )
     max_seq_len: int = 384
     vocab_size: int = 1024  # BPE vocabulary trained on generated text (individual digits)
     # data
@@ -51,7 +60,9 @@ class TrainConfig:
     grad_clip: float = 1.0
     seed: int = 0
     threads: int = 0  # torch intra-op threads (0: leave the default)
-    cpu_bf16: bool = False  # bf16 autocast on CPU too (AMX matmuls: ~1.5x tokens/s on this CPU, docs/LOG.md)
+    cpu_bf16: bool = (
+        False  # bf16 autocast on CPU too (AMX matmuls: ~1.5x tokens/s on this CPU, docs/LOG.md)
+    )
     # bookkeeping
     eval_every: int = 300  # steps between held-out evaluations (0: never)
     eval_tasks: str = DEFAULT_EVAL
@@ -59,16 +70,28 @@ class TrainConfig:
     ckpt_every: int = 100  # steps between resumable checkpoints
     log_every: int = 10
     time_limit: float = 0.0  # stop (and save) after this many seconds (0: no limit)
-    stop_at: int = 0  # stop (and save) at this step, schedule unchanged; resume later (0: run to the end)
+    stop_at: int = (
+        0  # stop (and save) at this step, schedule unchanged; resume later (0: run to the end)
+    )
     save_dtype: str = "bfloat16"  # dtype of the exported model directory
     resume: bool = True  # continue from out/ckpt.pt when it exists
 
-    def validate(self) -> "TrainConfig":
+    def validate(self) -> TrainConfig:
         from .objective import OBJECTIVES
 
         if self.objective not in OBJECTIVES:
-            raise ConfigError(f"unknown objective {self.objective!r}; choose one of {sorted(OBJECTIVES)}")
-        for name in ("d_model", "n_layers", "n_heads", "block_size", "batch_size", "steps", "vocab_size"):
+            raise ConfigError(
+                f"unknown objective {self.objective!r}; choose one of {sorted(OBJECTIVES)}"
+            )
+        for name in (
+            "d_model",
+            "n_layers",
+            "n_heads",
+            "block_size",
+            "batch_size",
+            "steps",
+            "vocab_size",
+        ):
             if getattr(self, name) <= 0:
                 raise ConfigError(f"{name} must be positive, got {getattr(self, name)}")
         if not 0 <= self.sub_prob < 1 or not 0 <= self.instant_frac <= 1:
@@ -76,7 +99,9 @@ class TrainConfig:
         if self.lr <= 0 or not 0 <= self.min_lr_frac <= 1:
             raise ConfigError("lr must be positive and min_lr_frac in [0, 1]")
         if self.save_dtype not in ("float32", "bfloat16", "float16"):
-            raise ConfigError(f"save_dtype must be float32, bfloat16 or float16, got {self.save_dtype!r}")
+            raise ConfigError(
+                f"save_dtype must be float32, bfloat16 or float16, got {self.save_dtype!r}"
+            )
         from .data import parse_weights
 
         parse_weights(self.tasks)
@@ -86,7 +111,7 @@ class TrainConfig:
         return dataclasses.asdict(self)
 
     @classmethod
-    def from_dict(cls, d: dict[str, Any]) -> "TrainConfig":
+    def from_dict(cls, d: dict[str, Any]) -> TrainConfig:
         known = {f.name for f in dataclasses.fields(cls)}
         return cls(**{k: v for k, v in d.items() if k in known})
 
@@ -99,17 +124,44 @@ RECIPES: dict[str, TrainConfig] = {
     # the AR baseline adapted to block diffusion (as Dream / Fast-dLLM v2 adapt Qwen2.5): its step-2000
     # weights, the one-position logit shift, then 8000 block-diffusion steps on fresh data (seed 1) —
     # 10000 steps in all, the AR baseline's budget
-    "small-ar2d": TrainConfig(out="runs/small-ar2d", init_from="runs/small-ar/step_2000", logit_shift=True,
-                              seed=1, steps=8000, lr=5e-4, cpu_bf16=True),
+    "small-ar2d": TrainConfig(
+        out="runs/small-ar2d",
+        init_from="runs/small-ar/step_2000",
+        logit_shift=True,
+        seed=1,
+        steps=8000,
+        lr=5e-4,
+        cpu_bf16=True,
+    ),
     # ablation: no substitution noise
     "small-nosub": TrainConfig(out="runs/small-nosub", sub_prob=0.0),
     # a bidirectional (LLaDA-style) chat model: measures what the approximate prefix/dual caches cost
-    "chat-bidir": TrainConfig(out="runs/chat-bidir", objective="mdm", tasks="chat:1", eval_tasks="chat",
-                              steps=1500, eval_every=500),
+    "chat-bidir": TrainConfig(
+        out="runs/chat-bidir",
+        objective="mdm",
+        tasks="chat:1",
+        eval_tasks="chat",
+        steps=1500,
+        eval_every=500,
+    ),
     # a tiny run for tests and smoke checks (seconds)
-    "tiny": TrainConfig(out="runs/tiny", d_model=64, n_layers=2, n_heads=2, mlp_hidden=172, vocab_size=384,
-                        batch_size=8, steps=20, warmup=2, eval_every=0, ckpt_every=10, log_every=5,
-                        tasks="path_star:1,sudoku4:1,multiply:1,fim:1", eval_tasks="sudoku4,fim", eval_limit=4),
+    "tiny": TrainConfig(
+        out="runs/tiny",
+        d_model=64,
+        n_layers=2,
+        n_heads=2,
+        mlp_hidden=172,
+        vocab_size=384,
+        batch_size=8,
+        steps=20,
+        warmup=2,
+        eval_every=0,
+        ckpt_every=10,
+        log_every=5,
+        tasks="path_star:1,sudoku4:1,multiply:1,fim:1",
+        eval_tasks="sudoku4,fim",
+        eval_limit=4,
+    ),
 }
 
 

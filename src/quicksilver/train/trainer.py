@@ -7,6 +7,7 @@ noise generator states), ``metrics.jsonl`` (one JSON object per log line or eval
 ``tokenizer/``, ``step_N/`` (exported model directories at every evaluation, for learning curves)
 and ``final/`` (the finished model, in the checkpoint format ``quicksilver.load`` reads).
 """
+
 from __future__ import annotations
 
 import json
@@ -44,11 +45,21 @@ def model_config(cfg: TrainConfig, tok: Tokenizer) -> ModelConfig:
     attention = OBJECTIVES[cfg.objective][1]
     assert tok.mask_id is not None and tok.eos_id is not None
     stops = sorted({tok.eos_id, *tok.stop_ids})
-    return ModelConfig(vocab_size=-(-tok.vocab_size // 64) * 64, d_model=cfg.d_model, n_layers=cfg.n_layers,
-                       n_heads=cfg.n_heads, n_kv_heads=cfg.n_heads, mlp_hidden=cfg.mlp_hidden,
-                       max_seq_len=cfg.max_seq_len, attention=attention, block_size=cfg.block_size,
-                       logit_shift=cfg.logit_shift, mask_token_id=tok.mask_id, eos_token_ids=stops,
-                       pad_token_id=tok.pad_id)
+    return ModelConfig(
+        vocab_size=-(-tok.vocab_size // 64) * 64,
+        d_model=cfg.d_model,
+        n_layers=cfg.n_layers,
+        n_heads=cfg.n_heads,
+        n_kv_heads=cfg.n_heads,
+        mlp_hidden=cfg.mlp_hidden,
+        max_seq_len=cfg.max_seq_len,
+        attention=attention,
+        block_size=cfg.block_size,
+        logit_shift=cfg.logit_shift,
+        mask_token_id=tok.mask_id,
+        eos_token_ids=stops,
+        pad_token_id=tok.pad_id,
+    )
 
 
 class Dist:
@@ -94,7 +105,11 @@ class Trainer:
         self.d = Dist()
         if cfg.threads > 0:
             torch.set_num_threads(cfg.threads)
-        self.device = torch.device(f"cuda:{self.d.rank % torch.cuda.device_count()}" if torch.cuda.is_available() else "cpu")
+        self.device = torch.device(
+            f"cuda:{self.d.rank % torch.cuda.device_count()}"
+            if torch.cuda.is_available()
+            else "cpu"
+        )
         self.out = Path(cfg.out)
         self.out.mkdir(parents=True, exist_ok=True)
         self.tok = load_or_build_tokenizer(cfg, self.out, self.d)
@@ -103,17 +118,35 @@ class Trainer:
         if cfg.init_from and not (cfg.resume and (self.out / "ckpt.pt").is_file()):
             self.init_weights(Path(cfg.init_from))
         self.loss_fn, _, self.pad_answers = OBJECTIVES[cfg.objective]
-        self.noise = NoiseConfig(self.model.config.mask_token_id, cfg.block_size, cfg.eps, cfg.sub_prob,
-                                 cfg.sub_weight, cfg.keep_weight)
+        self.noise = NoiseConfig(
+            self.model.config.mask_token_id,
+            cfg.block_size,
+            cfg.eps,
+            cfg.sub_prob,
+            cfg.sub_weight,
+            cfg.keep_weight,
+        )
         decay = [p for p in self.model.parameters() if p.dim() >= 2]
         other = [p for p in self.model.parameters() if p.dim() < 2]
-        self.opt = torch.optim.AdamW([{"params": decay, "weight_decay": cfg.weight_decay},
-                                      {"params": other, "weight_decay": 0.0}], lr=cfg.lr, betas=(0.9, cfg.beta2))
-        self.ddp = (torch.nn.parallel.DistributedDataParallel(self.model) if self.d.world > 1 else self.model)
+        self.opt = torch.optim.AdamW(
+            [
+                {"params": decay, "weight_decay": cfg.weight_decay},
+                {"params": other, "weight_decay": 0.0},
+            ],
+            lr=cfg.lr,
+            betas=(0.9, cfg.beta2),
+        )
+        self.ddp = (
+            torch.nn.parallel.DistributedDataParallel(self.model)
+            if self.d.world > 1
+            else self.model
+        )
         self.mix = Mixture(parse_weights(cfg.tasks), self.tok, cfg.instant_frac, cfg.max_len)
         self.rng = random.Random(f"data/{cfg.seed}/{self.d.rank}")
         self.gen = torch.Generator().manual_seed(cfg.seed * 1000 + self.d.rank)
-        self.stages: list[dict[str, Any]] = []  # config changes at resumes (a run extended to more steps)
+        self.stages: list[
+            dict[str, Any]
+        ] = []  # config changes at resumes (a run extended to more steps)
         self.queue: list[list[Any]] = []  # length-bucketed batches of examples still to train on
         self.step = 0
         self.tokens = 0  # data tokens consumed, all ranks
@@ -131,15 +164,26 @@ class Trainer:
         own = self.model.state_dict()
         bad = sorted(k for k in own if k not in state or state[k].shape != own[k].shape)
         if bad or set(state) - set(own):
-            raise ConfigError(f"{path}: weights do not fit this model ({(bad or sorted(set(state) - set(own)))[:3]})")
+            raise ConfigError(
+                f"{path}: weights do not fit this model ({(bad or sorted(set(state) - set(own)))[:3]})"
+            )
         self.model.load_state_dict({k: v.to(own[k].dtype) for k, v in state.items()})
 
     # ---- state ----------------------------------------------------------------------------------
     def state(self) -> dict[str, Any]:
-        return {"model": self.model.state_dict(), "opt": self.opt.state_dict(), "step": self.step,
-                "tokens": self.tokens, "fwd_tokens": self.fwd_tokens, "elapsed": self.elapsed,
-                "rng": self.rng.getstate(), "gen": self.gen.get_state(), "queue": self.queue, "stages": self.stages,
-                "config": self.cfg.to_dict()}
+        return {
+            "model": self.model.state_dict(),
+            "opt": self.opt.state_dict(),
+            "step": self.step,
+            "tokens": self.tokens,
+            "fwd_tokens": self.fwd_tokens,
+            "elapsed": self.elapsed,
+            "rng": self.rng.getstate(),
+            "gen": self.gen.get_state(),
+            "queue": self.queue,
+            "stages": self.stages,
+            "config": self.cfg.to_dict(),
+        }
 
     def save_state(self) -> None:
         if self.d.world > 1:  # every rank's data stream position differs; keep one file per rank
@@ -155,20 +199,48 @@ class Trainer:
         s = torch.load(path, map_location=self.device, weights_only=False)
         self.model.load_state_dict(s["model"])
         self.opt.load_state_dict(s["opt"])
-        self.step, self.tokens, self.fwd_tokens, self.elapsed = s["step"], s["tokens"], s["fwd_tokens"], s["elapsed"]
+        self.step, self.tokens, self.fwd_tokens, self.elapsed = (
+            s["step"],
+            s["tokens"],
+            s["fwd_tokens"],
+            s["elapsed"],
+        )
         self.rng.setstate(s["rng"])
         self.gen.set_state(s["gen"])
         self.queue = s["queue"]
-        volatile = {"threads", "time_limit", "stop_at", "resume", "eval_every", "eval_limit", "log_every", "ckpt_every"}
-        changed = {k: [s["config"].get(k), v] for k, v in self.cfg.to_dict().items()
-                   if k not in volatile and s["config"].get(k) != v}
-        self.stages = s.get("stages", []) + ([{"step": self.step, "changed": changed}] if changed else [])
+        volatile = {
+            "threads",
+            "time_limit",
+            "stop_at",
+            "resume",
+            "eval_every",
+            "eval_limit",
+            "log_every",
+            "ckpt_every",
+        }
+        changed = {
+            k: [s["config"].get(k), v]
+            for k, v in self.cfg.to_dict().items()
+            if k not in volatile and s["config"].get(k) != v
+        }
+        self.stages = s.get("stages", []) + (
+            [{"step": self.step, "changed": changed}] if changed else []
+        )
 
     def export(self, name: str) -> Path:
-        extra = {"train_config": self.cfg.to_dict(),
-                 "train_state": {"step": self.step, "tokens": self.tokens, "fwd_tokens": self.fwd_tokens,
-                                 "seconds": round(self.elapsed, 1), "stages": self.stages}}
-        return save_checkpoint(self.model, self.tok, self.out / name, dtype=self.cfg.save_dtype, extra=extra)
+        extra = {
+            "train_config": self.cfg.to_dict(),
+            "train_state": {
+                "step": self.step,
+                "tokens": self.tokens,
+                "fwd_tokens": self.fwd_tokens,
+                "seconds": round(self.elapsed, 1),
+                "stages": self.stages,
+            },
+        }
+        return save_checkpoint(
+            self.model, self.tok, self.out / name, dtype=self.cfg.save_dtype, extra=extra
+        )
 
     def log(self, rec: dict[str, Any]) -> None:
         if self.d.main:
@@ -183,14 +255,19 @@ class Trainer:
             per_rank = max(1, self.cfg.batch_size // self.d.world)
             pool = [self.mix.sample(self.rng) for _ in range(per_rank * self.cfg.bucket)]
             pool.sort(key=lambda e: len(e.prompt) + len(e.answer))
-            self.queue = [pool[i:i + per_rank] for i in range(0, len(pool), per_rank)]
+            self.queue = [pool[i : i + per_rank] for i in range(0, len(pool), per_rank)]
             self.rng.shuffle(self.queue)
         return self.queue.pop()
 
     def train_step(self) -> tuple[float, int, int]:
         cfg = self.cfg
-        batch = collate(self.next_examples(), cfg.block_size, self.tok.pad_id or 0, self.tok.eos_id or 1,
-                        self.pad_answers)
+        batch = collate(
+            self.next_examples(),
+            cfg.block_size,
+            self.tok.pad_id or 0,
+            self.tok.eos_id or 1,
+            self.pad_answers,
+        )
         if self.device.type != "cpu":
             for k in ("ids", "answer", "valid", "prompt_len", "content_len"):
                 setattr(batch, k, getattr(batch, k).to(self.device))
@@ -234,9 +311,15 @@ class Trainer:
             losses.append(loss)
             if self.step % cfg.log_every == 0 or self.step == cfg.steps:
                 dt = time.perf_counter() - t_last
-                rec = {"step": self.step, "tokens": self.tokens, "loss": round(sum(losses) / len(losses), 4),
-                       "lr": lr_at(self.step - 1, cfg), "tok_s": round(tok_last * self.d.world / dt),
-                       "fwd_tok_s": round(fwd_last * self.d.world / dt), "elapsed": round(self.elapsed, 1)}
+                rec = {
+                    "step": self.step,
+                    "tokens": self.tokens,
+                    "loss": round(sum(losses) / len(losses), 4),
+                    "lr": lr_at(self.step - 1, cfg),
+                    "tok_s": round(tok_last * self.d.world / dt),
+                    "fwd_tok_s": round(fwd_last * self.d.world / dt),
+                    "elapsed": round(self.elapsed, 1),
+                }
                 self.log(rec)
                 if bar is not None:
                     bar.set_postfix(loss=rec["loss"], tok_s=rec["tok_s"])
@@ -248,14 +331,25 @@ class Trainer:
                 stopped = True
             if self.step % cfg.ckpt_every == 0 or stopped:
                 self.save_state()
-            if self.d.main and cfg.eval_every and (self.step % cfg.eval_every == 0 or self.step == cfg.steps):
+            if (
+                self.d.main
+                and cfg.eval_every
+                and (self.step % cfg.eval_every == 0 or self.step == cfg.steps)
+            ):
                 acc = self.evaluate()
                 self.export(f"step_{self.step}")
-                rec = {"step": self.step, "tokens": self.tokens, "fwd_tokens": self.fwd_tokens,
-                       "elapsed": round(self.elapsed, 1), "eval": acc}
+                rec = {
+                    "step": self.step,
+                    "tokens": self.tokens,
+                    "fwd_tokens": self.fwd_tokens,
+                    "elapsed": round(self.elapsed, 1),
+                    "eval": acc,
+                }
                 self.log(rec)
                 print(json.dumps(rec), flush=True)
-                start += time.perf_counter() - start - self.elapsed  # evaluation time is not training time
+                start += (
+                    time.perf_counter() - start - self.elapsed
+                )  # evaluation time is not training time
                 t_last = time.perf_counter()
             if stopped:
                 break

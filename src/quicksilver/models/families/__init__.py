@@ -11,6 +11,7 @@ family's published settings, overlaid by a ``sampler_config.json`` in the checkp
 (same field names as the CLI flags), if there is one. ``Pipeline.sampler_config`` starts from
 these and applies each request's options on top.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -74,4 +75,11 @@ def generation_defaults(architecture: str, path: str | Path | None = None) -> di
 
 from . import dream, llada, llada_moe, qwen_block  # noqa: E402,F401  (registers the families)
 
-__all__ = ["Family", "FAMILIES", "BY_ARCHITECTURE", "register_family", "family_of", "generation_defaults"]
+__all__ = [
+    "Family",
+    "FAMILIES",
+    "BY_ARCHITECTURE",
+    "register_family",
+    "family_of",
+    "generation_defaults",
+]

@@ -3,25 +3,28 @@
 Every failure here is a ``CheckpointError`` with a one-line message naming the file and the field,
 so a malformed checkpoint never ends in a traceback.
 """
+
 from __future__ import annotations
 
 import json
 import re
+from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
-from typing import Any, Callable, Iterable, Sequence
+from typing import Any
 
 import torch
-from tokenizers import AddedToken, Regex
+from tokenizers import AddedToken, Regex, decoders, models, normalizers, pre_tokenizers
 from tokenizers import Tokenizer as FastTokenizer
-from tokenizers import decoders, models, normalizers, pre_tokenizers
 
 from ...errors import CheckpointError, ConfigError
 from ...tokenizer import Tokenizer
 from ..config import ModelConfig
 
 # The Qwen2 / Qwen2.5 pre-tokenizer pattern (GPT-4-like, single digits), used with byte-level BPE.
-QWEN2_PATTERN = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*"
-                 r"|\s*[\r\n]+|\s+(?!\S)|\s+")
+QWEN2_PATTERN = (
+    r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*"
+    r"|\s*[\r\n]+|\s+(?!\S)|\s+"
+)
 
 _MISSING = object()
 
@@ -38,7 +41,9 @@ class Fields:
             if k in self.cj and self.cj[k] is not None:
                 return k, self.cj[k]
         if default is _MISSING:
-            raise CheckpointError(f"{self.path}/config.json: missing {keys[0]!r} (needed for {self.family})")
+            raise CheckpointError(
+                f"{self.path}/config.json: missing {keys[0]!r} (needed for {self.family})"
+            )
         return keys[0], default
 
     def int(self, key: str | Sequence[str], default: Any = _MISSING) -> Any:
@@ -78,7 +83,9 @@ class Fields:
         k, v = self._get(key, default)
         vals = v if isinstance(v, list) else [v]
         if not all(isinstance(i, int) and not isinstance(i, bool) for i in vals):
-            raise CheckpointError(f"{self.path}/config.json: {k!r} must be a token id or a list of ids, got {v!r}")
+            raise CheckpointError(
+                f"{self.path}/config.json: {k!r} must be a token id or a list of ids, got {v!r}"
+            )
         return list(vals)
 
 
@@ -90,7 +97,9 @@ def make_config(path: Path, **kwargs: Any) -> ModelConfig:
         raise CheckpointError(f"{path}/config.json: {e}") from None
 
 
-def rename(state: dict[str, torch.Tensor], rules: Iterable[tuple[str, str]]) -> dict[str, torch.Tensor]:
+def rename(
+    state: dict[str, torch.Tensor], rules: Iterable[tuple[str, str]]
+) -> dict[str, torch.Tensor]:
     """Apply the first matching ``(regex, replacement)`` to every name; names no rule matches are kept
     (``build_model`` then reports them as unexpected)."""
     compiled = [(re.compile(p), r) for p, r in rules]
@@ -154,13 +163,16 @@ def with_roles(tok: Tokenizer, roles: dict[str, str], stop_tokens: Sequence[str]
     return Tokenizer(tok.fast, cfg)
 
 
-def fast_tokenizer_loader(roles: dict[str, str], stop_tokens: Sequence[str] = ()
-                          ) -> Callable[[Path, dict], Tokenizer]:
+def fast_tokenizer_loader(
+    roles: dict[str, str], stop_tokens: Sequence[str] = ()
+) -> Callable[[Path, dict], Tokenizer]:
     """A tokenizer loader for families that ship ``tokenizer.json`` (with vocab/merges fallback)."""
+
     def load(path: Path, cj: dict) -> Tokenizer:
         if (path / "tokenizer.json").is_file() or not (path / "vocab.json").is_file():
             return with_roles(Tokenizer.from_dir(path), roles, stop_tokens)
         return with_roles(bpe_tokenizer_from_vocab(path), roles, stop_tokens)
+
     return load
 
 
@@ -188,18 +200,26 @@ def bpe_tokenizer_from_vocab(path: Path, pattern: str = QWEN2_PATTERN) -> Tokeni
             a, b = line.split(" ")
             merges.append((a, b))
     except (json.JSONDecodeError, UnicodeDecodeError, ValueError) as e:
-        raise CheckpointError(f"{path}: malformed vocab.json / merges.txt ({str(e).splitlines()[0]})") from None
+        raise CheckpointError(
+            f"{path}: malformed vocab.json / merges.txt ({str(e).splitlines()[0]})"
+        ) from None
     if not isinstance(vocab, dict) or not all(isinstance(i, int) for i in vocab.values()):
         raise CheckpointError(f"{vj}: expected a JSON object of token -> id")
     try:
-        fast = FastTokenizer(models.BPE(vocab=vocab, merges=merges, fuse_unk=False, byte_fallback=False))
+        fast = FastTokenizer(
+            models.BPE(vocab=vocab, merges=merges, fuse_unk=False, byte_fallback=False)
+        )
     except Exception as e:  # tokenizers raises plain Exception on bad merges
-        raise CheckpointError(f"{path}: vocab.json and merges.txt do not form a BPE ({e})") from None
+        raise CheckpointError(
+            f"{path}: vocab.json and merges.txt do not form a BPE ({e})"
+        ) from None
     fast.normalizer = normalizers.NFC()
-    fast.pre_tokenizer = pre_tokenizers.Sequence([
-        pre_tokenizers.Split(Regex(pattern), behavior="isolated", invert=False),
-        pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False),
-    ])
+    fast.pre_tokenizer = pre_tokenizers.Sequence(
+        [
+            pre_tokenizers.Split(Regex(pattern), behavior="isolated", invert=False),
+            pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False),
+        ]
+    )
     fast.decoder = decoders.ByteLevel()
     cfg = _read_tokenizer_config(path)
     declared: dict[int, tuple[str, bool]] = {}
@@ -214,8 +234,10 @@ def bpe_tokenizer_from_vocab(path: Path, pattern: str = QWEN2_PATTERN) -> Tokeni
         tok = AddedToken(content, special=special, normalized=False)
         (fast.add_special_tokens if special else fast.add_tokens)([tok])
         if fast.token_to_id(content) != i:
-            raise CheckpointError(f"{path}: added token {content!r} is declared at id {i} but the vocabulary "
-                                  f"puts it at {fast.token_to_id(content)}")
+            raise CheckpointError(
+                f"{path}: added token {content!r} is declared at id {i} but the vocabulary "
+                f"puts it at {fast.token_to_id(content)}"
+            )
     if not cfg.get("chat_template") and (path / "chat_template.jinja").is_file():
         cfg["chat_template"] = (path / "chat_template.jinja").read_text()
     from jinja2 import TemplateError
@@ -223,7 +245,9 @@ def bpe_tokenizer_from_vocab(path: Path, pattern: str = QWEN2_PATTERN) -> Tokeni
     try:
         return Tokenizer(fast, cfg)
     except TemplateError as e:
-        raise CheckpointError(f"{path}/tokenizer_config.json: chat template does not compile ({e})") from None
+        raise CheckpointError(
+            f"{path}/tokenizer_config.json: chat template does not compile ({e})"
+        ) from None
 
 
 def qwen_config(path: Path, cj: dict, family: str, **fixed: Any) -> ModelConfig:
@@ -231,17 +255,28 @@ def qwen_config(path: Path, cj: dict, family: str, **fixed: Any) -> ModelConfig:
     family's ``fixed`` choices (attention pattern, shift, bias, mask id, ...)."""
     f = Fields(path, cj, family)
     if cj.get("rope_scaling"):
-        raise CheckpointError(f"{path}/config.json: rope_scaling {cj['rope_scaling']!r} is not supported")
+        raise CheckpointError(
+            f"{path}/config.json: rope_scaling {cj['rope_scaling']!r} is not supported"
+        )
     if cj.get("use_sliding_window"):
         raise CheckpointError(f"{path}/config.json: sliding-window attention is not supported")
     n_heads = f.int("num_attention_heads")
     eos = f.ids("eos_token_id")
     kwargs: dict[str, Any] = dict(
-        vocab_size=f.int("vocab_size"), d_model=f.int("hidden_size"), n_layers=f.int("num_hidden_layers"),
-        n_heads=n_heads, n_kv_heads=f.int("num_key_value_heads", n_heads), head_dim=f.int("head_dim", None),
-        mlp_hidden=f.int("intermediate_size"), max_seq_len=f.int("max_position_embeddings", 32768),
-        rope_theta=f.float("rope_theta", 10000.0), norm_eps=f.float("rms_norm_eps", 1e-6),
-        tie_embeddings=f.bool("tie_word_embeddings", False), eos_token_ids=eos,
-        pad_token_id=f.int("pad_token_id", eos[0]), architecture=cj["architectures"][0])
+        vocab_size=f.int("vocab_size"),
+        d_model=f.int("hidden_size"),
+        n_layers=f.int("num_hidden_layers"),
+        n_heads=n_heads,
+        n_kv_heads=f.int("num_key_value_heads", n_heads),
+        head_dim=f.int("head_dim", None),
+        mlp_hidden=f.int("intermediate_size"),
+        max_seq_len=f.int("max_position_embeddings", 32768),
+        rope_theta=f.float("rope_theta", 10000.0),
+        norm_eps=f.float("rms_norm_eps", 1e-6),
+        tie_embeddings=f.bool("tie_word_embeddings", False),
+        eos_token_ids=eos,
+        pad_token_id=f.int("pad_token_id", eos[0]),
+        architecture=cj["architectures"][0],
+    )
     kwargs.update(fixed)
     return make_config(path, **kwargs)

@@ -10,6 +10,7 @@ Decoding as published (``diffusion_generate``): the whole canvas at once, one to
 ``alg`` = ``entropy`` (README) — our ``entropy`` policy; ``maskgit_plus`` maps to
 ``low_confidence`` and ``topk_margin`` to ``margin`` (see ``DREAM_ALGORITHMS``).
 """
+
 from __future__ import annotations
 
 from pathlib import Path
@@ -28,24 +29,39 @@ CONTEXT = 2048  # "context length (input+output) of Dream currently is 2048" (HK
 WHOLE_CANVAS = CONTEXT  # a block at least as long as any canvas: no semi-AR blocks
 
 # Dream's diffusion_generate ``alg`` -> our unmasking policy.
-DREAM_ALGORITHMS = {"maskgit_plus": "low_confidence", "topk_margin": "margin", "entropy": "entropy",
-                    "origin": "random"}
+DREAM_ALGORITHMS = {
+    "maskgit_plus": "low_confidence",
+    "topk_margin": "margin",
+    "entropy": "entropy",
+    "origin": "random",
+}
 
 
 def load_dream(path: Path, cj: dict) -> tuple[ModelConfig, dict[str, torch.Tensor]]:
     f = Fields(path, cj, "Dream")
-    cfg = qwen_config(path, cj, "Dream", qkv_bias=True, attention="bidirectional", logit_shift=True,
-                      max_seq_len=min(CONTEXT, f.int("max_position_embeddings", CONTEXT)),
-                      mask_token_id=token_id(path, f, "mask_token_id", MASK_TOKEN, MASK_ID))
+    cfg = qwen_config(
+        path,
+        cj,
+        "Dream",
+        qkv_bias=True,
+        attention="bidirectional",
+        logit_shift=True,
+        max_seq_len=min(CONTEXT, f.int("max_position_embeddings", CONTEXT)),
+        mask_token_id=token_id(path, f, "mask_token_id", MASK_TOKEN, MASK_ID),
+    )
     return cfg, read_safetensors(path)  # Qwen2 names are our names
 
 
-DREAM = register_family(Family(
-    name="dream",
-    architectures=("DreamModel",),
-    load=load_dream,
-    tokenizer=fast_tokenizer_loader({"mask_token": MASK_TOKEN, "bos_token": BOS_TOKEN}, [EOT_TOKEN]),
-    defaults={"policy": "entropy", "block_length": WHOLE_CANVAS, "temperature": 0.0},
-    checkpoints=("Dream-org/Dream-v0-Base-7B", "Dream-org/Dream-v0-Instruct-7B"),
-    doc="bidirectional masked diffusion, Qwen2.5-shaped, logits shifted by one",
-))
+DREAM = register_family(
+    Family(
+        name="dream",
+        architectures=("DreamModel",),
+        load=load_dream,
+        tokenizer=fast_tokenizer_loader(
+            {"mask_token": MASK_TOKEN, "bos_token": BOS_TOKEN}, [EOT_TOKEN]
+        ),
+        defaults={"policy": "entropy", "block_length": WHOLE_CANVAS, "temperature": 0.0},
+        checkpoints=("Dream-org/Dream-v0-Base-7B", "Dream-org/Dream-v0-Instruct-7B"),
+        doc="bidirectional masked diffusion, Qwen2.5-shaped, logits shifted by one",
+    )
+)

@@ -7,6 +7,7 @@ where the real one is sharded), tokenizer files in the family's format (``tokeni
 and a chat template — at a toy size with random weights. Nothing here is upstream code: names,
 keys and token strings are the facts of shared/reference/model_formats.md.
 """
+
 from __future__ import annotations
 
 import json
@@ -15,9 +16,8 @@ from typing import Any
 
 import torch
 from safetensors.torch import save_file
-from tokenizers import AddedToken, Regex
+from tokenizers import AddedToken, Regex, decoders, models, normalizers, pre_tokenizers
 from tokenizers import Tokenizer as FastTokenizer
-from tokenizers import decoders, models, normalizers, pre_tokenizers
 
 from .common import QWEN2_PATTERN
 
@@ -28,24 +28,33 @@ LLADA_TEMPLATE = (
     "{% set loop_messages = messages %}{% for message in loop_messages %}{% set content = "
     "'<|start_header_id|>' + message['role'] + '<|end_header_id|>\\n\\n'+ message['content'] | trim + "
     "'<|eot_id|>' %}{% if loop.index0 == 0 %}{% set content = bos_token + content %}{% endif %}"
-    "{{ content }}{% endfor %}{{ '<|start_header_id|>assistant<|end_header_id|>\\n\\n' }}")
+    "{{ content }}{% endfor %}{{ '<|start_header_id|>assistant<|end_header_id|>\\n\\n' }}"
+)
 # ChatML with the Qwen2.5 default system prompt (Dream, Fast-dLLM v2, SDAR), tools left out.
 CHATML_TEMPLATE = (
     "{%- if messages[0]['role'] == 'system' %}{{- '<|im_start|>system\\n' + messages[0]['content'] + "
     "'<|im_end|>\\n' }}{%- else %}{{- '<|im_start|>system\\nYou are a helpful assistant.<|im_end|>\\n' }}"
     "{%- endif %}{%- for message in messages %}{%- if not (message['role'] == 'system' and loop.first) %}"
     "{{- '<|im_start|>' + message['role'] + '\\n' + message['content'] + '<|im_end|>\\n' }}{%- endif %}"
-    "{%- endfor %}{%- if add_generation_prompt %}{{- '<|im_start|>assistant\\n' }}{%- endif %}")
+    "{%- endfor %}{%- if add_generation_prompt %}{{- '<|im_start|>assistant\\n' }}{%- endif %}"
+)
 # The Ling / LLaDA-MoE / LLaDA2 role format (model_formats.md §3.1).
 ROLE_TEMPLATE = (
     "{%- for m in messages -%}{{- '<role>' + {'system': 'SYSTEM', 'user': 'HUMAN', 'assistant': 'ASSISTANT'}"
     "[m['role']] + '</role>' + m['content'] + '<|role_end|>' -}}{%- endfor -%}"
-    "{%- if add_generation_prompt -%}{{- '<role>ASSISTANT</role>' -}}{%- endif -%}")
+    "{%- if add_generation_prompt -%}{{- '<role>ASSISTANT</role>' -}}{%- endif -%}"
+)
 
 # Special tokens per family, in id order after the byte-level base vocabulary.
 SPECIALS: dict[str, list[str]] = {
-    "llada": ["<|startoftext|>", "<|endoftext|>", "<|mdm_mask|>", "<|start_header_id|>", "<|end_header_id|>",
-              "<|eot_id|>"],
+    "llada": [
+        "<|startoftext|>",
+        "<|endoftext|>",
+        "<|mdm_mask|>",
+        "<|start_header_id|>",
+        "<|end_header_id|>",
+        "<|eot_id|>",
+    ],
     "dream": ["<|endoftext|>", "<|im_start|>", "<|im_end|>", "<|beginoftext|>", "<|mask|>"],
     "fast_dllm_v2": ["<|endoftext|>", "<|im_start|>", "<|im_end|>", "|<MASK>|"],
     "sdar": ["<|endoftext|>", "<|im_start|>", "<|im_end|>", "<|MASK|>"],
@@ -66,12 +75,17 @@ def _byte_vocab() -> tuple[dict[str, int], list[tuple[str, str]]]:
     return vocab, merges
 
 
-def _fast(vocab: dict[str, int], merges: list[tuple[str, str]], specials: list[str]) -> FastTokenizer:
+def _fast(
+    vocab: dict[str, int], merges: list[tuple[str, str]], specials: list[str]
+) -> FastTokenizer:
     fast = FastTokenizer(models.BPE(vocab=vocab, merges=merges, fuse_unk=False))
     fast.normalizer = normalizers.NFC()
-    fast.pre_tokenizer = pre_tokenizers.Sequence([
-        pre_tokenizers.Split(Regex(QWEN2_PATTERN), behavior="isolated", invert=False),
-        pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)])
+    fast.pre_tokenizer = pre_tokenizers.Sequence(
+        [
+            pre_tokenizers.Split(Regex(QWEN2_PATTERN), behavior="isolated", invert=False),
+            pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False),
+        ]
+    )
     fast.decoder = decoders.ByteLevel()
     fast.add_special_tokens([AddedToken(t, special=True, normalized=False) for t in specials])
     return fast
@@ -82,36 +96,84 @@ def write_tokenizer(family: str, out: Path) -> dict[str, int]:
     vocab, merges = _byte_vocab()
     specials = SPECIALS[family]
     ids = {t: len(vocab) + i for i, t in enumerate(specials)}
-    decoder = {str(i): {"content": t, "lstrip": False, "normalized": False, "rstrip": False, "single_word": False,
-                        "special": True} for t, i in ids.items()}
-    cfg: dict[str, Any] = {"added_tokens_decoder": decoder, "model_max_length": 4096, "clean_up_tokenization_spaces": False}
+    decoder = {
+        str(i): {
+            "content": t,
+            "lstrip": False,
+            "normalized": False,
+            "rstrip": False,
+            "single_word": False,
+            "special": True,
+        }
+        for t, i in ids.items()
+    }
+    cfg: dict[str, Any] = {
+        "added_tokens_decoder": decoder,
+        "model_max_length": 4096,
+        "clean_up_tokenization_spaces": False,
+    }
     if family == "llada":
-        cfg.update(tokenizer_class="PreTrainedTokenizerFast", bos_token="<|startoftext|>", eos_token="<|endoftext|>",
-                   pad_token="<|endoftext|>", add_bos_token=False, add_eos_token=False, chat_template=LLADA_TEMPLATE)
+        cfg.update(
+            tokenizer_class="PreTrainedTokenizerFast",
+            bos_token="<|startoftext|>",
+            eos_token="<|endoftext|>",
+            pad_token="<|endoftext|>",
+            add_bos_token=False,
+            add_eos_token=False,
+            chat_template=LLADA_TEMPLATE,
+        )
     elif family == "dream":
-        cfg.update(tokenizer_class="DreamTokenizer", bos_token="<|beginoftext|>", eos_token="<|endoftext|>",
-                   pad_token="<|endoftext|>", mask_token="<|mask|>", add_bos_token=False, errors="replace",
-                   additional_special_tokens=["<|beginoftext|>", "<|mask|>"], chat_template=CHATML_TEMPLATE,
-                   auto_map={"AutoTokenizer": ["tokenization_dream.DreamTokenizer", None]})
+        cfg.update(
+            tokenizer_class="DreamTokenizer",
+            bos_token="<|beginoftext|>",
+            eos_token="<|endoftext|>",
+            pad_token="<|endoftext|>",
+            mask_token="<|mask|>",
+            add_bos_token=False,
+            errors="replace",
+            additional_special_tokens=["<|beginoftext|>", "<|mask|>"],
+            chat_template=CHATML_TEMPLATE,
+            auto_map={"AutoTokenizer": ["tokenization_dream.DreamTokenizer", None]},
+        )
     elif family == "fast_dllm_v2":
-        cfg.update(tokenizer_class="Qwen2Tokenizer", eos_token="<|im_end|>", pad_token="<|im_end|>", bos_token=None)
+        cfg.update(
+            tokenizer_class="Qwen2Tokenizer",
+            eos_token="<|im_end|>",
+            pad_token="<|im_end|>",
+            bos_token=None,
+        )
     elif family in ("sdar", "sdar_moe"):
-        cfg.update(tokenizer_class="Qwen2Tokenizer", eos_token="<|im_end|>", pad_token="<|endoftext|>",
-                   bos_token=None, chat_template=CHATML_TEMPLATE)
+        cfg.update(
+            tokenizer_class="Qwen2Tokenizer",
+            eos_token="<|im_end|>",
+            pad_token="<|endoftext|>",
+            bos_token=None,
+            chat_template=CHATML_TEMPLATE,
+        )
     else:  # llada_moe, llada2
-        cfg.update(tokenizer_class="PreTrainedTokenizerFast", eos_token="<|endoftext|>", pad_token="<|endoftext|>",
-                   mask_token="<|mask|>", chat_template=ROLE_TEMPLATE)
+        cfg.update(
+            tokenizer_class="PreTrainedTokenizerFast",
+            eos_token="<|endoftext|>",
+            pad_token="<|endoftext|>",
+            mask_token="<|mask|>",
+            chat_template=ROLE_TEMPLATE,
+        )
     if family in ("dream", "fast_dllm_v2"):  # vocab.json + merges.txt only (no tokenizer.json)
         (out / "vocab.json").write_text(json.dumps(vocab, ensure_ascii=False))
-        (out / "merges.txt").write_text("#version: 0.2\n" + "".join(f"{a} {b}\n" for a, b in merges))
+        (out / "merges.txt").write_text(
+            "#version: 0.2\n" + "".join(f"{a} {b}\n" for a, b in merges)
+        )
         (out / "added_tokens.json").write_text(json.dumps(ids))
         if family == "fast_dllm_v2":
             (out / "chat_template.jinja").write_text(CHATML_TEMPLATE)
     else:
         _fast(vocab, merges, specials).save(str(out / "tokenizer.json"))
     (out / "tokenizer_config.json").write_text(json.dumps(cfg, indent=2, ensure_ascii=False))
-    (out / "special_tokens_map.json").write_text(json.dumps(
-        {k: cfg[k] for k in ("bos_token", "eos_token", "pad_token", "mask_token") if cfg.get(k)}))
+    (out / "special_tokens_map.json").write_text(
+        json.dumps(
+            {k: cfg[k] for k in ("bos_token", "eos_token", "pad_token", "mask_token") if cfg.get(k)}
+        )
+    )
     return ids
 
 
@@ -130,8 +192,11 @@ class _Rand:
 
 
 def _mlp(r: _Rand, prefix: str, C: int, F: int) -> dict[str, torch.Tensor]:
-    return {f"{prefix}.gate_proj.weight": r.w(F, C), f"{prefix}.up_proj.weight": r.w(F, C),
-            f"{prefix}.down_proj.weight": r.w(C, F)}
+    return {
+        f"{prefix}.gate_proj.weight": r.w(F, C),
+        f"{prefix}.up_proj.weight": r.w(F, C),
+        f"{prefix}.down_proj.weight": r.w(C, F),
+    }
 
 
 def _routed(r: _Rand, i: int, C: int, E: int, FE: int) -> dict[str, torch.Tensor]:
@@ -152,16 +217,18 @@ def _save(out: Path, state: dict[str, torch.Tensor], shards: int) -> None:
     weight_map: dict[str, str] = {}
     for s in range(shards):
         fname = f"model-{s + 1:05d}-of-{shards:05d}.safetensors"
-        part = {n: state[n] for n in names[s * per:(s + 1) * per]}
+        part = {n: state[n] for n in names[s * per : (s + 1) * per]}
         save_file(part, str(out / fname), metadata={"format": "pt"})
         weight_map.update({n: fname for n in part})
     total = sum(t.numel() * t.element_size() for t in state.values())
-    (out / "model.safetensors.index.json").write_text(json.dumps(
-        {"metadata": {"total_size": total}, "weight_map": weight_map}, indent=2))
+    (out / "model.safetensors.index.json").write_text(
+        json.dumps({"metadata": {"total_size": total}, "weight_map": weight_map}, indent=2)
+    )
 
 
-def _qwen_layers(r: _Rand, L: int, C: int, H: int, KV: int, hd: int, F: int, bias: bool, qk_norm: bool
-                 ) -> dict[str, torch.Tensor]:
+def _qwen_layers(
+    r: _Rand, L: int, C: int, H: int, KV: int, hd: int, F: int, bias: bool, qk_norm: bool
+) -> dict[str, torch.Tensor]:
     s: dict[str, torch.Tensor] = {}
     for i in range(L):
         p = f"model.layers.{i}"
@@ -197,68 +264,168 @@ def write_tiny(family: str, out: str | Path, seed: int = 0, **over: Any) -> Path
     shards = 1
     if family == "llada":
         cj: dict[str, Any] = {
-            "activation_type": "silu", "alibi": False, "alibi_bias_max": 8.0, "architectures": ["LLaDAModelLM"],
-            "attention_dropout": 0.0, "attention_layer_norm": False, "attention_layer_norm_with_affine": True,
-            "bias_for_layer_norm": False, "block_group_size": 1, "block_type": "llama", "d_model": C,
-            "embedding_dropout": 0.0, "embedding_size": V, "eos_token_id": ids["<|endoftext|>"],
-            "flash_attention": False, "include_bias": False, "include_qkv_bias": False, "init_device": "meta",
-            "init_fn": "mitchell", "init_std": 0.02, "input_emb_norm": False, "layer_norm_type": "rms",
-            "layer_norm_with_affine": True, "mask_token_id": ids["<|mdm_mask|>"], "max_sequence_length": 4096,
-            "mlp_hidden_size": F, "mlp_ratio": 4, "model_type": "llada", "multi_query_attention": None,
-            "n_heads": H, "n_kv_heads": KV, "n_layers": L, "pad_token_id": ids["<|endoftext|>"],
-            "precision": "amp_bf16", "residual_dropout": 0.0, "rms_norm_eps": 1e-05, "rope": True,
-            "rope_full_precision": True, "rope_theta": 500000.0, "scale_logits": False,
-            "transformers_version": "4.46.3", "use_cache": False, "vocab_size": V, "weight_tying": False}
+            "activation_type": "silu",
+            "alibi": False,
+            "alibi_bias_max": 8.0,
+            "architectures": ["LLaDAModelLM"],
+            "attention_dropout": 0.0,
+            "attention_layer_norm": False,
+            "attention_layer_norm_with_affine": True,
+            "bias_for_layer_norm": False,
+            "block_group_size": 1,
+            "block_type": "llama",
+            "d_model": C,
+            "embedding_dropout": 0.0,
+            "embedding_size": V,
+            "eos_token_id": ids["<|endoftext|>"],
+            "flash_attention": False,
+            "include_bias": False,
+            "include_qkv_bias": False,
+            "init_device": "meta",
+            "init_fn": "mitchell",
+            "init_std": 0.02,
+            "input_emb_norm": False,
+            "layer_norm_type": "rms",
+            "layer_norm_with_affine": True,
+            "mask_token_id": ids["<|mdm_mask|>"],
+            "max_sequence_length": 4096,
+            "mlp_hidden_size": F,
+            "mlp_ratio": 4,
+            "model_type": "llada",
+            "multi_query_attention": None,
+            "n_heads": H,
+            "n_kv_heads": KV,
+            "n_layers": L,
+            "pad_token_id": ids["<|endoftext|>"],
+            "precision": "amp_bf16",
+            "residual_dropout": 0.0,
+            "rms_norm_eps": 1e-05,
+            "rope": True,
+            "rope_full_precision": True,
+            "rope_theta": 500000.0,
+            "scale_logits": False,
+            "transformers_version": "4.46.3",
+            "use_cache": False,
+            "vocab_size": V,
+            "weight_tying": False,
+        }
         state["model.transformer.wte.weight"] = r.w(V, C, std=1.0)
         for i in range(L):
             p = f"model.transformer.blocks.{i}"
-            state.update({f"{p}.attn_norm.weight": r.norm(C), f"{p}.q_proj.weight": r.w(C, C),
-                          f"{p}.k_proj.weight": r.w(KV * hd, C), f"{p}.v_proj.weight": r.w(KV * hd, C),
-                          f"{p}.attn_out.weight": r.w(C, C), f"{p}.ff_norm.weight": r.norm(C),
-                          f"{p}.ff_proj.weight": r.w(F, C), f"{p}.up_proj.weight": r.w(F, C),
-                          f"{p}.ff_out.weight": r.w(C, F)})
+            state.update(
+                {
+                    f"{p}.attn_norm.weight": r.norm(C),
+                    f"{p}.q_proj.weight": r.w(C, C),
+                    f"{p}.k_proj.weight": r.w(KV * hd, C),
+                    f"{p}.v_proj.weight": r.w(KV * hd, C),
+                    f"{p}.attn_out.weight": r.w(C, C),
+                    f"{p}.ff_norm.weight": r.norm(C),
+                    f"{p}.ff_proj.weight": r.w(F, C),
+                    f"{p}.up_proj.weight": r.w(F, C),
+                    f"{p}.ff_out.weight": r.w(C, F),
+                }
+            )
         state["model.transformer.ln_f.weight"] = r.norm(C)
         state["model.transformer.ff_out.weight"] = r.w(V, C)
         shards = 2
-        (out / "generation_config.json").write_text(json.dumps(
-            {"bos_token_id": ids["<|startoftext|>"], "eos_token_id": ids["<|endoftext|>"]}))
+        (out / "generation_config.json").write_text(
+            json.dumps(
+                {"bos_token_id": ids["<|startoftext|>"], "eos_token_id": ids["<|endoftext|>"]}
+            )
+        )
     elif family in ("dream", "fast_dllm_v2"):
-        cj = {"attention_dropout": 0.0, "hidden_act": "silu", "hidden_size": C, "initializer_range": 0.02,
-              "intermediate_size": F, "max_position_embeddings": 4096, "max_window_layers": L,
-              "num_attention_heads": H, "num_hidden_layers": L, "num_key_value_heads": KV, "rms_norm_eps": 1e-06,
-              "rope_scaling": None, "rope_theta": 1000000.0, "sliding_window": None, "tie_word_embeddings": False,
-              "torch_dtype": "float32", "use_cache": True, "use_sliding_window": False, "vocab_size": V}
+        cj = {
+            "attention_dropout": 0.0,
+            "hidden_act": "silu",
+            "hidden_size": C,
+            "initializer_range": 0.02,
+            "intermediate_size": F,
+            "max_position_embeddings": 4096,
+            "max_window_layers": L,
+            "num_attention_heads": H,
+            "num_hidden_layers": L,
+            "num_key_value_heads": KV,
+            "rms_norm_eps": 1e-06,
+            "rope_scaling": None,
+            "rope_theta": 1000000.0,
+            "sliding_window": None,
+            "tie_word_embeddings": False,
+            "torch_dtype": "float32",
+            "use_cache": True,
+            "use_sliding_window": False,
+            "vocab_size": V,
+        }
         if family == "dream":
             eos = ids["<|endoftext|>"]
-            cj.update(architectures=["DreamModel"], model_type="Dream", bos_token_id=eos, eos_token_id=eos,
-                      pad_token_id=eos, mask_token_id=ids["<|mask|>"], use_mrope=False,
-                      auto_map={"AutoConfig": "configuration_dream.DreamConfig", "AutoModel": "modeling_dream.DreamModel"})
+            cj.update(
+                architectures=["DreamModel"],
+                model_type="Dream",
+                bos_token_id=eos,
+                eos_token_id=eos,
+                pad_token_id=eos,
+                mask_token_id=ids["<|mask|>"],
+                use_mrope=False,
+                auto_map={
+                    "AutoConfig": "configuration_dream.DreamConfig",
+                    "AutoModel": "modeling_dream.DreamModel",
+                },
+            )
             shards = 2
         else:
             eos = ids["<|im_end|>"]
-            cj.update(architectures=["Fast_dLLM_QwenForCausalLM"], model_type="Fast_dLLM_Qwen",
-                      bd_size=d.get("block", 4), conplemenrary_mask=True, bos_token_id=ids["<|endoftext|>"],
-                      eos_token_id=eos, pad_token_id=eos)
+            cj.update(
+                architectures=["Fast_dLLM_QwenForCausalLM"],
+                model_type="Fast_dLLM_Qwen",
+                bd_size=d.get("block", 4),
+                conplemenrary_mask=True,
+                bos_token_id=ids["<|endoftext|>"],
+                eos_token_id=eos,
+                pad_token_id=eos,
+            )
         state["model.embed_tokens.weight"] = r.w(V, C, std=1.0)
         state.update(_qwen_layers(r, L, C, H, KV, hd, F, bias=True, qk_norm=False))
         state["model.norm.weight"] = r.norm(C)
         state["lm_head.weight"] = r.w(V, C)
     elif family in ("sdar", "sdar_moe"):
         eos = ids["<|im_end|>"]
-        cj = {"architectures": ["SDARForCausalLM" if family == "sdar" else "SDARMoeForCausalLM"],
-              "model_type": "sdar" if family == "sdar" else "sdar_moe", "attention_bias": False, "head_dim": hd,
-              "hidden_act": "silu", "hidden_size": C, "intermediate_size": F, "max_position_embeddings": 4096,
-              "num_attention_heads": H, "num_hidden_layers": L, "num_key_value_heads": KV, "rms_norm_eps": 1e-06,
-              "rope_scaling": None, "rope_theta": 1000000.0, "tie_word_embeddings": False, "use_sliding_window": False,
-              "vocab_size": V, "bos_token_id": ids["<|endoftext|>"], "eos_token_id": eos,
-              "pad_token_id": ids["<|endoftext|>"], "block_size": d.get("block", 4), "torch_dtype": "float32"}
+        cj = {
+            "architectures": ["SDARForCausalLM" if family == "sdar" else "SDARMoeForCausalLM"],
+            "model_type": "sdar" if family == "sdar" else "sdar_moe",
+            "attention_bias": False,
+            "head_dim": hd,
+            "hidden_act": "silu",
+            "hidden_size": C,
+            "intermediate_size": F,
+            "max_position_embeddings": 4096,
+            "num_attention_heads": H,
+            "num_hidden_layers": L,
+            "num_key_value_heads": KV,
+            "rms_norm_eps": 1e-06,
+            "rope_scaling": None,
+            "rope_theta": 1000000.0,
+            "tie_word_embeddings": False,
+            "use_sliding_window": False,
+            "vocab_size": V,
+            "bos_token_id": ids["<|endoftext|>"],
+            "eos_token_id": eos,
+            "pad_token_id": ids["<|endoftext|>"],
+            "block_size": d.get("block", 4),
+            "torch_dtype": "float32",
+        }
         state["model.embed_tokens.weight"] = r.w(V, C, std=1.0)
         if family == "sdar":
             state.update(_qwen_layers(r, L, C, H, KV, hd, F, bias=False, qk_norm=True))
         else:
             E, K, FE = d.get("experts", 8), d.get("top_k", 2), d.get("expert_ffn", 32)
-            cj.update(num_experts=E, num_experts_per_tok=K, moe_intermediate_size=FE, norm_topk_prob=True,
-                      decoder_sparse_step=1, mlp_only_layers=[0], router_aux_loss_coef=0.001)
+            cj.update(
+                num_experts=E,
+                num_experts_per_tok=K,
+                moe_intermediate_size=FE,
+                norm_topk_prob=True,
+                decoder_sparse_step=1,
+                mlp_only_layers=[0],
+                router_aux_loss_coef=0.001,
+            )
             state.update(_qwen_layers(r, L, C, H, KV, hd, 0, bias=False, qk_norm=True))
             state.update(_mlp(r, "model.layers.0.mlp", C, F))
             for i in range(1, L):
@@ -266,17 +433,45 @@ def write_tiny(family: str, out: str | Path, seed: int = 0, **over: Any) -> Path
         state["model.norm.weight"] = r.norm(C)
         state["lm_head.weight"] = r.w(V, C)
     elif family == "llada_moe":
-        E, K, FE, FS = d.get("experts", 8), d.get("top_k", 2), d.get("expert_ffn", 32), d.get("shared_ffn", 48)
+        E, K, FE, FS = (
+            d.get("experts", 8),
+            d.get("top_k", 2),
+            d.get("expert_ffn", 32),
+            d.get("shared_ffn", 48),
+        )
         freq = [0] + [1] * (L - 1)
-        cj = {"architectures": ["LLaDAMoEModelLM"], "model_type": "llada", "attention_bias": False,
-              "attention_dropout": 0.0, "clip_qkv": None, "dense_intermediate_size": F,
-              "expert_intermediate_size": FE, "shared_expert_intermediate_size": FS, "hidden_act": "silu",
-              "hidden_size": C, "max_position_embeddings": 8192, "moe_layer_freq": freq,
-              "moe_router_enable_expert_bias": False, "norm_topk_prob": False, "num_attention_heads": H,
-              "num_experts": E, "num_experts_per_tok": K, "num_hidden_layers": L, "num_key_value_heads": KV,
-              "partial_rotary_factor": 1.0, "qk_layernorm": True, "rms_norm_eps": 1e-05, "rope_scaling": None,
-              "rope_theta": 50000.0, "router_aux_loss_coef": 0.01, "tie_word_embeddings": False, "vocab_size": V,
-              "eos_token_id": ids["<|endoftext|>"], "pad_token_id": ids["<|endoftext|>"], "torch_dtype": "float32"}
+        cj = {
+            "architectures": ["LLaDAMoEModelLM"],
+            "model_type": "llada",
+            "attention_bias": False,
+            "attention_dropout": 0.0,
+            "clip_qkv": None,
+            "dense_intermediate_size": F,
+            "expert_intermediate_size": FE,
+            "shared_expert_intermediate_size": FS,
+            "hidden_act": "silu",
+            "hidden_size": C,
+            "max_position_embeddings": 8192,
+            "moe_layer_freq": freq,
+            "moe_router_enable_expert_bias": False,
+            "norm_topk_prob": False,
+            "num_attention_heads": H,
+            "num_experts": E,
+            "num_experts_per_tok": K,
+            "num_hidden_layers": L,
+            "num_key_value_heads": KV,
+            "partial_rotary_factor": 1.0,
+            "qk_layernorm": True,
+            "rms_norm_eps": 1e-05,
+            "rope_scaling": None,
+            "rope_theta": 50000.0,
+            "router_aux_loss_coef": 0.01,
+            "tie_word_embeddings": False,
+            "vocab_size": V,
+            "eos_token_id": ids["<|endoftext|>"],
+            "pad_token_id": ids["<|endoftext|>"],
+            "torch_dtype": "float32",
+        }
         state["model.embed_tokens.weight"] = r.w(V, C, std=1.0)
         state.update(_qwen_layers(r, L, C, H, KV, hd, 0, bias=False, qk_norm=True))
         state.update(_mlp(r, "model.layers.0.mlp", C, F))
@@ -287,29 +482,61 @@ def write_tiny(family: str, out: str | Path, seed: int = 0, **over: Any) -> Path
         state["lm_head.weight"] = r.w(V, C)
     else:  # llada2
         E, K, FE, G, TG = d.get("experts", 8), d.get("top_k", 2), d.get("expert_ffn", 32), 4, 2
-        cj = {"architectures": ["LLaDA2MoeModelLM"], "model_type": "llada2_moe", "hidden_size": C,
-              "num_hidden_layers": L, "num_attention_heads": H, "num_key_value_heads": KV, "head_dim": hd,
-              "intermediate_size": F, "moe_intermediate_size": FE, "num_experts": E, "num_experts_per_tok": K,
-              "num_shared_experts": 1, "n_group": G, "topk_group": TG, "first_k_dense_replace": 1,
-              "routed_scaling_factor": 2.5, "score_function": "sigmoid", "norm_topk_prob": True,
-              "moe_router_enable_expert_bias": True, "use_qk_norm": True, "use_qkv_bias": False, "use_bias": False,
-              "partial_rotary_factor": 0.5, "rope_theta": 600000.0, "rms_norm_eps": 1e-06,
-              "max_position_embeddings": 4096, "vocab_size": V, "pad_token_id": ids["<|endoftext|>"],
-              "eos_token_id": ids["<|endoftext|>"], "tie_word_embeddings": False, "hidden_act": "silu",
-              "block_size": d.get("block", 4), "torch_dtype": "float32"}
+        cj = {
+            "architectures": ["LLaDA2MoeModelLM"],
+            "model_type": "llada2_moe",
+            "hidden_size": C,
+            "num_hidden_layers": L,
+            "num_attention_heads": H,
+            "num_key_value_heads": KV,
+            "head_dim": hd,
+            "intermediate_size": F,
+            "moe_intermediate_size": FE,
+            "num_experts": E,
+            "num_experts_per_tok": K,
+            "num_shared_experts": 1,
+            "n_group": G,
+            "topk_group": TG,
+            "first_k_dense_replace": 1,
+            "routed_scaling_factor": 2.5,
+            "score_function": "sigmoid",
+            "norm_topk_prob": True,
+            "moe_router_enable_expert_bias": True,
+            "use_qk_norm": True,
+            "use_qkv_bias": False,
+            "use_bias": False,
+            "partial_rotary_factor": 0.5,
+            "rope_theta": 600000.0,
+            "rms_norm_eps": 1e-06,
+            "max_position_embeddings": 4096,
+            "vocab_size": V,
+            "pad_token_id": ids["<|endoftext|>"],
+            "eos_token_id": ids["<|endoftext|>"],
+            "tie_word_embeddings": False,
+            "hidden_act": "silu",
+            "block_size": d.get("block", 4),
+            "torch_dtype": "float32",
+        }
         state["model.word_embeddings.weight"] = r.w(V, C, std=1.0)
         for i in range(L):
             p = f"model.layers.{i}"
-            state.update({f"{p}.input_layernorm.weight": r.norm(C), f"{p}.post_attention_layernorm.weight": r.norm(C),
-                          f"{p}.attention.query_key_value.weight": r.w((H + 2 * KV) * hd, C),
-                          f"{p}.attention.dense.weight": r.w(C, H * hd),
-                          f"{p}.attention.query_layernorm.weight": r.norm(hd),
-                          f"{p}.attention.key_layernorm.weight": r.norm(hd)})
+            state.update(
+                {
+                    f"{p}.input_layernorm.weight": r.norm(C),
+                    f"{p}.post_attention_layernorm.weight": r.norm(C),
+                    f"{p}.attention.query_key_value.weight": r.w((H + 2 * KV) * hd, C),
+                    f"{p}.attention.dense.weight": r.w(C, H * hd),
+                    f"{p}.attention.query_layernorm.weight": r.norm(hd),
+                    f"{p}.attention.key_layernorm.weight": r.norm(hd),
+                }
+            )
             if i == 0:
                 state.update(_mlp(r, f"{p}.mlp", C, F))
                 continue
             state[f"{p}.mlp.gate.weight"] = r.w(E, C, std=0.5)
-            state[f"{p}.mlp.gate.expert_bias"] = r.uniform(E, 0.1)  # >= 0: see tests/test_parity_moe.py
+            state[f"{p}.mlp.gate.expert_bias"] = r.uniform(
+                E, 0.1
+            )  # >= 0: see tests/test_parity_moe.py
             for e in range(E):
                 state.update(_mlp(r, f"{p}.mlp.experts.{e}", C, FE))
             state.update(_mlp(r, f"{p}.mlp.shared_experts", C, FE))

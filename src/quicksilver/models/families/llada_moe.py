@@ -18,6 +18,7 @@ as published: threshold 0.95 within each block, at least one token per step.
 
 Both: mask ``<|mask|>`` 156895, eos = pad 156892, end of turn ``<|role_end|>``.
 """
+
 from __future__ import annotations
 
 from pathlib import Path
@@ -40,20 +41,35 @@ def _common(path: Path, cj: dict, f: Fields) -> dict:
     n_heads = f.int("num_attention_heads")
     eos = f.ids("eos_token_id", EOS_ID)
     if cj.get("rope_scaling"):
-        raise CheckpointError(f"{path}/config.json: rope_scaling {cj['rope_scaling']!r} is not supported")
+        raise CheckpointError(
+            f"{path}/config.json: rope_scaling {cj['rope_scaling']!r} is not supported"
+        )
     prf = f.float("partial_rotary_factor", 1.0)  # a factor outside (0, 1] is refused by ModelConfig
-    return dict(vocab_size=f.int("vocab_size"), d_model=f.int("hidden_size"), n_layers=f.int("num_hidden_layers"),
-                n_heads=n_heads, n_kv_heads=f.int("num_key_value_heads", n_heads), head_dim=f.int("head_dim", None),
-                max_seq_len=f.int("max_position_embeddings", 8192), rope_theta=f.float("rope_theta", 10000.0),
-                norm_eps=f.float("rms_norm_eps", 1e-6), tie_embeddings=f.bool("tie_word_embeddings", False),
-                partial_rotary_factor=prf, eos_token_ids=eos, pad_token_id=f.int("pad_token_id", eos[0]),
-                mask_token_id=token_id(path, f, "mask_token_id", MASK_TOKEN, MASK_ID),
-                architecture=cj["architectures"][0])
+    return dict(
+        vocab_size=f.int("vocab_size"),
+        d_model=f.int("hidden_size"),
+        n_layers=f.int("num_hidden_layers"),
+        n_heads=n_heads,
+        n_kv_heads=f.int("num_key_value_heads", n_heads),
+        head_dim=f.int("head_dim", None),
+        max_seq_len=f.int("max_position_embeddings", 8192),
+        rope_theta=f.float("rope_theta", 10000.0),
+        norm_eps=f.float("rms_norm_eps", 1e-6),
+        tie_embeddings=f.bool("tie_word_embeddings", False),
+        partial_rotary_factor=prf,
+        eos_token_ids=eos,
+        pad_token_id=f.int("pad_token_id", eos[0]),
+        mask_token_id=token_id(path, f, "mask_token_id", MASK_TOKEN, MASK_ID),
+        architecture=cj["architectures"][0],
+    )
 
 
 # ---- LLaDA-MoE --------------------------------------------------------------------------------
 LLADA_MOE_RENAMES = [
-    (r"model\.layers\.(\d+)\.shared_expert\.(\w+)\.weight", r"model.layers.\1.mlp.shared_experts.\2.weight"),
+    (
+        r"model\.layers\.(\d+)\.shared_expert\.(\w+)\.weight",
+        r"model.layers.\1.mlp.shared_experts.\2.weight",
+    ),
     (r"model\.layers\.(\d+)\.mlp\.expert_bias", r"model.layers.\1.mlp.gate.expert_bias"),
 ]
 
@@ -65,26 +81,52 @@ def load_llada_moe(path: Path, cj: dict) -> tuple[ModelConfig, dict[str, torch.T
     if freq is None:
         freq = [1] * n_layers
     if len(freq) != n_layers or any(v not in (0, 1) for v in freq):
-        raise CheckpointError(f"{path}/config.json: moe_layer_freq must list 0 or 1 for each of {n_layers} layers")
+        raise CheckpointError(
+            f"{path}/config.json: moe_layer_freq must list 0 or 1 for each of {n_layers} layers"
+        )
     shared = f.int("shared_expert_intermediate_size", None)
-    moe = MoEConfig(n_experts=f.int("num_experts"), top_k=f.int("num_experts_per_tok"),
-                    expert_hidden=f.int("expert_intermediate_size"), shared_hidden=shared if shared and shared > 0 else 0,
-                    layers=[i for i, v in enumerate(freq) if v], score="softmax", norm_topk=False,
-                    expert_bias="weight" if f.bool("moe_router_enable_expert_bias", False) else None)
+    moe = MoEConfig(
+        n_experts=f.int("num_experts"),
+        top_k=f.int("num_experts_per_tok"),
+        expert_hidden=f.int("expert_intermediate_size"),
+        shared_hidden=shared if shared and shared > 0 else 0,
+        layers=[i for i, v in enumerate(freq) if v],
+        score="softmax",
+        norm_topk=False,
+        expert_bias="weight" if f.bool("moe_router_enable_expert_bias", False) else None,
+    )
     attn_bias = bool(f.bool("attention_bias", False))
     dense = f.int("dense_intermediate_size", None)
-    cfg = make_config(path, **_common(path, cj, f), mlp_hidden=dense if dense and dense > 0 else moe.expert_hidden,
-                      qkv_bias=attn_bias, o_bias=attn_bias, qk_norm=bool(f.bool("qk_layernorm", False)),
-                      clip_qkv=f.float("clip_qkv", None), attention="bidirectional", logit_shift=False, moe=moe)
+    cfg = make_config(
+        path,
+        **_common(path, cj, f),
+        mlp_hidden=dense if dense and dense > 0 else moe.expert_hidden,
+        qkv_bias=attn_bias,
+        o_bias=attn_bias,
+        qk_norm=bool(f.bool("qk_layernorm", False)),
+        clip_qkv=f.float("clip_qkv", None),
+        attention="bidirectional",
+        logit_shift=False,
+        moe=moe,
+    )
     return cfg, rename(read_safetensors(path), LLADA_MOE_RENAMES)
 
 
 # ---- LLaDA2.x ---------------------------------------------------------------------------------
 LLADA2_RENAMES = [
     (r"model\.word_embeddings\.weight", r"model.embed_tokens.weight"),
-    (r"model\.layers\.(\d+)\.attention\.dense\.(weight|bias)", r"model.layers.\1.self_attn.o_proj.\2"),
-    (r"model\.layers\.(\d+)\.attention\.query_layernorm\.weight", r"model.layers.\1.self_attn.q_norm.weight"),
-    (r"model\.layers\.(\d+)\.attention\.key_layernorm\.weight", r"model.layers.\1.self_attn.k_norm.weight"),
+    (
+        r"model\.layers\.(\d+)\.attention\.dense\.(weight|bias)",
+        r"model.layers.\1.self_attn.o_proj.\2",
+    ),
+    (
+        r"model\.layers\.(\d+)\.attention\.query_layernorm\.weight",
+        r"model.layers.\1.self_attn.q_norm.weight",
+    ),
+    (
+        r"model\.layers\.(\d+)\.attention\.key_layernorm\.weight",
+        r"model.layers.\1.self_attn.k_norm.weight",
+    ),
 ]
 
 
@@ -98,7 +140,9 @@ def split_fused_qkv(state: dict[str, torch.Tensor], cfg: ModelConfig) -> dict[st
             out[name] = t
             continue
         if t.shape[0] != sum(sizes):
-            raise CheckpointError(f"{name}: {t.shape[0]} rows, expected (n_heads + 2 n_kv_heads) * head_dim = {sum(sizes)}")
+            raise CheckpointError(
+                f"{name}: {t.shape[0]} rows, expected (n_heads + 2 n_kv_heads) * head_dim = {sum(sizes)}"
+            )
         prefix, kind = name.split(".attention.query_key_value.")
         for proj, part in zip("qkv", t.split(sizes, dim=0)):  # (nq*hd | nkv*hd | nkv*hd, C)
             out[f"{prefix}.self_attn.{proj}_proj.{kind}"] = part
@@ -110,44 +154,71 @@ def load_llada2(path: Path, cj: dict) -> tuple[ModelConfig, dict[str, torch.Tens
     n_layers = f.int("num_hidden_layers")
     score = f.str("score_function", "sigmoid")
     if score != "sigmoid":
-        raise CheckpointError(f"{path}/config.json: score_function {score!r} is not supported (LLaDA2 uses sigmoid)")
+        raise CheckpointError(
+            f"{path}/config.json: score_function {score!r} is not supported (LLaDA2 uses sigmoid)"
+        )
     state = rename(read_safetensors(path), LLADA2_RENAMES)
     has_bias = any(k.endswith("mlp.gate.expert_bias") for k in state)
     n_shared = f.int("num_shared_experts", 0) or 0
-    moe = MoEConfig(n_experts=f.int("num_experts"), top_k=f.int("num_experts_per_tok"),
-                    expert_hidden=f.int("moe_intermediate_size"),
-                    shared_hidden=f.int("moe_intermediate_size") * n_shared,
-                    layers=list(range(f.int("first_k_dense_replace", 0), n_layers)), score="sigmoid",
-                    norm_topk=bool(f.bool("norm_topk_prob", True)), scale=f.float("routed_scaling_factor", 1.0),
-                    n_group=f.int("n_group", 1) or 1, topk_group=f.int("topk_group", 1) or 1,
-                    expert_bias="select" if has_bias else None)
-    cfg = make_config(path, **_common(path, cj, f), mlp_hidden=f.int("intermediate_size"),
-                      # biases as the checkpoint holds them (the config class defaults use_bias to True)
-                      qkv_bias=any(k.endswith("attention.query_key_value.bias") for k in state),
-                      o_bias=any(k.endswith("self_attn.o_proj.bias") for k in state),
-                      qk_norm=bool(f.bool("use_qk_norm", False)), attention="block_causal",
-                      block_size=f.int("block_size", LLADA2_BLOCK), logit_shift=False, moe=moe)
+    moe = MoEConfig(
+        n_experts=f.int("num_experts"),
+        top_k=f.int("num_experts_per_tok"),
+        expert_hidden=f.int("moe_intermediate_size"),
+        shared_hidden=f.int("moe_intermediate_size") * n_shared,
+        layers=list(range(f.int("first_k_dense_replace", 0), n_layers)),
+        score="sigmoid",
+        norm_topk=bool(f.bool("norm_topk_prob", True)),
+        scale=f.float("routed_scaling_factor", 1.0),
+        n_group=f.int("n_group", 1) or 1,
+        topk_group=f.int("topk_group", 1) or 1,
+        expert_bias="select" if has_bias else None,
+    )
+    cfg = make_config(
+        path,
+        **_common(path, cj, f),
+        mlp_hidden=f.int("intermediate_size"),
+        # biases as the checkpoint holds them (the config class defaults use_bias to True)
+        qkv_bias=any(k.endswith("attention.query_key_value.bias") for k in state),
+        o_bias=any(k.endswith("self_attn.o_proj.bias") for k in state),
+        qk_norm=bool(f.bool("use_qk_norm", False)),
+        attention="block_causal",
+        block_size=f.int("block_size", LLADA2_BLOCK),
+        logit_shift=False,
+        moe=moe,
+    )
     return cfg, split_fused_qkv(state, cfg)
 
 
 TOKENIZER = fast_tokenizer_loader({"mask_token": MASK_TOKEN}, [EOT_TOKEN])
 
-LLADA_MOE = register_family(Family(
-    name="llada_moe",
-    architectures=("LLaDAMoEModelLM", "LLaDAMoEModel", "LLaDAMoeModelLM"),
-    load=load_llada_moe,
-    tokenizer=TOKENIZER,
-    defaults={"policy": "low_confidence", "block_length": 32, "temperature": 0.0},
-    checkpoints=("inclusionAI/LLaDA-MoE-7B-A1B-Base", "inclusionAI/LLaDA-MoE-7B-A1B-Instruct"),
-    doc="bidirectional masked diffusion, OLMoE-like MoE (softmax top-k router)",
-))
+LLADA_MOE = register_family(
+    Family(
+        name="llada_moe",
+        architectures=("LLaDAMoEModelLM", "LLaDAMoEModel", "LLaDAMoeModelLM"),
+        load=load_llada_moe,
+        tokenizer=TOKENIZER,
+        defaults={"policy": "low_confidence", "block_length": 32, "temperature": 0.0},
+        checkpoints=("inclusionAI/LLaDA-MoE-7B-A1B-Base", "inclusionAI/LLaDA-MoE-7B-A1B-Instruct"),
+        doc="bidirectional masked diffusion, OLMoE-like MoE (softmax top-k router)",
+    )
+)
 
-LLADA2 = register_family(Family(
-    name="llada2",
-    architectures=("LLaDA2MoeModelLM",),
-    load=load_llada2,
-    tokenizer=TOKENIZER,
-    defaults={"policy": "threshold", "threshold": 0.95, "temperature": 0.0},  # block: the model's (32)
-    checkpoints=("inclusionAI/LLaDA2.0-mini", "inclusionAI/LLaDA2.0-flash", "inclusionAI/LLaDA2.1-mini"),
-    doc="block diffusion (blocks of 32), Ling-2.0 MoE (sigmoid group-limited router, shared expert)",
-))
+LLADA2 = register_family(
+    Family(
+        name="llada2",
+        architectures=("LLaDA2MoeModelLM",),
+        load=load_llada2,
+        tokenizer=TOKENIZER,
+        defaults={
+            "policy": "threshold",
+            "threshold": 0.95,
+            "temperature": 0.0,
+        },  # block: the model's (32)
+        checkpoints=(
+            "inclusionAI/LLaDA2.0-mini",
+            "inclusionAI/LLaDA2.0-flash",
+            "inclusionAI/LLaDA2.1-mini",
+        ),
+        doc="block diffusion (blocks of 32), Ling-2.0 MoE (sigmoid group-limited router, shared expert)",
+    )
+)

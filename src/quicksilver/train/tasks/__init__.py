@@ -1,4 +1,5 @@
 """The task suite: a registry of seeded generators with exact verifiers (see base.py)."""
+
 from __future__ import annotations
 
 from ...errors import ConfigError
@@ -10,8 +11,19 @@ from .path_star import PathStar
 from .sudoku4 import Sudoku4
 from .tool_call import ToolCall
 
-TASKS: dict[str, Task] = {t.name: t for t in (
-    PathStar(), Sudoku4(), Countdown(3), Countdown(4), Multiply(), ToolCall(), Chat(), Fim())}
+TASKS: dict[str, Task] = {
+    t.name: t
+    for t in (
+        PathStar(),
+        Sudoku4(),
+        Countdown(3),
+        Countdown(4),
+        Multiply(),
+        ToolCall(),
+        Chat(),
+        Fim(),
+    )
+}
 
 
 def get_task(name: str) -> Task:

@@ -11,6 +11,7 @@ Multiply: the working is the partial products and their sum (``347*6=2082,347*80
 2082+27760=29842``), the answer the product. Split rule: 10% of (a, b) pairs are test-only; the
 test split is 3x2 digits, training mixes in 2x2. Strata: how many carries the long product needs.
 """
+
 from __future__ import annotations
 
 import random
@@ -109,7 +110,9 @@ class Countdown(Task):
         self.strata = ("addsub", "muldiv")
         self.max_answer_tokens = 48 if n == 3 else 72
 
-    def _solve_random(self, rng: random.Random, nums: list[int]) -> tuple[int, list[str], str, bool] | None:
+    def _solve_random(
+        self, rng: random.Random, nums: list[int]
+    ) -> tuple[int, list[str], str, bool] | None:
         """Combine the numbers in a random order with random ops: (target, steps, expression, used */)."""
         pool = [(v, str(v)) for v in nums]
         rng.shuffle(pool)
@@ -140,9 +143,14 @@ class Countdown(Task):
                 break
         shown = ", ".join(map(str, nums[:-1])) + f" and {nums[-1]}"
         prompt = f"Use {shown} to make {target}."
-        return Item(self.name, [{"role": "user", "content": prompt}], answer=expression,
-                    reasoning=",".join(steps), stratum="muldiv" if muldiv else "addsub",
-                    data={"numbers": nums, "target": target})
+        return Item(
+            self.name,
+            [{"role": "user", "content": prompt}],
+            answer=expression,
+            reasoning=",".join(steps),
+            stratum="muldiv" if muldiv else "addsub",
+            data={"numbers": nums, "target": target},
+        )
 
     def verify(self, item: Item, reply: str) -> bool:
         got = eval_expression(reply)
@@ -161,11 +169,11 @@ def carries(a: int, b: int) -> int:
         for x in reversed(str(a)):
             c = (int(x) * int(d) + c) // 10
             n += c > 0
-        partials.append(a * int(d) * 10 ** k)
+        partials.append(a * int(d) * 10**k)
     s, c = 0, 0
     for p in partials:
         s2 = s + p
-        c += sum(1 for i in range(len(str(s2))) if (s // 10 ** i % 10) + (p // 10 ** i % 10) >= 10)
+        c += sum(1 for i in range(len(str(s2))) if (s // 10**i % 10) + (p // 10**i % 10) >= 10)
         s = s2
     return n + c
 
@@ -179,20 +187,25 @@ class Multiply(Task):
     def sample(self, rng: random.Random, split: str) -> Item:
         while True:
             da = 3 if split == "test" or rng.random() < 0.75 else 2
-            a = rng.randint(10 ** (da - 1), 10 ** da - 1)
+            a = rng.randint(10 ** (da - 1), 10**da - 1)
             b = rng.randint(10, 99)
             if in_split(("multiply", a, b), split):
                 break
         steps, partials = [], []
         for k, d in enumerate(reversed(str(b))):
-            p = a * int(d) * 10 ** k
+            p = a * int(d) * 10**k
             partials.append(p)
-            steps.append(f"{a}*{int(d) * 10 ** k}={p}")
+            steps.append(f"{a}*{int(d) * 10**k}={p}")
         steps.append(f"{partials[0]}+{partials[1]}={a * b}")
         c = carries(a, b)
-        return Item(self.name, [{"role": "user", "content": f"What is {a}*{b}?"}], answer=str(a * b),
-                    reasoning=",".join(steps), stratum="carries<=5" if c <= 5 else "carries>=6",
-                    data={"a": a, "b": b})
+        return Item(
+            self.name,
+            [{"role": "user", "content": f"What is {a}*{b}?"}],
+            answer=str(a * b),
+            reasoning=",".join(steps),
+            stratum="carries<=5" if c <= 5 else "carries>=6",
+            data={"a": a, "b": b},
+        )
 
     def verify(self, item: Item, reply: str) -> bool:
         r = reply.strip()

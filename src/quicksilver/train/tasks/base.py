@@ -7,6 +7,7 @@ rendered through the model's chat template) or a raw prompt (fill-in-the-middle)
 generated reply with an exact verifier — a constraint checker where several answers are valid —
 never by string match against the reference when other answers would also be right.
 """
+
 from __future__ import annotations
 
 import hashlib
@@ -81,5 +82,5 @@ def split_reply(text: str) -> tuple[str, str]:
     """(reasoning, answer) of a generated reply; an instant-mode reply has no think segment."""
     m = THINK_RE.match(text)
     if m:
-        return m.group(1), text[m.end():].strip()
+        return m.group(1), text[m.end() :].strip()
     return "", text.strip()

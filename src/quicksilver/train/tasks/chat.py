@@ -5,14 +5,17 @@ Each category has one canonical reply; the user's phrasing varies. Split rule: a
 phrasing decides train or test, so test items use phrasings never seen in training. The verifier
 accepts exactly the category's reply.
 """
+
 from __future__ import annotations
 
 import random
 
 from .base import Item, Task, in_split
 
-ABOUT = ("I am quicksilver, a small diffusion language model. I solve small puzzles (4x4 sudoku, "
-         "paths in star graphs, countdown, multiplication) and I can call the tools you give me.")
+ABOUT = (
+    "I am quicksilver, a small diffusion language model. I solve small puzzles (4x4 sudoku, "
+    "paths in star graphs, countdown, multiplication) and I can call the tools you give me."
+)
 REPLIES = {
     "greeting": "Hello! I am quicksilver. Give me a small puzzle or a tool to call.",
     "about": ABOUT,
@@ -21,18 +24,66 @@ REPLIES = {
 }
 OPENERS = ["", "hey, ", "so, ", "ok ", "please, ", "quick question: "]
 PHRASES = {
-    "greeting": ["hi", "hello", "hey there", "good morning", "good evening", "hi there", "hello friend",
-                 "greetings", "howdy", "yo", "hiya", "good afternoon", "hello again", "hey"],
-    "about": ["what can you do?", "who are you?", "what are you?", "what are you good at?", "help",
-              "what is quicksilver?", "what tasks can you solve?", "tell me about yourself",
-              "introduce yourself", "what do you know how to do?", "how can you help me?", "what are your skills?"],
-    "thanks": ["thanks", "thank you", "thanks a lot", "great, thanks", "cheers", "much appreciated",
-               "thank you so much", "perfect, thank you", "nice, thanks", "many thanks"],
-    "refusal": ["write me a poem about the sea", "what is the capital of France?", "tell me a joke",
-                "who won the world cup?", "write an essay on history", "give me medical advice",
-                "what is the meaning of life?", "summarize this book for me", "write a story about a dragon",
-                "what will the stock market do tomorrow?", "compose a song", "explain quantum physics",
-                "plan my holiday", "write a cover letter", "what is love?", "translate this novel"],
+    "greeting": [
+        "hi",
+        "hello",
+        "hey there",
+        "good morning",
+        "good evening",
+        "hi there",
+        "hello friend",
+        "greetings",
+        "howdy",
+        "yo",
+        "hiya",
+        "good afternoon",
+        "hello again",
+        "hey",
+    ],
+    "about": [
+        "what can you do?",
+        "who are you?",
+        "what are you?",
+        "what are you good at?",
+        "help",
+        "what is quicksilver?",
+        "what tasks can you solve?",
+        "tell me about yourself",
+        "introduce yourself",
+        "what do you know how to do?",
+        "how can you help me?",
+        "what are your skills?",
+    ],
+    "thanks": [
+        "thanks",
+        "thank you",
+        "thanks a lot",
+        "great, thanks",
+        "cheers",
+        "much appreciated",
+        "thank you so much",
+        "perfect, thank you",
+        "nice, thanks",
+        "many thanks",
+    ],
+    "refusal": [
+        "write me a poem about the sea",
+        "what is the capital of France?",
+        "tell me a joke",
+        "who won the world cup?",
+        "write an essay on history",
+        "give me medical advice",
+        "what is the meaning of life?",
+        "summarize this book for me",
+        "write a story about a dragon",
+        "what will the stock market do tomorrow?",
+        "compose a song",
+        "explain quantum physics",
+        "plan my holiday",
+        "write a cover letter",
+        "what is love?",
+        "translate this novel",
+    ],
 }
 
 
@@ -48,7 +99,9 @@ class Chat(Task):
             if in_split(("chat", text), split, percent=20):
                 break
         text = text[0].upper() + text[1:]
-        return Item(self.name, [{"role": "user", "content": text}], answer=REPLIES[cat], stratum=cat)
+        return Item(
+            self.name, [{"role": "user", "content": text}], answer=REPLIES[cat], stratum=cat
+        )
 
     def verify(self, item: Item, reply: str) -> bool:
         return reply.strip() == REPLIES[item.stratum]

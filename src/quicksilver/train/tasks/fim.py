@@ -5,6 +5,7 @@
 The middle is unique (the gap fixes how many terms are missing), so the verifier compares exactly.
 Split rule: (start, step) pairs hashed into 10% are test-only. Strata: how many terms are missing.
 """
+
 from __future__ import annotations
 
 import random
@@ -25,10 +26,16 @@ class Fim(Task):
         n, gap = rng.randint(6, 9), rng.randint(1, 3)
         terms = [str(start + i * step) for i in range(n)]
         i = rng.randint(1, n - gap - 1)
-        pre, mid, suf = terms[:i], terms[i:i + gap], terms[i + gap:]
+        pre, mid, suf = terms[:i], terms[i : i + gap], terms[i + gap :]
         raw = f"<|fim_prefix|>{', '.join(pre)}, <|fim_suffix|>, {', '.join(suf)}<|fim_middle|>"
-        return Item(self.name, None, answer=", ".join(mid), raw_prompt=raw, stratum=f"gap{gap}",
-                    data={"middle": ", ".join(mid)})
+        return Item(
+            self.name,
+            None,
+            answer=", ".join(mid),
+            raw_prompt=raw,
+            stratum=f"gap{gap}",
+            data={"middle": ", ".join(mid)},
+        )
 
     def verify(self, item: Item, reply: str) -> bool:
         return reply.strip() == item.data["middle"]

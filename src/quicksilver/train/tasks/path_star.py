@@ -8,6 +8,7 @@ which is why teacher-forced AR models stall near 1/degree while masked diffusion
 the goal end. Split rule: the hash of the (centre, goal-arm) labels decides the split, so a test
 graph never appears in training. Strata: degree 2 and degree 3.
 """
+
 from __future__ import annotations
 
 import random
@@ -36,7 +37,9 @@ class PathStar(Task):
             deg = rng.choice(self.degrees)
             nodes = rng.sample(range(N_NODES), 1 + deg * (self.path_len - 1))
             centre, rest = nodes[0], nodes[1:]
-            arms = [rest[i * (self.path_len - 1):(i + 1) * (self.path_len - 1)] for i in range(deg)]
+            arms = [
+                rest[i * (self.path_len - 1) : (i + 1) * (self.path_len - 1)] for i in range(deg)
+            ]
             if in_split((centre, tuple(arms[0])), split):
                 break
         edges = []
@@ -48,10 +51,18 @@ class PathStar(Task):
         rng.shuffle(edges)
         goal_arm = arms[0]
         path = [centre, *goal_arm]
-        prompt = ("Edges: " + " ".join(f"{fmt(a)}>{fmt(b)}" for a, b in edges)
-                  + f"\nFind the path from {fmt(centre)} to {fmt(goal_arm[-1])}.")
-        return Item(self.name, [{"role": "user", "content": prompt}], answer=">".join(fmt(n) for n in path),
-                    stratum=f"deg{deg}", data={"edges": edges, "start": centre, "goal": goal_arm[-1]})
+        prompt = (
+            "Edges: "
+            + " ".join(f"{fmt(a)}>{fmt(b)}" for a, b in edges)
+            + f"\nFind the path from {fmt(centre)} to {fmt(goal_arm[-1])}."
+        )
+        return Item(
+            self.name,
+            [{"role": "user", "content": prompt}],
+            answer=">".join(fmt(n) for n in path),
+            stratum=f"deg{deg}",
+            data={"edges": edges, "start": centre, "goal": goal_arm[-1]},
+        )
 
     def verify(self, item: Item, reply: str) -> bool:
         """Any walk along listed edges from the start to the goal is right (in a star it is unique)."""

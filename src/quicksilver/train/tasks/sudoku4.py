@@ -6,6 +6,7 @@ test puzzle's pattern of givens never occurs in training. The verifier checks th
 grid that keeps every given (puzzles with many blanks can have several solutions; all count).
 Format: rows of digits separated by ``/``, blanks as ``.``. Strata by blank count.
 """
+
 from __future__ import annotations
 
 import itertools
@@ -30,7 +31,11 @@ def all_grids() -> list[tuple[int, ...]]:
 def units() -> list[list[int]]:
     rows = [[r * 4 + c for c in range(4)] for r in range(4)]
     cols = [[r * 4 + c for r in range(4)] for c in range(4)]
-    boxes = [[(br + dr) * 4 + bc + dc for dr in (0, 1) for dc in (0, 1)] for br in (0, 2) for bc in (0, 2)]
+    boxes = [
+        [(br + dr) * 4 + bc + dc for dr in (0, 1) for dc in (0, 1)]
+        for br in (0, 2)
+        for bc in (0, 2)
+    ]
     return rows + cols + boxes
 
 
@@ -42,7 +47,7 @@ def is_valid(g: tuple[int, ...] | list[int]) -> bool:
 
 
 def render(g: list[int] | tuple[int, ...]) -> str:
-    return "/".join("".join(str(v) if v else "." for v in g[r * 4:(r + 1) * 4]) for r in range(4))
+    return "/".join("".join(str(v) if v else "." for v in g[r * 4 : (r + 1) * 4]) for r in range(4))
 
 
 def parse(text: str) -> list[int] | None:
@@ -71,8 +76,13 @@ class Sudoku4(Task):
         g = rng.choice(grids)
         puzzle = [0 if i in blanks else v for i, v in enumerate(g)]
         lo = (k - 4) // 3 * 3 + 4
-        return Item(self.name, [{"role": "user", "content": f"Solve the sudoku: {render(puzzle)}"}],
-                    answer=render(g), stratum=f"blanks{lo}-{lo + 2}", data={"puzzle": puzzle})
+        return Item(
+            self.name,
+            [{"role": "user", "content": f"Solve the sudoku: {render(puzzle)}"}],
+            answer=render(g),
+            stratum=f"blanks{lo}-{lo + 2}",
+            data={"puzzle": puzzle},
+        )
 
     def verify(self, item: Item, reply: str) -> bool:
         g = parse(reply)

@@ -9,24 +9,91 @@ skill that transfers. Split rules: 20% of the (verb, noun) tools and a set of re
 test-only, so every test item asks for a tool and uses a phrasing never seen in training.
 The verifier parses the call (exactly one, valid JSON) and compares name and arguments exactly.
 """
+
 from __future__ import annotations
 
 import json
 import random
 import re
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
-from .base import Item, Task, held_out, in_split
+from .base import Item, Task, held_out
 
-CITIES = ["Paris", "Tokyo", "Lima", "Oslo", "Cairo", "Delhi", "Rome", "Berlin", "Madrid", "Seoul",
-          "Boston", "Denver", "Dublin", "Prague", "Vienna", "Sydney", "Nairobi", "Quito", "Hanoi", "Austin"]
-NAMES = ["Ana", "Ben", "Chen", "Dara", "Eli", "Fay", "Gus", "Hana", "Ivan", "Jo", "Kai", "Lena", "Mia", "Noor"]
-TOPICS = ["sports", "science", "music", "travel", "budget", "lunch", "the report", "the launch", "football", "art"]
-DISHES = ["pasta", "curry", "ramen", "tacos", "soup", "paella", "salad", "pancakes", "risotto", "falafel"]
+CITIES = [
+    "Paris",
+    "Tokyo",
+    "Lima",
+    "Oslo",
+    "Cairo",
+    "Delhi",
+    "Rome",
+    "Berlin",
+    "Madrid",
+    "Seoul",
+    "Boston",
+    "Denver",
+    "Dublin",
+    "Prague",
+    "Vienna",
+    "Sydney",
+    "Nairobi",
+    "Quito",
+    "Hanoi",
+    "Austin",
+]
+NAMES = [
+    "Ana",
+    "Ben",
+    "Chen",
+    "Dara",
+    "Eli",
+    "Fay",
+    "Gus",
+    "Hana",
+    "Ivan",
+    "Jo",
+    "Kai",
+    "Lena",
+    "Mia",
+    "Noor",
+]
+TOPICS = [
+    "sports",
+    "science",
+    "music",
+    "travel",
+    "budget",
+    "lunch",
+    "the report",
+    "the launch",
+    "football",
+    "art",
+]
+DISHES = [
+    "pasta",
+    "curry",
+    "ramen",
+    "tacos",
+    "soup",
+    "paella",
+    "salad",
+    "pancakes",
+    "risotto",
+    "falafel",
+]
 SYMBOLS = ["AAPL", "MSFT", "NVDA", "TSLA", "AMZN", "IBM", "INTC", "ORCL", "SAP", "SONY"]
 LANGS = ["French", "German", "Spanish", "Italian", "Japanese", "Hindi", "Greek", "Dutch"]
 WORDS = ["hello", "thank you", "good night", "see you soon", "where is the station", "I am hungry"]
-TITLES = ["Blue Sky", "Night Drive", "Golden Hour", "Paper Moon", "Red River", "Silver Lining", "Old Town"]
+TITLES = [
+    "Blue Sky",
+    "Night Drive",
+    "Golden Hour",
+    "Paper Moon",
+    "Red River",
+    "Silver Lining",
+    "Old Town",
+]
 TASKS_ = ["call mom", "buy milk", "pay rent", "water plants", "walk the dog", "book a doctor"]
 PLACES = ["Luigi's", "Sakura", "The Olive", "Blue Door", "Casa Rosa", "Green Leaf", "Dragon Inn"]
 
@@ -54,7 +121,7 @@ PARAMS: dict[str, tuple[str, ValueGen, list[str]]] = {
     "subject": ("string", _pick(TOPICS), ["about {v}"]),
     "dish": ("string", _pick(DISHES), ["for {v}"]),
     "topic": ("string", _pick(TOPICS), ["about {v}", "on {v}"]),
-    "text": ("string", _pick(WORDS), ["\"{v}\""]),
+    "text": ("string", _pick(WORDS), ['"{v}"']),
     "language": ("string", _pick(LANGS), ["into {v}", "in {v}"]),
     "title": ("string", _pick(TITLES), ["called {v}", "named {v}"]),
     "task": ("string", _pick(TASKS_), ["to {v}"]),
@@ -67,36 +134,134 @@ PARAMS: dict[str, tuple[str, ValueGen, list[str]]] = {
 
 # noun -> (words used in requests, params, verbs that make sense, result fields)
 NOUNS: dict[str, tuple[str, list[str], list[str], dict[str, ValueGen]]] = {
-    "weather": ("weather", ["city"], ["get", "check"], {"temp_c": _int(-5, 35), "sky": _pick(["sunny", "cloudy", "rainy"])}),
-    "time": ("time", ["city"], ["get", "check"], {"time": lambda r: f"{r.randint(0, 23):02d}:{r.randint(0, 59):02d}"}),
-    "flight": ("flight", ["origin", "destination"], ["book", "search", "cancel", "check"], {"status": _pick(["booked", "on time", "delayed", "cancelled"]), "code": lambda r: f"QS{r.randint(100, 999)}"}),
-    "hotel": ("hotel", ["city", "nights"], ["book", "find", "cancel"], {"status": _pick(["booked", "available", "cancelled"]), "price": _int(50, 400)}),
-    "order": ("order", ["order_id"], ["track", "cancel", "check"], {"status": _pick(["shipped", "cancelled", "packed"])}),
+    "weather": (
+        "weather",
+        ["city"],
+        ["get", "check"],
+        {"temp_c": _int(-5, 35), "sky": _pick(["sunny", "cloudy", "rainy"])},
+    ),
+    "time": (
+        "time",
+        ["city"],
+        ["get", "check"],
+        {"time": lambda r: f"{r.randint(0, 23):02d}:{r.randint(0, 59):02d}"},
+    ),
+    "flight": (
+        "flight",
+        ["origin", "destination"],
+        ["book", "search", "cancel", "check"],
+        {
+            "status": _pick(["booked", "on time", "delayed", "cancelled"]),
+            "code": lambda r: f"QS{r.randint(100, 999)}",
+        },
+    ),
+    "hotel": (
+        "hotel",
+        ["city", "nights"],
+        ["book", "find", "cancel"],
+        {"status": _pick(["booked", "available", "cancelled"]), "price": _int(50, 400)},
+    ),
+    "order": (
+        "order",
+        ["order_id"],
+        ["track", "cancel", "check"],
+        {"status": _pick(["shipped", "cancelled", "packed"])},
+    ),
     "stock": ("stock price", ["symbol"], ["get", "check"], {"price": _int(10, 900)}),
     "timer": ("timer", ["minutes"], ["set", "cancel"], {"status": _pick(["set", "cancelled"])}),
     "email": ("email", ["to", "subject"], ["send", "draft"], {"status": _pick(["sent", "saved"])}),
-    "song": ("song", ["title"], ["play", "find"], {"status": _pick(["playing", "found"]), "artist": _pick(NAMES)}),
-    "recipe": ("recipe", ["dish"], ["find", "get"], {"minutes": _int(10, 90), "steps": _int(3, 12)}),
-    "news": ("news", ["topic"], ["get", "search"], {"headline": lambda r: f"{r.choice(TOPICS).title()} {r.choice(['wins', 'grows', 'returns'])}"}),
-    "translation": ("translation", ["text", "language"], ["get"], {"result": lambda r: r.choice(["bonjour", "hallo", "hola", "ciao", "salut"])}),
+    "song": (
+        "song",
+        ["title"],
+        ["play", "find"],
+        {"status": _pick(["playing", "found"]), "artist": _pick(NAMES)},
+    ),
+    "recipe": (
+        "recipe",
+        ["dish"],
+        ["find", "get"],
+        {"minutes": _int(10, 90), "steps": _int(3, 12)},
+    ),
+    "news": (
+        "news",
+        ["topic"],
+        ["get", "search"],
+        {
+            "headline": lambda r: (
+                f"{r.choice(TOPICS).title()} {r.choice(['wins', 'grows', 'returns'])}"
+            )
+        },
+    ),
+    "translation": (
+        "translation",
+        ["text", "language"],
+        ["get"],
+        {"result": lambda r: r.choice(["bonjour", "hallo", "hola", "ciao", "salut"])},
+    ),
     "distance": ("distance", ["origin", "destination"], ["get", "check"], {"km": _int(10, 9000)}),
-    "reminder": ("reminder", ["task", "hour"], ["set", "create", "cancel"], {"status": _pick(["set", "cancelled"])}),
-    "table": ("table", ["restaurant", "people"], ["book", "cancel"], {"status": _pick(["booked", "cancelled"]), "hour": _int(5, 10)}),
-    "package": ("package", ["tracking_number"], ["track", "check"], {"status": _pick(["in transit", "delivered"])}),
-    "movie": ("movie", ["title"], ["find", "play"], {"status": _pick(["playing", "found"]), "year": _int(1960, 2024)}),
-    "meeting": ("meeting", ["name", "hour"], ["create", "cancel", "schedule"], {"status": _pick(["scheduled", "cancelled"])}),
+    "reminder": (
+        "reminder",
+        ["task", "hour"],
+        ["set", "create", "cancel"],
+        {"status": _pick(["set", "cancelled"])},
+    ),
+    "table": (
+        "table",
+        ["restaurant", "people"],
+        ["book", "cancel"],
+        {"status": _pick(["booked", "cancelled"]), "hour": _int(5, 10)},
+    ),
+    "package": (
+        "package",
+        ["tracking_number"],
+        ["track", "check"],
+        {"status": _pick(["in transit", "delivered"])},
+    ),
+    "movie": (
+        "movie",
+        ["title"],
+        ["find", "play"],
+        {"status": _pick(["playing", "found"]), "year": _int(1960, 2024)},
+    ),
+    "meeting": (
+        "meeting",
+        ["name", "hour"],
+        ["create", "cancel", "schedule"],
+        {"status": _pick(["scheduled", "cancelled"])},
+    ),
 }
 
-VERB_WORDS = {"get": "get", "check": "check", "book": "book", "search": "search for", "cancel": "cancel",
-              "find": "find", "track": "track", "set": "set", "send": "send", "draft": "draft", "play": "play",
-              "create": "create", "schedule": "schedule"}
+VERB_WORDS = {
+    "get": "get",
+    "check": "check",
+    "book": "book",
+    "search": "search for",
+    "cancel": "cancel",
+    "find": "find",
+    "track": "track",
+    "set": "set",
+    "send": "send",
+    "draft": "draft",
+    "play": "play",
+    "create": "create",
+    "schedule": "schedule",
+}
 
 # request phrasings: {verb} {noun} {args}. The last four are test-only (held-out phrasings).
-TRAIN_TEMPLATES = ["Please {verb} the {noun} {args}.", "Can you {verb} the {noun} {args}?",
-                   "I need you to {verb} the {noun} {args}.", "{Verb} the {noun} {args}, please.",
-                   "Could you {verb} the {noun} {args}?", "Help me {verb} the {noun} {args}."]
-TEST_TEMPLATES = ["Would you {verb} the {noun} {args}?", "Go ahead and {verb} the {noun} {args}.",
-                  "I want to {verb} the {noun} {args}.", "Quick: {verb} the {noun} {args}!"]
+TRAIN_TEMPLATES = [
+    "Please {verb} the {noun} {args}.",
+    "Can you {verb} the {noun} {args}?",
+    "I need you to {verb} the {noun} {args}.",
+    "{Verb} the {noun} {args}, please.",
+    "Could you {verb} the {noun} {args}?",
+    "Help me {verb} the {noun} {args}.",
+]
+TEST_TEMPLATES = [
+    "Would you {verb} the {noun} {args}?",
+    "Go ahead and {verb} the {noun} {args}.",
+    "I want to {verb} the {noun} {args}.",
+    "Quick: {verb} the {noun} {args}!",
+]
 
 ALL_TOOLS = [(verb, noun) for noun, (_, _, verbs, _) in NOUNS.items() for verb in verbs]
 
@@ -107,10 +272,18 @@ def tool_split(verb: str, noun: str) -> str:
 
 def tool_schema(verb: str, noun: str) -> dict[str, Any]:
     words, params, _, _ = NOUNS[noun]
-    return {"type": "function", "function": {
-        "name": f"{verb}_{noun}", "description": f"{verb.capitalize()} a {words}.",
-        "parameters": {"type": "object", "properties": {p: {"type": PARAMS[p][0]} for p in params},
-                       "required": list(params)}}}
+    return {
+        "type": "function",
+        "function": {
+            "name": f"{verb}_{noun}",
+            "description": f"{verb.capitalize()} a {words}.",
+            "parameters": {
+                "type": "object",
+                "properties": {p: {"type": PARAMS[p][0]} for p in params},
+                "required": list(params),
+            },
+        },
+    }
 
 
 CALL_RE = re.compile(r"<tool_call>(.*?)</tool_call>", re.S)
@@ -124,7 +297,11 @@ def parse_tool_calls(reply: str) -> list[dict[str, Any]] | None:
             obj = json.loads(m.group(1))
         except json.JSONDecodeError:
             return None
-        if not isinstance(obj, dict) or not isinstance(obj.get("name"), str) or not isinstance(obj.get("arguments"), dict):
+        if (
+            not isinstance(obj, dict)
+            or not isinstance(obj.get("name"), str)
+            or not isinstance(obj.get("arguments"), dict)
+        ):
             return None
         calls.append(obj)
     return calls
@@ -154,22 +331,48 @@ class ToolCall(Task):
         call_text = "<tool_call>" + json.dumps(call, ensure_ascii=False) + "</tool_call>"
         messages: list[dict[str, Any]] = [{"role": "user", "content": request}]
         if rng.random() < 0.5:  # turn 1: emit the call
-            return Item(self.name, messages, answer=call_text, tools=schemas, stratum="call",
-                        data={"call": call})
+            return Item(
+                self.name,
+                messages,
+                answer=call_text,
+                tools=schemas,
+                stratum="call",
+                data={"call": call},
+            )
         result = {k: g(rng) for k, g in fields.items()}
         messages += [
-            {"role": "assistant", "content": "", "tool_calls": [
-                {"type": "function", "function": {"name": call["name"], "arguments": args}}]},
+            {
+                "role": "assistant",
+                "content": "",
+                "tool_calls": [
+                    {"type": "function", "function": {"name": call["name"], "arguments": args}}
+                ],
+            },
             {"role": "tool", "content": json.dumps(result, ensure_ascii=False)},
         ]
-        answer = "Done. " + ", ".join(f"The {k.replace('_', ' ')} is {v}" for k, v in result.items()) + "."
-        return Item(self.name, messages, answer=answer, tools=schemas, stratum="answer", data={"result": result})
+        answer = (
+            "Done. "
+            + ", ".join(f"The {k.replace('_', ' ')} is {v}" for k, v in result.items())
+            + "."
+        )
+        return Item(
+            self.name,
+            messages,
+            answer=answer,
+            tools=schemas,
+            stratum="answer",
+            data={"result": result},
+        )
 
     def verify(self, item: Item, reply: str) -> bool:
         if item.stratum == "call":  # exactly one call and nothing else
             calls = parse_tool_calls(reply)
-            return (calls is not None and len(calls) == 1 and calls[0] == item.data["call"]
-                    and not CALL_RE.sub("", reply).strip())
+            return (
+                calls is not None
+                and len(calls) == 1
+                and calls[0] == item.data["call"]
+                and not CALL_RE.sub("", reply).strip()
+            )
         if "<tool_call>" in reply:
             return False
         return all(str(v) in reply for v in item.data["result"].values())
