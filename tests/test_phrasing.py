@@ -117,3 +117,18 @@ def test_requests_come_in_many_notations() -> None:
     assert any(t != t.lower() for t in texts) and any(t == t.lower() for t in texts)
     grids = [get_task("sudoku4").sample(rng, "train").messages[0]["content"] for _ in range(200)]
     assert any("/" in g for g in grids) and any("/" not in g and "\n" in g for g in grids)
+
+
+def test_tool_loop_is_a_finished_exchange_then_a_second_tool() -> None:
+    task = get_task("tool_loop")
+    for it in task.test_items(30):
+        roles = [m["role"] for m in it.messages or []]
+        assert roles[:5] == ["user", "assistant", "tool", "assistant", "user"]
+        offered = {s["function"]["name"] for s in it.tools or []}
+        first = it.messages[1]["tool_calls"][0]["function"]["name"]
+        assert first in offered
+        if it.stratum == "second_call":
+            assert it.data["call"]["name"] in offered and it.data["call"]["name"] != first
+        else:
+            assert roles[5:] == ["assistant", "tool"]
+        assert task.verify(it, it.answer) and not task.verify(it, "Done.")

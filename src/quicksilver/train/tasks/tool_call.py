@@ -16,6 +16,7 @@ import json
 import random
 import re
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 from .base import Item, Task, held_out
@@ -369,6 +370,70 @@ def tool_template(rng: random.Random, w: random.Random, split: str, phrasing: st
     return roughen(w, shipped)
 
 
+@dataclass
+class Exchange:
+    """One request for one tool: the user's words, the tools offered, the expected call."""
+
+    request: str
+    noun: str
+    schemas: list[dict[str, Any]]
+    call: dict[str, Any]
+
+    def call_text(self) -> str:
+        return "<tool_call>" + json.dumps(self.call, ensure_ascii=False) + "</tool_call>"
+
+    def assistant_turn(self) -> dict[str, Any]:
+        fn = {"name": self.call["name"], "arguments": self.call["arguments"]}
+        return {
+            "role": "assistant",
+            "content": "",
+            "tool_calls": [{"type": "function", "function": fn}],
+        }
+
+
+def draw_exchange(
+    rng: random.Random,
+    w: random.Random,
+    split: str,
+    phrasing: str,
+    exclude: frozenset[str] = frozenset(),
+) -> Exchange:
+    """A request for one of the split's tools (none of the nouns in ``exclude``) with 0-1 distractor
+    tools; puzzle values from ``rng``, wording and argument names from ``w``."""
+    tools = [t for t in ALL_TOOLS if tool_split(*t) == split and t[1] not in exclude]
+    verb, noun = rng.choice(tools)
+    words, params, _, _ = NOUNS[noun]
+    args = {p: PARAMS[p][1](rng) for p in params}
+    if "origin" in args and args["origin"] == args.get("destination"):
+        args["destination"] = rng.choice([c for c in CITIES if c != args["origin"]])
+    arg_text = " ".join(rng.choice(PARAMS[p][2]).format(v=args[p]) for p in params)
+    template = tool_template(rng, w, split, phrasing)
+    vw = VERB_WORDS[verb]
+    request = template.format(verb=vw, Verb=vw.capitalize(), noun=words, args=arg_text)
+    distract = [
+        t
+        for t in ALL_TOOLS
+        if t != (verb, noun) and t[1] not in exclude and tool_split(*t) == "train"
+    ]
+    listed = [(verb, noun), *rng.sample(distract, rng.randint(0, 1))]
+    rng.shuffle(listed)
+    names = {n: param_names(w, NOUNS[n][1], split, phrasing) for _, n in listed}
+    schemas = [tool_schema(v, n, names[n]) for v, n in listed]
+    call = {"name": f"{verb}_{noun}", "arguments": {names[noun][p]: v for p, v in args.items()}}
+    return Exchange(request, noun, schemas, call)
+
+
+def draw_result(rng: random.Random, noun: str) -> tuple[dict[str, Any], str]:
+    """The tool's result and the answer that quotes it."""
+    result = {k: g(rng) for k, g in NOUNS[noun][3].items()}
+    said = ", ".join(f"The {k.replace('_', ' ')} is {v}" for k, v in result.items())
+    return result, f"Done. {said}."
+
+
+def tool_message(result: dict[str, Any]) -> dict[str, Any]:
+    return {"role": "tool", "content": json.dumps(result, ensure_ascii=False)}
+
+
 class ToolCall(Task):
     name = "tool_call"
     strata = ("call", "answer")
@@ -381,62 +446,49 @@ class ToolCall(Task):
         phrasing: str = "templated",
         wording: random.Random | None = None,
     ) -> Item:
-        tools = [t for t in ALL_TOOLS if tool_split(*t) == split]
-        verb, noun = rng.choice(tools)
-        words, params, _, fields = NOUNS[noun]
-        args = {p: PARAMS[p][1](rng) for p in params}
-        if "origin" in args and args["origin"] == args.get("destination"):
-            args["destination"] = rng.choice([c for c in CITIES if c != args["origin"]])
-        arg_text = " ".join(rng.choice(PARAMS[p][2]).format(v=args[p]) for p in params)
-        template = tool_template(rng, wording or rng, split, phrasing)
-        vw = VERB_WORDS[verb]
-        request = template.format(verb=vw, Verb=vw.capitalize(), noun=words, args=arg_text)
-        distract = [t for t in ALL_TOOLS if t != (verb, noun) and tool_split(*t) == "train"]
-        listed = [(verb, noun), *rng.sample(distract, rng.randint(0, 1))]
-        rng.shuffle(listed)
-        w = wording or rng
-        names = {n: param_names(w, NOUNS[n][1], split, phrasing) for _, n in listed}
-        schemas = [tool_schema(v, n, names[n]) for v, n in listed]
-        args = {names[noun][p]: v for p, v in args.items()}
-        call = {"name": f"{verb}_{noun}", "arguments": args}
-        call_text = "<tool_call>" + json.dumps(call, ensure_ascii=False) + "</tool_call>"
-        messages: list[dict[str, Any]] = [{"role": "user", "content": request}]
+        ex = draw_exchange(rng, wording or rng, split, phrasing)
+        messages: list[dict[str, Any]] = [{"role": "user", "content": ex.request}]
         if rng.random() < 0.5:  # turn 1: emit the call
-            return Item(
-                self.name,
-                messages,
-                answer=call_text,
-                tools=schemas,
-                stratum="call",
-                data={"call": call},
-            )
-        result = {k: g(rng) for k, g in fields.items()}
-        messages += [
-            {
-                "role": "assistant",
-                "content": "",
-                "tool_calls": [
-                    {"type": "function", "function": {"name": call["name"], "arguments": args}}
-                ],
-            },
-            {"role": "tool", "content": json.dumps(result, ensure_ascii=False)},
-        ]
-        answer = (
-            "Done. "
-            + ", ".join(f"The {k.replace('_', ' ')} is {v}" for k, v in result.items())
-            + "."
+            return self._call_item(messages, ex, "call")
+        result, answer = draw_result(rng, ex.noun)
+        messages += [ex.assistant_turn(), tool_message(result)]
+        return self._answer_item(messages, ex.schemas, answer, result, "answer")
+
+    def _call_item(
+        self,
+        messages: list[dict[str, Any]],
+        ex: Exchange,
+        stratum: str,
+        tools: list[dict[str, Any]] | None = None,
+    ) -> Item:
+        return Item(
+            self.name,
+            messages,
+            answer=ex.call_text(),
+            tools=tools or ex.schemas,
+            stratum=stratum,
+            data={"call": ex.call},
         )
+
+    def _answer_item(
+        self,
+        messages: list[dict[str, Any]],
+        tools: list[dict[str, Any]],
+        answer: str,
+        result: dict[str, Any],
+        stratum: str,
+    ) -> Item:
         return Item(
             self.name,
             messages,
             answer=answer,
-            tools=schemas,
-            stratum="answer",
+            tools=tools,
+            stratum=stratum,
             data={"result": result},
         )
 
     def verify(self, item: Item, reply: str) -> bool:
-        if item.stratum == "call":  # exactly one call and nothing else
+        if item.stratum.endswith("call"):  # exactly one call and nothing else
             calls = parse_tool_calls(reply)
             return (
                 calls is not None
@@ -452,3 +504,40 @@ class ToolCall(Task):
     def parseable(item: Item, reply: str) -> bool:
         calls = parse_tool_calls(reply)
         return calls is not None and len(calls) == 1
+
+
+class ToolLoop(ToolCall):
+    """``tool_loop``: the agent loop's later turns. A first exchange is finished (call, result,
+    answer), then the user asks for something that needs another of the offered tools: the reply is
+    that second call (``second_call``) or, after its result, the answer (``second_answer``). Long
+    prompts (300-600 tokens): needs the 1,024-token context."""
+
+    name = "tool_loop"
+    strata = ("second_call", "second_answer")
+
+    def sample(
+        self,
+        rng: random.Random,
+        split: str,
+        phrasing: str = "templated",
+        wording: random.Random | None = None,
+    ) -> Item:
+        w = wording or rng
+        first = draw_exchange(rng, w, split, phrasing)
+        result1, answer1 = draw_result(rng, first.noun)
+        nouns = frozenset(s["function"]["name"].split("_", 1)[1] for s in first.schemas)
+        second = draw_exchange(rng, w, split, phrasing, exclude=nouns)
+        tools = first.schemas + second.schemas
+        rng.shuffle(tools)
+        messages: list[dict[str, Any]] = [
+            {"role": "user", "content": first.request},
+            first.assistant_turn(),
+            tool_message(result1),
+            {"role": "assistant", "content": answer1},
+            {"role": "user", "content": second.request},
+        ]
+        if rng.random() < 0.5:
+            return self._call_item(messages, second, "second_call", tools)
+        result2, answer2 = draw_result(rng, second.noun)
+        messages += [second.assistant_turn(), tool_message(result2)]
+        return self._answer_item(messages, tools, answer2, result2, "second_answer")
