@@ -246,6 +246,13 @@ def cmd_train(args: argparse.Namespace) -> int:
     return handle(args)
 
 
+@command("distill")
+def cmd_distill(args: argparse.Namespace) -> int:
+    from .train.cli import handle_distill
+
+    return handle_distill(args)
+
+
 @command("eval")
 def cmd_eval(args: argparse.Namespace) -> int:
     from .eval.cli import handle
@@ -256,6 +263,7 @@ def cmd_eval(args: argparse.Namespace) -> int:
 def build_parser() -> argparse.ArgumentParser:
     from .eval.cli import add_parser as add_eval_parser
     from .sampling import SamplerConfig
+    from .train.cli import add_distill_parser
     from .train.cli import add_parser as add_train_parser
 
     p = argparse.ArgumentParser(
@@ -386,6 +394,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
 
     add_train_parser(sub)
+    add_distill_parser(sub)
     add_eval_parser(sub)
     return p
 
