@@ -52,6 +52,7 @@ class TrainConfig:
     sub_prob: float = 0.1  # substitution noise: fraction of visible answer tokens replaced
     sub_weight: float = 1.0
     keep_weight: float = 0.1
+    certainty_weight: float = 0.0  # certainty forcing (dParallel): entropy of right masked guesses
     # optimisation
     batch_size: int = 32  # global, split over data-parallel processes
     bucket: int = 8  # batches generated at once and grouped by length (less padding)

@@ -126,6 +126,7 @@ class Trainer:
             cfg.sub_prob,
             cfg.sub_weight,
             cfg.keep_weight,
+            cfg.certainty_weight,
         )
         decay = [p for p in self.model.parameters() if p.dim() >= 2]
         other = [p for p in self.model.parameters() if p.dim() < 2]
