@@ -7,7 +7,7 @@ TORCH   := torch==2.13.0
 HOST    ?= 127.0.0.1
 PORT    ?= 8000
 
-.PHONY: install run lint test test-slow test-all train-ar train-model clean
+.PHONY: install run lint test test-slow test-all train-ar train-model train-ar-v2 train-model-v2 clean
 
 $(STAMP): pyproject.toml Makefile
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
@@ -52,6 +52,16 @@ train-model: $(STAMP)
 	test -f runs/small-ar/step_2000/config.json || $(BIN)/quicksilver train --recipe small-ar --stop-at 2000
 	$(BIN)/quicksilver train --recipe small-ar2d --stop-at 1000
 	$(BIN)/quicksilver train --recipe small-ar2d --steps 5000
+
+# v2 (natural phrasings, agent-loop turns, a 1,024-token context), stage by stage; each stage
+# resumes from runs/*/ckpt.pt. Stage 1: the shipped AR twin continued on the v2 data (600 steps).
+train-ar-v2: $(STAMP)
+	$(BIN)/quicksilver train --recipe small-ar-v2
+
+# Stage 2: that finished AR model adapted to block diffusion.
+train-model-v2: $(STAMP)
+	test -f runs/small-ar-v2/final/config.json || $(BIN)/quicksilver train --recipe small-ar-v2
+	$(BIN)/quicksilver train --recipe small-ar2d-v2
 
 clean:
 	rm -rf $(VENV) build *.egg-info src/*.egg-info .pytest_cache

@@ -150,7 +150,7 @@ RECIPES: dict[str, TrainConfig] = {
         max_len=1000,
         tasks=V2_MIX,
         seed=3,
-        steps=1500,
+        steps=600,
         lr=3e-4,
         eval_every=500,
     ),
