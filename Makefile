@@ -7,7 +7,7 @@ TORCH   := torch==2.13.0
 HOST    ?= 127.0.0.1
 PORT    ?= 8000
 
-.PHONY: install run lint test test-slow test-all train-ar train-model train-ar-v2 train-model-v2 clean
+.PHONY: install run lint test test-llama-cpp test-slow test-all train-ar train-model train-ar-v2 train-model-v2 clean
 
 $(STAMP): pyproject.toml Makefile
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
@@ -31,6 +31,12 @@ lint: $(STAMP)
 
 test: lint
 	$(BIN)/python -m pytest
+
+# Optional: llama.cpp's Python binding (compiled from the registry's source package, minutes) and
+# the GGUF export checked against llama.cpp's own logits.
+test-llama-cpp: $(STAMP)
+	$(BIN)/python -c "import llama_cpp" 2>/dev/null || CMAKE_ARGS="-DGGML_NATIVE=ON" $(BIN)/python -m pip install -q llama-cpp-python
+	$(BIN)/python -m pytest tests/test_gguf.py -q
 
 test-slow: $(STAMP)
 	$(BIN)/python -m pytest -m slow
