@@ -36,6 +36,11 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
     )
     e.add_argument("--seed", type=int, default=1234, help="seed of the fixed test split")
     e.add_argument(
+        "--compare",
+        help="also evaluate this checkpoint on the same items (ar: the embedded AR twin); both are "
+        "reported side by side",
+    )
+    e.add_argument(
         "--phrasing",
         default="templated",
         choices=PHRASINGS,
@@ -144,6 +149,20 @@ def print_table(rep: dict[str, Any]) -> None:
             )
     loss = f"; held-out loss {rep['heldout_loss']:.4f}" if "heldout_loss" in rep else ""
     print(f"mean accuracy {rep['mean_accuracy']:.3f}{loss}; settings {json.dumps(rep['settings'])}")
+    if "compare" in rep:
+        print_side_by_side(rep, rep["compare"])
+
+
+def print_side_by_side(a: dict[str, Any], b: dict[str, Any]) -> None:
+    """Accuracy and TPF of two models on the same items, task by task."""
+    na, nb = Path(a["settings"]["model"]).name, Path(b["settings"]["model"]).name
+    print(f"\n{'task':<12}{na[:16]:>17}{'TPF':>7}{nb[:16]:>17}{'TPF':>7}")
+    for name, r in a["tasks"].items():
+        o = b["tasks"][name]
+        print(
+            f"{name:<12}{r['accuracy']:>17.3f}{r['tpf']:>7.2f}{o['accuracy']:>17.3f}{o['tpf']:>7.2f}"
+        )
+    print(f"{'mean':<12}{a['mean_accuracy']:>17.3f}{'':>7}{b['mean_accuracy']:>17.3f}")
 
 
 def sweep_grid() -> list[tuple[str, str, dict[str, Any]]]:
@@ -199,22 +218,30 @@ def handle(args: argparse.Namespace) -> int:
     names = set(SamplerConfig.__dataclass_fields__)
     base = SamplerConfig(**{k: v for k, v in vars(args).items() if k in names and v is not None})
     if not args.sweep:
-        rep = evaluate(
-            pipe.model,
-            pipe.tokenizer,
-            tasks,
-            args.limit,
-            base,
-            args.instant,
-            args.batch_size,
-            args.seed,
-            args.stream_items,
-            args.examples,
-            args.cache,
-            args.refresh_every,
-            args.phrasing,
-        )
-        rep["settings"]["model"] = str(pipe.path)
+
+        def run(p: Any) -> dict[str, Any]:
+            rep = evaluate(
+                p.model,
+                p.tokenizer,
+                tasks,
+                args.limit,
+                base,
+                args.instant,
+                args.batch_size,
+                args.seed,
+                args.stream_items,
+                args.examples,
+                args.cache,
+                args.refresh_every,
+                args.phrasing,
+            )
+            rep["settings"]["model"] = str(p.path)
+            return rep
+
+        rep = run(pipe)
+        if args.compare:
+            other = resolve_model(None if args.compare == "ar" else args.compare, ar=True)
+            rep["compare"] = run(quicksilver.load(other))
         if args.tool_choice and "tool_call" in rep["tasks"]:
             from .served import served_tool_calls
 
