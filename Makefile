@@ -36,7 +36,7 @@ test: lint
 # the GGUF export checked against llama.cpp's own logits.
 test-llama-cpp: $(STAMP)
 	$(BIN)/python -c "import llama_cpp" 2>/dev/null || CMAKE_ARGS="-DGGML_NATIVE=ON" $(BIN)/python -m pip install -q llama-cpp-python
-	$(BIN)/python -m pytest tests/test_gguf.py -q
+	$(BIN)/python -m pytest tests/test_gguf.py tests/test_bench.py -q -k "gguf or llama"
 
 test-slow: $(STAMP)
 	$(BIN)/python -m pytest -m slow

@@ -394,6 +394,19 @@ def build_parser() -> argparse.ArgumentParser:
         dest="skip_reference",
         help="leave out the slow reference decoder",
     )
+    bs.add_argument(
+        "--vs-llama-cpp",
+        action="store_true",
+        dest="vs_llama_cpp",
+        help="also time the AR twin in llama.cpp (exported to GGUF; needs `make test-llama-cpp`)",
+    )
+    bs.add_argument(
+        "--llama-cpp-dtype",
+        default="f32",
+        choices=["f32", "f16", "bf16"],
+        dest="llama_cpp_dtype",
+        help="weight type of the GGUF llama.cpp runs",
+    )
     bs.add_argument("--out", default="runs/bench_speed", help="directory for the PNG plot")
     bs.add_argument("--json", action="store_true", help="(the JSON line is always printed last)")
 
