@@ -148,6 +148,12 @@ def render_canvas(tok: Tokenizer, canvas: list[int], mask_id: int, skip: int = 0
     return "".join(out)
 
 
+def canvas_cells(tok: Tokenizer, canvas: list[int], mask_id: int, skip: int = 0) -> list[str | None]:
+    """The canvas position by position: each token's own text, ``None`` where masked (for UIs that
+    draw one cell per position)."""
+    return [None if t == mask_id else tok.decode([t]) for t in canvas[skip:]]
+
+
 class StopCutter:
     """Cuts text at the first stop string; holds back a tail that could still become one."""
 
@@ -259,6 +265,9 @@ class ChoiceRunner:
                 "remasked": len(ev.remasked),
                 "stable": max(0, ev.stable - skip),
                 "done": ev.done,
+                "cells": canvas_cells(self.b.tokenizer, canvas, self.b.mask_id, skip),
+                "fresh": [p - skip for p, _ in ev.committed if p >= skip],
+                "revised": [p - skip for p in ev.remasked if p >= skip],
             },
         )
 
