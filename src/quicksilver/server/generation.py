@@ -149,9 +149,11 @@ def render_canvas(tok: Tokenizer, canvas: list[int], mask_id: int, skip: int = 0
 
 
 def canvas_cells(tok: Tokenizer, canvas: list[int], mask_id: int, skip: int = 0) -> list[str | None]:
-    """The canvas position by position: each token's own text, ``None`` where masked (for UIs that
-    draw one cell per position)."""
-    return [None if t == mask_id else tok.decode([t]) for t in canvas[skip:]]
+    """The canvas position by position: each token's own text (special tokens such as the stop
+    token by name), ``None`` where masked (for UIs that draw one cell per position)."""
+    return [
+        None if t == mask_id else tok.decode([t], skip_special_tokens=False) for t in canvas[skip:]
+    ]
 
 
 class StopCutter:

@@ -460,10 +460,13 @@ async function race(prompt) {
   const diffusion = state.models.find((m) => m.attention !== "causal");
   if (!twin || !diffusion) return;
   $("#race-go").disabled = true;
-  await Promise.all([
-    racePane($("#pane-diffusion"), diffusion.id, prompt),
-    racePane($("#pane-ar"), twin.id, prompt),
-  ]);
+  const left = () => racePane($("#pane-diffusion"), diffusion.id, prompt);
+  const right = () => racePane($("#pane-ar"), twin.id, prompt);
+  if ($("#race-order").value === "together") await Promise.all([left(), right()]);
+  else {
+    await left();
+    await right();
+  }
   $("#race-go").disabled = false;
 }
 
@@ -482,14 +485,15 @@ async function loadModels() {
     ...state.models.map((m) => {
       const o = document.createElement("option");
       o.value = m.id;
-      o.textContent = `${m.id} (${m.attention})`;
+      o.textContent = m.id;
+      o.title = `${m.attention} attention, context ${m.max_model_len}`;
       return o;
     }),
   );
   const twin = twinOf(state.models);
   $("#race-go").disabled = !twin;
   $("#race-note").textContent = twin
-    ? `The same prompt and settings go to both models at once, on the same machine.`
+    ? "The same prompt and settings go to both models on this machine; together they share its cores."
     : "This server serves no AR twin: start `quicksilver serve` on the embedded model to race.";
   setStatus(`connected: ${state.models.map((m) => m.id).join(", ")}`);
 }
