@@ -151,8 +151,7 @@ def test_chat_canvas_and_step_through(server: RemoteServer, context: Any, shots:
     assert answer[0]["masked"] > 0 and answer[-1]["masked"] == 0
     assert answer[-1]["committed"] > answer[0]["committed"]
     stats = {
-        dd.get_attribute("data-stat"): dd.inner_text()
-        for dd in reply.locator(".stats dd").all()
+        dd.get_attribute("data-stat"): dd.inner_text() for dd in reply.locator(".stats dd").all()
     }
     assert int(stats["nfe"]) == r.model_extra["diffusion"]["nfe"]
     assert int(stats["tokens"]) == r.usage.completion_tokens
@@ -171,7 +170,9 @@ def test_chat_canvas_and_step_through(server: RemoteServer, context: Any, shots:
     assert frames[0]["masked"] > 0 and frames[-1]["masked"] == 0
     assert all(a["masked"] >= b["masked"] for a, b in zip(frames, frames[1:]))
     assert any(f["fresh"] and f["old"] for f in frames)  # new commits beside earlier ones
-    mid = max(range(n), key=lambda i: min(frames[i]["masked"], frames[i]["old"] + frames[i]["fresh"]))
+    mid = max(
+        range(n), key=lambda i: min(frames[i]["masked"], frames[i]["old"] + frames[i]["fresh"])
+    )
     page.locator("#replay-range").fill(str(mid))
     assert page.locator("#replay-label").inner_text() == f"frame {mid + 1} of {n}"
     page.screenshot(path=str(shots / "playground-canvas.png"))

@@ -138,7 +138,9 @@ def _too_large(limit: int) -> APIError:
 
 
 class ServerState:
-    def __init__(self, backend: Backend, config: ServerConfig, twins: Sequence[Backend] = ()) -> None:
+    def __init__(
+        self, backend: Backend, config: ServerConfig, twins: Sequence[Backend] = ()
+    ) -> None:
         self.backend, self.config = backend, config
         self.backends = [backend, *twins]  # the served models; requests pick one by `model`
         self.metrics = Metrics(backend.name)

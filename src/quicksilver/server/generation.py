@@ -148,7 +148,9 @@ def render_canvas(tok: Tokenizer, canvas: list[int], mask_id: int, skip: int = 0
     return "".join(out)
 
 
-def canvas_cells(tok: Tokenizer, canvas: list[int], mask_id: int, skip: int = 0) -> list[str | None]:
+def canvas_cells(
+    tok: Tokenizer, canvas: list[int], mask_id: int, skip: int = 0
+) -> list[str | None]:
     """The canvas position by position: each token's own text (special tokens such as the stop
     token by name), ``None`` where masked (for UIs that draw one cell per position)."""
     return [

@@ -18,6 +18,7 @@ import threading
 import time
 from collections.abc import Generator
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 from ..engine import EngineConfig, EngineEvent, EngineOverloaded, EngineRequest, RequestStats
@@ -216,23 +217,32 @@ class AREngine:
 
 
 def build_twin_backend(cfg: ServerConfig, name: str) -> Backend | None:
-    """The AR twin of the embedded model as a ``Backend`` named ``name + AR_SUFFIX``, when this build
-    ships one and the server runs the embedded default (no ``--model``, no ``--mock``)."""
+    """The AR twin of the embedded model, named ``name + AR_SUFFIX``, when this build ships one and
+    the server runs the embedded default (no ``--model``, no ``--mock``, not ``--no-ar-twin``)."""
     from ..assets import embedded_ar_model_path
 
     path = embedded_ar_model_path()
     if not cfg.ar_twin or cfg.mock or cfg.model is not None or path is None:
         return None
+    return ar_backend(path, name + AR_SUFFIX, cfg)
+
+
+def ar_backend(path: Path, name: str, cfg: ServerConfig) -> Backend:
+    """A causal checkpoint served by ``AREngine`` under ``name``."""
     import torch
 
     import quicksilver
 
     dtype = getattr(torch, cfg.dtype) if cfg.dtype else None
     pipe = quicksilver.load(path, dtype=dtype, device=cfg.device, cache="none")
+    if pipe.config.attention != "causal":
+        raise ConfigError(
+            f"{path}: the AR twin must be a causal model, not {pipe.config.attention}"
+        )
     pipe.model.eval()
     ecfg = EngineConfig(max_batch=cfg.max_batch, max_waiting=cfg.max_waiting, prefix_cache_mb=0)
     return Backend(
-        name + AR_SUFFIX,
+        name,
         pipe.tokenizer,
         AsyncEngine(AREngine(pipe.model, list(pipe.stop_ids), ecfg)),
         pipe.config.max_seq_len,
