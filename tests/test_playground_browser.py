@@ -13,6 +13,7 @@ writes the README's, in docs/img/) or to the test's temporary directory.
 from __future__ import annotations
 
 import os
+import re
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -108,6 +109,20 @@ def open_page(context: Any, server: RemoteServer, width: int = 1440) -> Any:
     return page
 
 
+def send(page: Any, text: str) -> None:
+    """Type a message, send it with Enter, wait until its reply is finished."""
+    before = page.locator(".msg.assistant[data-state='done']").count()
+    page.locator("#prompt").fill(text)
+    page.locator("#prompt").press("Enter")
+    page.locator(".msg.assistant[data-state='done']").nth(before).wait_for(timeout=60_000)
+
+
+def new_chat(page: Any) -> None:
+    page.locator("#clear").focus()
+    page.keyboard.press("Enter")
+    assert page.locator(".msg").count() == 0
+
+
 def set_controls(page: Any, values: dict[str, str]) -> None:
     for el_id, value in values.items():
         el = page.locator("#" + el_id)
@@ -126,10 +141,8 @@ def test_chat_canvas_and_step_through(server: RemoteServer, context: Any, shots:
     page = open_page(context, server)
     set_controls(page, SETTINGS)
     page.evaluate(WATCH)
-    page.locator("#prompt").fill(PROMPT)
-    page.locator("#prompt").press("Enter")  # Enter sends
+    send(page, PROMPT)
     reply = page.locator(".msg.assistant").last
-    reply.locator("xpath=self::*[@data-state='done']").wait_for(timeout=60_000)
     shown = reply.locator(".answer").inner_text()
 
     # the same request, not streamed, through the official client: the same text
@@ -177,6 +190,29 @@ def test_chat_canvas_and_step_through(server: RemoteServer, context: Any, shots:
     assert page.locator("#replay-label").inner_text() == f"frame {mid + 1} of {n}"
     page.screenshot(path=str(shots / "playground-canvas.png"))
     assert_png(shots / "playground-canvas.png")
+    page.locator("#replay-close").focus()
+    page.keyboard.press("Enter")
+    assert page.locator("#replay").is_hidden()
+
+    # a reasoning phase: its own canvas frames, its text collapsed apart from the answer
+    new_chat(page)
+    set_controls(page, {"c-effort": "medium"})
+    page.evaluate(WATCH)
+    send(page, "Compute 347*28.")
+    reply = page.locator(".msg.assistant").last
+    assert "reasoning" in {s["phase"] for s in page.evaluate("window.__seen")}
+    details = reply.locator("details.reasoning")
+    assert details.is_visible() and details.get_attribute("open") is None
+    assert reply.locator(".reasoning-text").text_content().strip()
+
+    # a tool call is drawn as a call, not as text
+    new_chat(page)
+    set_controls(page, {"c-effort": "none"})
+    page.locator("#c-tool").focus()
+    page.keyboard.press("Space")
+    send(page, "What is the weather in Paris?")
+    call = page.locator(".msg.assistant").last.locator(".tool-calls code")
+    assert re.fullmatch(r"call \w+\(\{.*\}\)", call.inner_text())
 
 
 def test_race_mode(server: RemoteServer, context: Any, shots: Path) -> None:
