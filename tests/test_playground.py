@@ -234,6 +234,11 @@ def test_twin_served_by_model_id(twin_client: TestClient) -> None:
         json=chat_body(model="mock-ar", response_format={"type": "json_object"}),
     )
     assert r.status_code == 400 and "AR twin" in r.json()["error"]["message"]
+    fim = c.post(
+        "/v1/fim/completions",
+        json={"model": "mock-ar", "prompt": "a", "suffix": "b", "max_tokens": 4},
+    )
+    assert fim.status_code == 200 and fim.json()["model"] == "mock-ar"  # through the FIM tokens
     assert error_code(c.post("/v1/chat/completions", json=chat_body(model="gpt-9")), 404) == (
         "model_not_found"
     )
