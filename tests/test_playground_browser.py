@@ -48,6 +48,7 @@ ARGS = [
     "--disable-background-networking",
     "--disable-component-update",
     "--disable-sync",
+    "--disable-dev-shm-usage",  # containers often have a tiny /dev/shm
 ]
 # Records every live canvas render (the page sets data-step on each one) with its cell counts.
 WATCH = """() => {

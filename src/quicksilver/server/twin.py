@@ -57,7 +57,9 @@ class _ARLive:
 
 
 class AREngine:
-    """Continuous batching of autoregressive requests: each step, one token for each running one."""
+    """Autoregressive requests interleaved: each step runs one forward pass (one token) for every
+    running request, one request after the other (no batched forward); requests join and leave
+    between steps."""
 
     def __init__(
         self, model: DiffusionLM, stop_ids: list[int], config: EngineConfig | None = None
@@ -167,6 +169,7 @@ class AREngine:
         )
 
     def _drain(self, now: float) -> list[EngineEvent]:
+        """Apply the queued adds and cancels, then admit waiting requests up to ``max_batch``."""
         events = []
         while self._commands:
             kind, arg = self._commands.popleft()

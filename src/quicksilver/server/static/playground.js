@@ -330,7 +330,7 @@ function finishReply(li, rec, error) {
   const label = $(".state-label", li);
   if (error) {
     li.dataset.state = "error";
-    label.textContent = "failed";
+    label.textContent = error === "stopped" ? "stopped" : "failed";
     const e = $(".error", li);
     e.hidden = false;
     e.textContent = error;
@@ -513,7 +513,7 @@ function wire() {
     e.preventDefault();
     state.key = $("#api-key").value.trim();
     sessionStorage.setItem("qs-key", state.key);
-    loadModels();
+    loadModels().catch((e) => setStatus("cannot reach the server: " + e.message));
   });
   $("#chat-form").addEventListener("submit", (e) => {
     e.preventDefault();
@@ -555,7 +555,7 @@ function wire() {
   }
   if (state.key) $("#api-key").value = state.key;
   drawChart($("#chart"), [[0, 0]]);
-  loadModels();
+  loadModels().catch((e) => setStatus("cannot reach the server: " + e.message));
 }
 
 document.addEventListener("DOMContentLoaded", wire);
