@@ -18,6 +18,7 @@ after every step. Stop strings cut the answer and cancel its request at once.
 from __future__ import annotations
 
 import contextlib
+import functools
 import time
 import uuid
 from collections.abc import AsyncGenerator
@@ -148,14 +149,18 @@ def render_canvas(tok: Tokenizer, canvas: list[int], mask_id: int, skip: int = 0
     return "".join(out)
 
 
+@functools.lru_cache(maxsize=1 << 16)
+def token_text(tok: Tokenizer, token: int) -> str:
+    """One token's own text, special tokens by name (cached: a canvas is redrawn every step)."""
+    return tok.decode([token], skip_special_tokens=False)
+
+
 def canvas_cells(
     tok: Tokenizer, canvas: list[int], mask_id: int, skip: int = 0
 ) -> list[str | None]:
-    """The canvas position by position: each token's own text (special tokens such as the stop
-    token by name), ``None`` where masked (for UIs that draw one cell per position)."""
-    return [
-        None if t == mask_id else tok.decode([t], skip_special_tokens=False) for t in canvas[skip:]
-    ]
+    """The canvas position by position: each token's text, ``None`` where masked (for UIs that
+    draw one cell per position)."""
+    return [None if t == mask_id else token_text(tok, t) for t in canvas[skip:]]
 
 
 class StopCutter:
