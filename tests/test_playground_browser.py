@@ -253,3 +253,23 @@ def test_layout_and_keyboard_reach(server: RemoteServer, context: Any, width: in
         page.keyboard.press("Tab")
         reached.add(page.evaluate("document.activeElement.id"))
     assert {"prompt", "send", "c-effort", "c-threshold", "c-seed", "tab-chat"} <= reached
+
+
+def test_without_key_and_without_twin(context: Any) -> None:
+    """A server with no API key (the page never asks for one) and no AR twin (race mode says so)."""
+    srv = RemoteServer("--mock", key=None)
+    try:
+        page = context.new_page()
+        page.goto(srv.url + "/playground")
+        page.wait_for_selector("#c-model option", state="attached")
+        assert page.locator("#key-form").is_hidden()
+        assert page.locator("#c-model").input_value() == "quicksilver-mock"
+        send(page, "Hi")
+        reply = page.locator(".msg.assistant").last
+        assert reply.locator(".answer").inner_text() == "Hello! I am the quicksilver mock engine."
+        page.locator("#tab-race").focus()
+        page.keyboard.press("Enter")
+        assert page.locator("#race-go").is_disabled()
+        assert "no AR twin" in page.locator("#race-note").inner_text()
+    finally:
+        srv.stop()
