@@ -9,7 +9,7 @@ PORT    ?= 8000
 CHROMIUM := /usr/bin/chromium
 SUDO    := $(if $(filter 0,$(shell id -u)),,sudo)
 
-.PHONY: install run lint test test-slow test-all screenshots train-ar train-model clean
+.PHONY: install run lint test test-llama-cpp test-slow test-all screenshots train-ar train-model train-ar-v2 train-model-v2 clean
 
 $(STAMP): pyproject.toml Makefile
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
@@ -39,6 +39,12 @@ lint: $(STAMP)
 test: lint $(CHROMIUM)
 	$(BIN)/python -m pytest
 
+# Optional: llama.cpp's Python binding (compiled from the registry's source package, minutes) and
+# the GGUF export checked against llama.cpp's own logits.
+test-llama-cpp: $(STAMP)
+	$(BIN)/python -c "import llama_cpp" 2>/dev/null || CMAKE_ARGS="-DGGML_NATIVE=ON" $(BIN)/python -m pip install -q llama-cpp-python
+	$(BIN)/python -m pytest tests/test_gguf.py -q
+
 test-slow: $(STAMP)
 	$(BIN)/python -m pytest -m slow
 
@@ -63,6 +69,16 @@ train-model: $(STAMP)
 	test -f runs/small-ar/step_2000/config.json || $(BIN)/quicksilver train --recipe small-ar --stop-at 2000
 	$(BIN)/quicksilver train --recipe small-ar2d --stop-at 1000
 	$(BIN)/quicksilver train --recipe small-ar2d --steps 5000
+
+# v2 (natural phrasings, agent-loop turns, a 1,024-token context), stage by stage; each stage
+# resumes from runs/*/ckpt.pt. Stage 1: the shipped AR twin continued on the v2 data (600 steps).
+train-ar-v2: $(STAMP)
+	$(BIN)/quicksilver train --recipe small-ar-v2
+
+# Stage 2: that finished AR model adapted to block diffusion.
+train-model-v2: $(STAMP)
+	test -f runs/small-ar-v2/final/config.json || $(BIN)/quicksilver train --recipe small-ar-v2
+	$(BIN)/quicksilver train --recipe small-ar2d-v2
 
 clean:
 	rm -rf $(VENV) build *.egg-info src/*.egg-info .pytest_cache

@@ -13,6 +13,7 @@ from typing import Any
 from ..cli_util import add_dataclass_args
 from ..errors import ConfigError
 from ..sampling.config import SamplerConfig
+from ..train.tasks.phrasing import PHRASINGS
 
 DEFAULT_TASKS = "path_star,sudoku4,countdown3,multiply,tool_call,chat,fim"
 
@@ -34,6 +35,13 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
         "--limit", type=int, default=None, help="held-out items per task (default: 200; gsm8k: all)"
     )
     e.add_argument("--seed", type=int, default=1234, help="seed of the fixed test split")
+    e.add_argument(
+        "--phrasing",
+        default="templated",
+        choices=PHRASINGS,
+        help="test-split wording: templated (canonical) or held-out (phrasing templates, notations "
+        "and argument names never seen in training; same puzzles)",
+    )
     e.add_argument(
         "--instant", action="store_true", help="no reasoning: pre-fill an empty <think></think>"
     )
@@ -204,13 +212,14 @@ def handle(args: argparse.Namespace) -> int:
             args.examples,
             args.cache,
             args.refresh_every,
+            args.phrasing,
         )
         rep["settings"]["model"] = str(pipe.path)
         if args.tool_choice and "tool_call" in rep["tasks"]:
             from .served import served_tool_calls
 
             rep["tasks"]["tool_call"]["served"] = served_tool_calls(
-                pipe.path, args.tool_choice, args.limit, args.seed, base.threshold
+                pipe.path, args.tool_choice, args.limit, args.seed, base.threshold, args.phrasing
             )
         if args.loss:
             from .likelihood import heldout_loss
@@ -240,6 +249,7 @@ def handle(args: argparse.Namespace) -> int:
             args.seed,
             cache=args.cache,
             refresh_every=args.refresh_every,
+            phrasing=args.phrasing,
         )
         toks = sum(r["tokens"] * r["n"] for r in rep["tasks"].values())
         nfe = sum(r["nfe"] * r["n"] for r in rep["tasks"].values())
