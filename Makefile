@@ -6,8 +6,10 @@ STAMP   := $(VENV)/.installed
 TORCH   := torch==2.13.0
 HOST    ?= 127.0.0.1
 PORT    ?= 8000
+CHROMIUM := /usr/bin/chromium
+SUDO    := $(if $(filter 0,$(shell id -u)),,sudo)
 
-.PHONY: install run lint test test-llama-cpp test-slow test-all train-ar train-model train-ar-v2 train-model-v2 clean
+.PHONY: install run lint test test-llama-cpp test-slow test-all screenshots train-ar train-model train-ar-v2 train-model-v2 clean
 
 $(STAMP): pyproject.toml Makefile
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
@@ -17,6 +19,11 @@ $(STAMP): pyproject.toml Makefile
 	touch $(STAMP)
 
 install: $(STAMP)
+
+# Debian's Chromium for the playground's browser tests (Playwright drives it; no browser download).
+$(CHROMIUM):
+	$(SUDO) apt-get update -qq
+	$(SUDO) env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium
 
 # The OpenAI-compatible server on the embedded model (MODEL=path to serve another checkpoint;
 # ARGS for more flags, e.g. ARGS="--api-key KEY").
@@ -29,7 +36,7 @@ lint: $(STAMP)
 	$(BIN)/ruff check src tests
 	$(BIN)/python -m mypy src/quicksilver/engine src/quicksilver/server
 
-test: lint
+test: lint $(CHROMIUM)
 	$(BIN)/python -m pytest
 
 # Optional: llama.cpp's Python binding (compiled from the registry's source package, minutes) and
@@ -41,8 +48,12 @@ test-llama-cpp: $(STAMP)
 test-slow: $(STAMP)
 	$(BIN)/python -m pytest -m slow
 
-test-all: $(STAMP)
+test-all: $(STAMP) $(CHROMIUM)
 	$(BIN)/python -m pytest -m ""
+
+# The README's playground screenshots (docs/img/playground-*.png), taken by the browser tests.
+screenshots: $(STAMP) $(CHROMIUM)
+	QUICKSILVER_SCREENSHOTS=docs/img $(BIN)/python -m pytest tests/test_playground_browser.py -q -k "chat or race"
 
 # Reproduce the shipped models from scratch, in the stages they were trained in (CPU, ~2.5 h each on
 # 2 cores; every stage resumes from runs/*/ckpt.pt). The AR baseline: 2000 steps in fp32, then the
