@@ -202,7 +202,7 @@ DTYPES = {"float32": None, "bfloat16": "bfloat16", "float16": "float16"}
 
 
 def add_cache_args(p: argparse.ArgumentParser) -> None:
-    from .sampling.decoder import CACHE_MODES
+    from .sampling.caches import CACHE_CHOICES
 
     p.add_argument(
         "--dtype",
@@ -213,7 +213,7 @@ def add_cache_args(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--cache",
         default="auto",
-        choices=CACHE_MODES,
+        choices=CACHE_CHOICES,
         help="KV cache: auto (exact block cache for block-causal models), none, block, or the "
         "approximate prefix/dual caches for bidirectional models",
     )

@@ -15,7 +15,7 @@ from .models.checkpoint import load_checkpoint
 from .models.config import ModelConfig
 from .models.transformer import DiffusionLM
 from .sampling import Decoder, SamplerConfig
-from .sampling.decoder import RowEvent
+from .sampling.state import RowEvent
 from .tokenizer import Tokenizer
 
 Messages = list[dict[str, Any]]
@@ -105,10 +105,13 @@ class Pipeline:
         ids = self.encode_prompt(prompt, chat)
         cfg = self.sampler_config(**options)
         t0 = time.perf_counter()
-        row = self.decoder.new_row(ids, cfg)
-        while not row.done:
-            yield from self.decoder.step([row])
-        res = row.result()
+        drive = self.decoder.drive([self.decoder.new_row(ids, cfg)])
+        while True:
+            try:
+                yield from next(drive)
+            except StopIteration as stop:
+                res = stop.value[0]
+                break
         return GenerationResult(
             self.tokenizer.decode(res.tokens),
             res.tokens,

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 import torch
 
 from ..models.kvcache import KVCache
-from ..sampling.decoder import Row
+from ..sampling.state import Row
 
 
 @dataclass
@@ -56,7 +56,7 @@ class PrefixCache:
         compute, so the first pass always has a window to predict."""
         if row.cache is None or row.cache_mode != "block" or row.cache.length:
             return 0
-        prompt = row.prompt.tolist()
+        prompt = row.prompt_ids
         n_blocks = max(0, (len(prompt) - 1) // self.block)
         self.query_tokens += len(prompt)
         hits: list[_Entry] = []
@@ -85,7 +85,7 @@ class PrefixCache:
         cache = row.cache
         if cache is None or row.cache_mode != "block" or cache.length < self.block:
             return
-        tokens = row.sequence(row.P + row.end).tolist()
+        tokens = row.host_sequence()
         n_blocks = min(cache.length, len(tokens)) // self.block
         for i, key in enumerate(self._keys(tokens, n_blocks)):
             if key in self._entries:

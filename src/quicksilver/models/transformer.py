@@ -64,9 +64,14 @@ class Rotary(nn.Module):
         self.register_buffer("cos_table", emb.cos(), persistent=False)
         self.register_buffer("sin_table", emb.sin(), persistent=False)
 
-    def forward(self, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        if int(positions.max()) >= self.cos_table.shape[0]:
-            self._build(int(positions.max()) + 1)
+    def forward(
+        self, positions: torch.Tensor, max_pos: int | None = None
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Tables for ``positions``; ``max_pos`` (their maximum, when the caller knows it) saves a
+        device-to-host read."""
+        top = int(positions.max()) if max_pos is None else max_pos
+        if top >= self.cos_table.shape[0]:
+            self._build(top + 1)
         return self.cos_table[positions][:, None], self.sin_table[positions][
             :, None
         ]  # (B, 1, T, hd)
@@ -88,12 +93,13 @@ def apply_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch
 class Segment:
     """One sequence's share of a packed forward pass.
 
-    ``ids``/``positions`` (T,) are the tokens after whatever ``cache`` already holds; the first
+    ``ids`` (T,) are the tokens after whatever ``cache`` already holds, at absolute positions
+    ``start .. start + T - 1`` (a host int, so building the pass never reads the device); the first
     ``append`` of them are added to the cache; logits are returned for tokens ``[lo, hi)``.
     """
 
     ids: torch.Tensor  # (T,) long
-    positions: torch.Tensor  # (T,) long
+    start: int
     lo: int
     hi: int
     cache: KVCache | None = None
@@ -101,6 +107,14 @@ class Segment:
     overwrite: bool = (
         False  # the tokens replace cached positions (dual cache) instead of following them
     )
+
+    @property
+    def length(self) -> int:
+        return int(self.ids.shape[0])
+
+    @property
+    def positions(self) -> torch.Tensor:
+        return torch.arange(self.start, self.start + self.length, device=self.ids.device)  # (T,)
 
 
 def build_attention_mask(
@@ -411,8 +425,8 @@ class DiffusionLM(nn.Module):
         cfg = self.config
         if cfg.attention == "bidirectional":
             return None  # a whole sequence, no padding: every key is visible
-        T = int(seg.ids.shape[0])
-        first, last = int(seg.positions[0]), int(seg.positions[-1])
+        T = seg.length
+        first, last = seg.start, seg.start + T - 1
         if cfg.attention == "causal" and T == 1:
             return None
         if cfg.attention == "block_causal" and first // cfg.block_size == last // cfg.block_size:
@@ -437,17 +451,14 @@ class DiffusionLM(nn.Module):
             if len(segments) > 1
             else segments[0].ids[None]
         )  # (1, Ttot)
-        pos = (
-            torch.cat([s.positions for s in segments])[None]
-            if len(segments) > 1
-            else segments[0].positions[None]
-        )
+        seg_pos = [s.positions for s in segments]  # (T_i,) each
+        pos = torch.cat(seg_pos)[None] if len(segments) > 1 else seg_pos[0][None]  # (1, Ttot)
         spans, start = [], 0
         for s in segments:
-            spans.append((start, start + int(s.ids.shape[0])))
+            spans.append((start, start + s.length))
             start = spans[-1][1]
             if s.cache is not None and not s.overwrite:
-                L, T = s.cache.length, int(s.ids.shape[0])
+                L, T = s.cache.length, s.length
                 s.cache.reserve(
                     cfg.n_layers,
                     1,
@@ -460,18 +471,18 @@ class DiffusionLM(nn.Module):
         masks = [
             self._segment_mask(s) for s in segments
         ]  # before the caches see this pass's tokens
-        for s in segments:
+        for s, sp in zip(segments, seg_pos):
             if s.cache is not None:
                 if s.overwrite:
-                    assert int(s.positions[-1]) < s.cache.length, (
+                    assert s.start + s.length <= s.cache.length, (
                         "overwrite inside the cached range only"
                     )
-                    s.cache.cursor = int(s.positions[0])
+                    s.cache.cursor = s.start
                 else:
                     s.cache.cursor = None
-                    s.cache.write_meta(s.positions[None], None)
+                    s.cache.write_meta(sp[None], None)
         caches = [s.cache for s in segments]
-        cos, sin = self.rotary(pos)
+        cos, sin = self.rotary(pos, max(s.start + s.length for s in segments) - 1)
         x = self.model.embed_tokens(ids)  # (1, Ttot, C)
         for li, layer in enumerate(self.model.layers):
             x = layer(x, cos, sin, None, None, li, packed=(spans, caches, masks))
