@@ -11,6 +11,7 @@ no exact prefix cache (their prompt attends to the canvas), so rows in other cac
 from __future__ import annotations
 
 import collections
+import array
 import hashlib
 from dataclasses import dataclass
 
@@ -44,7 +45,7 @@ class PrefixCache:
         for i in range(n_blocks):
             blk = tokens[i * self.block : (i + 1) * self.block]
             h = hashlib.blake2b(
-                h + torch.tensor(blk, dtype=torch.int64).numpy().tobytes(), digest_size=16
+                h + array.array("q", blk).tobytes(), digest_size=16
             ).digest()
             keys.append(h)
         return keys

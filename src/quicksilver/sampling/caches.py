@@ -50,7 +50,9 @@ class BlockCache:
         start = row.cache.length
         freeze = (row.P + lo) // row.model_block * row.model_block  # the window's model block
         append = max(0, freeze - start)
-        return Segment(seq[start:], start, row.P + lo - start, row.P + hi - start, row.cache, append)
+        return Segment(
+            seq[start:], start, row.P + lo - start, row.P + hi - start, row.cache, append
+        )
 
 
 def _refresh_due(row: Row) -> bool:
@@ -76,15 +78,14 @@ class ApproximateCache:
             return Segment(seq, 0, row.P + lo, row.P + hi, row.cache, keep)
         if self.name == "prefix":
             start = row.cache.length
-            return Segment(
-                seq[start:], start, row.P + lo - start, row.P + hi - start, row.cache, 0
-            )
+            return Segment(seq[start:], start, row.P + lo - start, row.P + hi - start, row.cache, 0)
         a, b = row.P + lo, row.P + hi
         return Segment(seq[a:b], a, 0, b - a, row.cache, 0, overwrite=True)
 
 
 CACHE_MODES: dict[str, CacheMode] = {
-    m.name: m for m in (NoCache(), BlockCache(), ApproximateCache("prefix"), ApproximateCache("dual"))
+    m.name: m
+    for m in (NoCache(), BlockCache(), ApproximateCache("prefix"), ApproximateCache("dual"))
 }
 CACHE_CHOICES = ("auto", *CACHE_MODES)
 

@@ -99,14 +99,19 @@ def refine(rows: Sequence[Row], logits: Sequence[torch.Tensor], step: int) -> li
     k_host = [r.commit_count() for r in rows]
     k = torch.tensor(k_host, device=dev)  # (R,)
     tau = torch.tensor(
-        [r.cfg.threshold if POLICIES[r.cfg.policy].rule == "threshold" else float("inf") for r in rows],
+        [
+            r.cfg.threshold if POLICIES[r.cfg.policy].rule == "threshold" else float("inf")
+            for r in rows
+        ],
         device=dev,
     )  # (R,)
     bound = torch.tensor([b for _, b in revision], device=dev)  # (R,)
 
     gens = [r.generator for r in rows]
     names = [r.cfg.policy for r in rows]
-    x0 = draw_tokens(L, widths, [r.cfg.temperature for r in rows], [r.cfg.top_p for r in rows], gens)
+    x0 = draw_tokens(
+        L, widths, [r.cfg.temperature for r in rows], [r.cfg.top_p for r in rows], gens
+    )
     probs = L.softmax(-1)  # (R, W, V)
     noise = draw_noise(tuple(x0.shape), widths, names, gens, dev)  # type: ignore[arg-type]
     take, order = choose(policy_scores(probs, x0, noise, names), masked, k, tau)  # (R, W) each
