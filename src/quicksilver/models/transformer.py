@@ -19,8 +19,10 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
+from ..errors import ConfigError
 from .config import ModelConfig
 from .kvcache import KVCache
+from .packing import LAYOUTS, Layout, PerSequence, plan_batched
 
 
 class RMSNorm(nn.Module):
@@ -220,30 +222,12 @@ class Attention(nn.Module):
         return self.output(self.attend(q, k, v, mask))
 
     def forward_packed(
-        self,
-        x: torch.Tensor,
-        cos: torch.Tensor,
-        sin: torch.Tensor,
-        spans: list[tuple[int, int]],
-        caches: list[KVCache | None],
-        masks: list[torch.Tensor | None],
-        layer: int,
+        self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, layout: Layout, layer: int
     ) -> torch.Tensor:
-        """Packed sequences (1, sum T_i, C): projections batched, attention per sequence with its own cache.
-
-        Each sequence's attention sees exactly the tensors it would see alone, so a row's result does
-        not depend on its batch-mates (batch invariance).
-        """
+        """Packed sequences (1, sum T_i, C): projections batched, attention as ``layout`` says
+        (per sequence, or one call for all), each sequence with its own cache."""
         q, k, v = self.project(x, cos, sin)  # (1, H, Ttot, hd)
-        if len(spans) == 1 and caches[0] is None:
-            return self.output(self.attend(q, k, v, masks[0]))
-        ys = []
-        for (s, e), cache, m in zip(spans, caches, masks):
-            ki, vi = k[:, :, s:e], v[:, :, s:e]
-            if cache is not None:
-                ki, vi = cache.write(layer, ki, vi)  # (1, Hkv, L+T_i, hd)
-            ys.append(self.attend(q[:, :, s:e], ki, vi, m))
-        return self.output(torch.cat(ys, dim=2))
+        return self.output(layout.attend(self.attend, q, k, v, layer))
 
 
 def _fused(
@@ -302,7 +286,7 @@ class Block(nn.Module):
         if packed is None:
             a = self.self_attn(h, cos, sin, mask, cache, layer)
         else:
-            a = self.self_attn.forward_packed(h, cos, sin, *packed, layer)
+            a = self.self_attn.forward_packed(h, cos, sin, packed, layer)
         x = x + a  # (B, T, C)
         return x + self.mlp(self.post_attention_layernorm(x))
 
@@ -326,6 +310,7 @@ class DiffusionLM(nn.Module):
         if cfg.tie_embeddings:
             self.lm_head.weight = self.model.embed_tokens.weight
         self.rotary = Rotary(cfg.rotary_dim, cfg.rope_theta, cfg.max_seq_len)
+        self.attention_layout = "per_sequence"  # see models.packing
         self.apply(self._init)
         for name, p in self.named_parameters():  # scaled init of residual outputs (GPT-2)
             if name.endswith("o_proj.weight") or name.endswith("down_proj.weight"):
@@ -440,6 +425,29 @@ class DiffusionLM(nn.Module):
             cfg.attention, cfg.block_size, seg.positions[None], k_pos[None], None
         )
 
+    def set_attention_layout(self, name: str) -> None:
+        """``per_sequence`` (one attention call per sequence) or ``batched`` (one per layer)."""
+        if name not in LAYOUTS:
+            raise ConfigError(f"attention layout must be one of {LAYOUTS}, got {name!r}")
+        self.attention_layout = name
+
+    def _layout(self, segments: list[Segment], spans: list[tuple[int, int]]) -> Layout:
+        caches = [s.cache for s in segments]
+        if self.attention_layout == "per_sequence":
+            return PerSequence(spans, caches, [self._segment_mask(s) for s in segments])
+        key_lens = [
+            0 if s.cache is None else s.cache.length for s in segments
+        ]  # cached keys before this pass
+        key_lens = [L if s.overwrite else L + s.length for L, s in zip(key_lens, segments)]
+        cfg = self.config
+
+        def mask(q_pos: torch.Tensor, k_pos: torch.Tensor, k_valid: torch.Tensor) -> torch.Tensor:
+            return build_attention_mask(cfg.attention, cfg.block_size, q_pos, k_pos, k_valid)
+
+        device = segments[0].ids.device
+        starts = [s.start for s in segments]
+        return plan_batched(spans, starts, caches, key_lens, mask, cfg.max_seq_len, device)
+
     def forward_segments(self, segments: list[Segment]) -> list[torch.Tensor]:
         """Packed inference forward: one pass for several sequences, each with its own KV cache.
 
@@ -468,9 +476,6 @@ class DiffusionLM(nn.Module):
                     self.lm_head.weight.dtype,
                     ids.device,
                 )
-        masks = [
-            self._segment_mask(s) for s in segments
-        ]  # before the caches see this pass's tokens
         for s, sp in zip(segments, seg_pos):
             if s.cache is not None:
                 if s.overwrite:
@@ -481,11 +486,11 @@ class DiffusionLM(nn.Module):
                 else:
                     s.cache.cursor = None
                     s.cache.write_meta(sp[None], None)
-        caches = [s.cache for s in segments]
+        layout = self._layout(segments, spans)  # the caches know this pass's positions now
         cos, sin = self.rotary(pos, max(s.start + s.length for s in segments) - 1)
         x = self.model.embed_tokens(ids)  # (1, Ttot, C)
         for li, layer in enumerate(self.model.layers):
-            x = layer(x, cos, sin, None, None, li, packed=(spans, caches, masks))
+            x = layer(x, cos, sin, None, None, li, packed=layout)
         h = self.model.norm(x)[0]  # (Ttot, C)
         out = []
         for s, (a, _) in zip(segments, spans):
