@@ -6,6 +6,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+from quicksilver.errors import ConfigError
 from quicksilver.models import DiffusionLM, preset
 from quicksilver.models.kvcache import KVCache
 from quicksilver.models.packing import KEY_BUCKET, key_length
@@ -113,3 +114,41 @@ def test_key_axis_buckets() -> None:
     assert key_length(700, 4096) == 2 * KEY_BUCKET
     assert key_length(1000, 1000) == 1000
     assert key_length(400, 1000) == KEY_BUCKET
+
+
+@pytest.mark.parametrize("attention", ["bidirectional", "block_causal"])
+def test_static_shapes_change_no_result(attention: str) -> None:
+    """Packed tokens padded to a bucket (what CUDA graphs need) give the same tokens and logits."""
+    plain = _model(attention, "batched")
+    static = _model(attention, "batched")
+    static.static_shapes = True
+    segs = _segments(cached=False)
+    for a, b in zip(_run(plain, segs, False), _run(static, segs, False)):
+        assert torch.equal(a, b)
+    cfgs = [_mixed(i) for i in range(4)]
+    prompts = [_prompt(i) for i in range(4)]
+    a = Decoder(plain, MASK, [EOS], vocab_limit=96).generate(prompts, cfgs)
+    b = Decoder(static, MASK, [EOS], vocab_limit=96).generate(prompts, cfgs)
+    assert [r.tokens for r in a] == [r.tokens for r in b]
+
+
+def test_static_shapes_need_the_batched_layout() -> None:
+    m = _model("block_causal", "batched")
+    m.static_shapes = True
+    with pytest.raises(ConfigError, match="batched"):
+        m.set_attention_layout("per_sequence")
+    with pytest.raises(ConfigError, match="layout"):
+        m.set_attention_layout("ragged")
+
+
+@pytest.mark.slow
+def test_cuda_graph_build_compiled_equals_eager_at_temperature_zero() -> None:
+    """``compile_static`` (reduce-overhead; on CPU it compiles without graphs): same tokens."""
+    eager = _model("block_causal", "per_sequence")
+    compiled = _model("block_causal", "per_sequence")
+    compiled.compile_static()
+    cfgs = [_mixed(i).replace(temperature=0.0) for i in range(3)]
+    prompts = [_prompt(i) for i in range(3)]
+    a = Decoder(eager, MASK, [EOS], vocab_limit=96).generate(prompts, cfgs)
+    b = Decoder(compiled, MASK, [EOS], vocab_limit=96).generate(prompts, cfgs)
+    assert [r.tokens for r in a] == [r.tokens for r in b]

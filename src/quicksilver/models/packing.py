@@ -31,6 +31,11 @@ def round_up(n: int, m: int) -> int:
     return -(-n // m) * m
 
 
+def token_bucket(n: int) -> int:
+    """Packed tokens of a step under static shapes: the next power of two, at least 64."""
+    return max(64, 1 << (n - 1).bit_length())
+
+
 def key_length(need: int, max_seq_len: int) -> int:
     """The padded key axis for a step whose longest row attends over ``need`` keys."""
     return max(need, min(round_up(need, KEY_BUCKET), round_up(max_seq_len, 8)))
@@ -80,6 +85,7 @@ class Batched:
     TQ: int
     TK: int
     dest: torch.Tensor  # (Ttot,) long: packed token -> row * TQ + offset
+    gather: torch.Tensor  # (Tpad,) long: dest, then 0 for the padding tokens (static shapes)
     mask: torch.Tensor  # (R, 1, TQ, TK) bool
 
     def attend(
@@ -95,11 +101,14 @@ class Batched:
                 ki, vi = cache.write(layer, ki, vi)  # (1, Hkv, L+T_i, hd)
             K[i, :, : ki.shape[2]] = ki[0]
             V[i, :, : vi.shape[2]] = vi[0]
-        Q = q.new_zeros(H, R * self.TQ, hd).index_copy_(1, self.dest, q[0])  # (H, R*TQ, hd)
+        Ttot = int(self.dest.shape[0])
+        Q = q.new_zeros(H, R * self.TQ, hd).index_copy_(
+            1, self.dest, q[0, :, :Ttot]
+        )  # (H, R*TQ, hd)
         Q = Q.view(H, R, self.TQ, hd).transpose(0, 1)  # (R, H, TQ, hd)
         y = attend(Q, K, V, self.mask)  # (R, H, TQ, hd)
         y = y.transpose(0, 1).reshape(H, R * self.TQ, hd)  # (H, R*TQ, hd)
-        return y.index_select(1, self.dest)[None]  # (1, H, Ttot, hd)
+        return y.index_select(1, self.gather)[None]  # (1, H, Tpad, hd)
 
 
 def plan_batched(
@@ -109,12 +118,14 @@ def plan_batched(
     key_lens: list[int],
     mask_fn: MaskFn,
     max_seq_len: int,
+    n_tokens: int,
     device: torch.device,
 ) -> Batched:
     """The padded layout of one step: query/key axes, the scatter index, the (R, 1, TQ, TK) mask.
 
     ``starts``: each row's first absolute position; ``key_lens``: how many keys it attends over
-    (its cache's positions say where the cached ones sit)."""
+    (its cache's positions say where the cached ones sit); ``n_tokens``: the packed length, padding
+    included."""
     R = len(spans)
     TQ = round_up(max(e - s for s, e in spans), QUERY_BUCKET)
     TK = key_length(max(key_lens), max_seq_len)
@@ -133,7 +144,9 @@ def plan_batched(
         k_valid[i, :n] = True
         dest.append(torch.arange(i * TQ, i * TQ + T, device=device))
     mask = mask_fn(q_pos, k_pos, k_valid)  # (R, 1, TQ, TK)
-    return Batched(spans, caches, key_lens, TQ, TK, torch.cat(dest), mask)
+    flat = torch.cat(dest)  # (Ttot,)
+    pad = torch.zeros(n_tokens - int(flat.shape[0]), dtype=torch.long, device=device)
+    return Batched(spans, caches, key_lens, TQ, TK, flat, torch.cat((flat, pad)), mask)
 
 
 class MaskFn(Protocol):

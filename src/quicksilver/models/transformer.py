@@ -22,7 +22,7 @@ import torch.nn.functional as F
 from ..errors import ConfigError
 from .config import ModelConfig
 from .kvcache import KVCache
-from .packing import LAYOUTS, Layout, PerSequence, plan_batched
+from .packing import LAYOUTS, Layout, PerSequence, plan_batched, token_bucket
 
 
 class RMSNorm(nn.Module):
@@ -311,6 +311,7 @@ class DiffusionLM(nn.Module):
             self.lm_head.weight = self.model.embed_tokens.weight
         self.rotary = Rotary(cfg.rotary_dim, cfg.rope_theta, cfg.max_seq_len)
         self.attention_layout = "per_sequence"  # see models.packing
+        self.static_shapes = False  # pad packed tokens to buckets (batched layout; CUDA graphs)
         self.apply(self._init)
         for name, p in self.named_parameters():  # scaled init of residual outputs (GPT-2)
             if name.endswith("o_proj.weight") or name.endswith("down_proj.weight"):
@@ -325,14 +326,22 @@ class DiffusionLM(nn.Module):
         elif isinstance(m, nn.Embedding):
             nn.init.normal_(m.weight, std=0.02)
 
-    def compile_blocks(self) -> None:
+    def compile_blocks(self, mode: str | None = None, dynamic: bool = True) -> None:
         """torch.compile the per-token parts of every block (MLP and norms; attention stays eager
         because its shapes follow the packed batch). Measured slower on the 2-core CPU (docs/LOG.md);
         meant for GPUs."""
         for layer in self.model.layers:
             for mod in (layer.mlp, layer.input_layernorm, layer.post_attention_layernorm):
-                mod.forward = torch.compile(mod.forward, dynamic=True)  # type: ignore[method-assign]
-        self.model.norm.forward = torch.compile(self.model.norm.forward, dynamic=True)  # type: ignore[method-assign]
+                mod.forward = torch.compile(mod.forward, mode=mode, dynamic=dynamic)  # type: ignore[method-assign]
+        self.model.norm.forward = torch.compile(self.model.norm.forward, mode=mode, dynamic=dynamic)  # type: ignore[method-assign]
+
+    def compile_static(self) -> None:
+        """CUDA graphs: bucketed static shapes (the batched attention layout, packed tokens padded
+        to a power of two) and ``torch.compile(mode="reduce-overhead")`` of the per-token parts, one
+        graph per bucket. On a CPU the same code compiles without graphs (for tests)."""
+        self.set_attention_layout("batched")
+        self.static_shapes = True
+        self.compile_blocks(mode="reduce-overhead", dynamic=False)
 
     def num_params(self) -> int:
         return sum(p.numel() for p in self.parameters())
@@ -429,9 +438,13 @@ class DiffusionLM(nn.Module):
         """``per_sequence`` (one attention call per sequence) or ``batched`` (one per layer)."""
         if name not in LAYOUTS:
             raise ConfigError(f"attention layout must be one of {LAYOUTS}, got {name!r}")
+        if self.static_shapes and name != "batched":
+            raise ConfigError("static shapes need the batched attention layout")
         self.attention_layout = name
 
-    def _layout(self, segments: list[Segment], spans: list[tuple[int, int]]) -> Layout:
+    def _layout(
+        self, segments: list[Segment], spans: list[tuple[int, int]], n_tokens: int
+    ) -> Layout:
         caches = [s.cache for s in segments]
         if self.attention_layout == "per_sequence":
             return PerSequence(spans, caches, [self._segment_mask(s) for s in segments])
@@ -446,7 +459,9 @@ class DiffusionLM(nn.Module):
 
         device = segments[0].ids.device
         starts = [s.start for s in segments]
-        return plan_batched(spans, starts, caches, key_lens, mask, cfg.max_seq_len, device)
+        return plan_batched(
+            spans, starts, caches, key_lens, mask, cfg.max_seq_len, n_tokens, device
+        )
 
     def forward_segments(self, segments: list[Segment]) -> list[torch.Tensor]:
         """Packed inference forward: one pass for several sequences, each with its own KV cache.
@@ -486,7 +501,10 @@ class DiffusionLM(nn.Module):
                 else:
                     s.cache.cursor = None
                     s.cache.write_meta(sp[None], None)
-        layout = self._layout(segments, spans)  # the caches know this pass's positions now
+        if self.static_shapes:  # padding tokens at position 0, in no segment: never read
+            pad = token_bucket(spans[-1][1]) - spans[-1][1]
+            ids, pos = F.pad(ids, (0, pad)), F.pad(pos, (0, pad))  # (1, Tpad)
+        layout = self._layout(segments, spans, int(ids.shape[1]))  # caches know the positions
         cos, sin = self.rotary(pos, max(s.start + s.length for s in segments) - 1)
         x = self.model.embed_tokens(ids)  # (1, Ttot, C)
         for li, layer in enumerate(self.model.layers):
