@@ -71,9 +71,7 @@ def test_gqa_shapes_and_bad_configs() -> None:
 def test_packed_segments_equal_padded_forward(attention: str, shift: bool) -> None:
     m = _model(attention=attention, block_size=4, logit_shift=shift)
     a, b = torch.randint(3, 96, (11,)), torch.randint(3, 96, (6,))
-    outs = m.forward_segments(
-        [Segment(a, 0, 0, 11), Segment(b, 0, 2, 6)]
-    )
+    outs = m.forward_segments([Segment(a, 0, 0, 11), Segment(b, 0, 2, 6)])
     assert torch.allclose(outs[0], m(a[None])[0], atol=1e-5)
     assert torch.allclose(outs[1], m(b[None])[0, 2:6], atol=1e-5)
 

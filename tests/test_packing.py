@@ -11,8 +11,7 @@ from quicksilver.models import DiffusionLM, preset
 from quicksilver.models.kvcache import KVCache
 from quicksilver.models.packing import KEY_BUCKET, key_length
 from quicksilver.models.transformer import Segment
-from quicksilver.sampling import Decoder, SamplerConfig
-
+from quicksilver.sampling import Decoder
 from test_step import _mixed, _prompt
 
 MASK, EOS = 2, 1

@@ -13,6 +13,7 @@ import torch
 from .errors import CheckpointError, ConfigError
 from .models.checkpoint import load_checkpoint
 from .models.config import ModelConfig
+from .models.packing import resolve_layout
 from .models.transformer import DiffusionLM
 from .sampling import Decoder, SamplerConfig
 from .sampling.state import RowEvent
@@ -166,14 +167,21 @@ def load(
     cache: str = "auto",
     refresh_every: int = 0,
     compile: bool = False,
+    attention_layout: str = "auto",
+    cuda_graphs: bool = False,
 ) -> Pipeline:
     """Load a checkpoint directory (never touches the network). Default: CPU float32, CUDA bfloat16.
 
     cache: ``auto`` (the exact block cache for block-causal models, none for bidirectional ones),
     ``none``, ``block``, or the approximate ``prefix`` / ``dual`` caches for bidirectional models,
     refreshed at every block start and every ``refresh_every`` steps (0: block starts only).
-    compile: ``torch.compile`` the per-token parts of every block (for GPUs; slower on small CPUs)."""
+    compile: ``torch.compile`` the per-token parts of every block (for GPUs; slower on small CPUs).
+    attention_layout: ``per_sequence``, ``batched`` (one attention call per layer) or ``auto``
+    (batched on a GPU). cuda_graphs: static bucketed shapes + ``torch.compile(mode="reduce-overhead")``."""
     model, tok = load_checkpoint(path, dtype, device)
-    if compile:
+    model.set_attention_layout(resolve_layout(attention_layout, model.lm_head.weight.device))
+    if cuda_graphs:
+        model.compile_static()
+    elif compile:
         model.compile_blocks()
     return Pipeline(model, tok, path, cache=cache, refresh_every=refresh_every)

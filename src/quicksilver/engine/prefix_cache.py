@@ -10,8 +10,8 @@ no exact prefix cache (their prompt attends to the canvas), so rows in other cac
 
 from __future__ import annotations
 
-import collections
 import array
+import collections
 import hashlib
 from dataclasses import dataclass
 
@@ -44,9 +44,7 @@ class PrefixCache:
         keys, h = [], b""
         for i in range(n_blocks):
             blk = tokens[i * self.block : (i + 1) * self.block]
-            h = hashlib.blake2b(
-                h + array.array("q", blk).tobytes(), digest_size=16
-            ).digest()
+            h = hashlib.blake2b(h + array.array("q", blk).tobytes(), digest_size=16).digest()
             keys.append(h)
         return keys
 

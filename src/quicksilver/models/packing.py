@@ -156,3 +156,11 @@ class MaskFn(Protocol):
 
 
 LAYOUTS = ("per_sequence", "batched")
+
+
+def resolve_layout(name: str, device: torch.device) -> str:
+    """auto: one call per layer on a GPU; per sequence on a CPU, where padding the key axis costs
+    more than the calls it saves (measured, docs/LOG.md)."""
+    if name == "auto":
+        return "batched" if device.type == "cuda" else "per_sequence"
+    return name

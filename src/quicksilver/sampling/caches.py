@@ -22,7 +22,8 @@ if TYPE_CHECKING:
 
 
 class CacheMode(Protocol):
-    name: str
+    @property
+    def name(self) -> str: ...
 
     def segment(self, row: Row) -> Segment:
         """The row's share of the next forward pass."""
