@@ -215,3 +215,23 @@ def test_each_cache_mode_runs_the_positions_it_promises() -> None:
     row = dec.new_row(prompt, cfg)
     first = row.segment()
     assert (first.start, first.append) == (0, P // 8 * 8)  # complete model blocks are kept
+
+
+def test_the_prepared_gpu_run_works_on_the_cpu_with_tiny_shapes(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    import json
+    import subprocess
+    import sys
+
+    out = tmp_path / "gpu"
+    cmd = [sys.executable, "-m", "quicksilver.bench.gpu_run", "--tiny", "--out", str(out)]
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    first, last = proc.stdout.splitlines()[0], proc.stdout.splitlines()[-1]
+    assert "quicksilver gpu_run on CPU" in first  # the device is named
+    summary = json.loads(last)
+    assert [s["stage"] for s in summary["stages"]] == ["llada-8b", "dream-7b", "speed"]
+    decode = summary["stages"][0]["result"]["results"][0]["decode"]
+    assert {(r["batch"], r["tokens_per_step"]) for r in decode} == {
+        (b, k) for b in (1, 4) for k in (1, 2, 5, 8)
+    }
+    assert all(r["tpf"] == r["tokens_per_step"] and r["syncs_per_step"] == 1 for r in decode)
