@@ -14,6 +14,7 @@ else is in the batch. Rows may join and leave between steps (``step`` takes any 
 from __future__ import annotations
 
 from collections.abc import Generator, Sequence
+from dataclasses import dataclass
 
 import torch
 
@@ -80,60 +81,72 @@ def _host_update(
     return row.event(step, committed, remasked)
 
 
+@dataclass
+class Windows:
+    """The step's windows of every row, padded to the widest (W)."""
+
+    widths: list[int]  # n_i = hi - lo of each row
+    logits: torch.Tensor  # (R, W, V) float32, forbidden tokens at -inf
+    cur: torch.Tensor  # (R, W) tokens on the canvas (mask id where masked)
+    masked: torch.Tensor  # (R, W) bool
+    eligible: torch.Tensor  # (R, W) bool: may be re-masked by revision
+    bound: list[float]  # per row: revision's confidence bound (0: no revision)
+    k: list[int]  # per row: positions the policy must commit (0: a check pass)
+
+
+def gather_windows(rows: Sequence[Row], logits: Sequence[torch.Tensor]) -> Windows:
+    """Pad the rows' window logits (n_i, V) and canvas state into batch tensors (device only)."""
+    widths = [int(lg.shape[0]) for lg in logits]
+    L = forbid(pad_windows(logits), rows[0].mask_id, rows[0].vocab_limit)  # (R, W, V)
+    for i, r in enumerate(rows):
+        if r.constraint is not None:
+            L[i, : widths[i]] = r.constraint.mask_logits(r, r.window()[0], L[i, : widths[i]])
+    cur = [r.canvas[slice(*r.window())] for r in rows]  # (n_i,) each
+    revision = [revision_inputs(r, c) for r, c in zip(rows, cur)]
+    return Windows(
+        widths,
+        L,
+        _pad(cur, rows[0].mask_id),
+        ~_pad([r.committed[slice(*r.window())] for r in rows], True),
+        _pad([e for e, _ in revision], False),
+        [b for _, b in revision],
+        [r.commit_count() for r in rows],
+    )
+
+
+def select_commits(rows: Sequence[Row], w: Windows) -> tuple[torch.Tensor, ...]:
+    """take, x0, bad (R, W) and the order (R, W) of positions by score, for every row at once."""
+    dev = w.logits.device
+    gens = [r.generator for r in rows]
+    names = [r.cfg.policy for r in rows]
+    temps, top_ps = [r.cfg.temperature for r in rows], [r.cfg.top_p for r in rows]
+    x0 = draw_tokens(w.logits, w.widths, temps, top_ps, gens)  # (R, W)
+    probs = w.logits.softmax(-1)  # (R, W, V)
+    noise = draw_noise((len(rows), w.logits.shape[1]), w.widths, names, gens, dev)
+    inf = float("inf")
+    tau = [r.cfg.threshold if POLICIES[r.cfg.policy].rule == "threshold" else inf for r in rows]
+    score = policy_scores(probs, x0, noise, names)  # (R, W)
+    k = torch.tensor(w.k, device=dev)  # (R,)
+    take, order = choose(score, w.masked, k, torch.tensor(tau, device=dev))  # (R, W) each
+    bad = remask(probs, w.cur, w.masked, w.eligible, torch.tensor(w.bound, device=dev))
+    return take, x0, bad, order
+
+
 @torch.no_grad()
 def refine(rows: Sequence[Row], logits: Sequence[torch.Tensor], step: int) -> list[RowEvent]:
     """Apply one step to live rows given each row's window logits (hi - lo, V)."""
     for r in rows:
         r.begin_step()
-    widths = [int(lg.shape[0]) for lg in logits]
-    L = forbid(pad_windows(logits), rows[0].mask_id, rows[0].vocab_limit)  # (R, W, V)
-    dev = L.device
+    w = gather_windows(rows, logits)
+    take, x0, bad, order = select_commits(rows, w)
     for i, r in enumerate(rows):
-        if r.constraint is not None:
-            L[i, : widths[i]] = r.constraint.mask_logits(r, r.window()[0], L[i, : widths[i]])
-    cur_parts = [r.canvas[slice(*r.window())] for r in rows]  # (n_i,) each
-    revision = [revision_inputs(r, c) for r, c in zip(rows, cur_parts)]
-    cur = _pad(cur_parts, rows[0].mask_id)  # (R, W)
-    masked = ~_pad([r.committed[slice(*r.window())] for r in rows], True)  # (R, W)
-    eligible = _pad([e for e, _ in revision], False)  # (R, W)
-    k_host = [r.commit_count() for r in rows]
-    k = torch.tensor(k_host, device=dev)  # (R,)
-    tau = torch.tensor(
-        [
-            r.cfg.threshold if POLICIES[r.cfg.policy].rule == "threshold" else float("inf")
-            for r in rows
-        ],
-        device=dev,
-    )  # (R,)
-    bound = torch.tensor([b for _, b in revision], device=dev)  # (R,)
-
-    gens = [r.generator for r in rows]
-    names = [r.cfg.policy for r in rows]
-    x0 = draw_tokens(
-        L, widths, [r.cfg.temperature for r in rows], [r.cfg.top_p for r in rows], gens
-    )
-    probs = L.softmax(-1)  # (R, W, V)
-    noise = draw_noise(tuple(x0.shape), widths, names, gens, dev)  # type: ignore[arg-type]
-    take, order = choose(policy_scores(probs, x0, noise, names), masked, k, tau)  # (R, W) each
-    bad = remask(probs, cur, masked, eligible, bound)  # (R, W)
-    for i, r in enumerate(rows):
-        n = widths[i]
-        _write(r, take[i, :n], x0[i, :n], bad[i, :n])
-
+        _write(r, take[i, : w.widths[i]], x0[i, : w.widths[i]], bad[i, : w.widths[i]])
     events = torch.stack((take.long(), x0, bad.long())).tolist()  # the step's one transfer
-    return [
-        _host_update(
-            r,
-            step,
-            k_host[i],
-            events[0][i][: widths[i]],
-            events[1][i][: widths[i]],
-            events[2][i][: widths[i]],
-            order[i, : widths[i]],
-            L[i, : widths[i]],
-        )
-        for i, r in enumerate(rows)
-    ]
+    out = []
+    for i, (r, n) in enumerate(zip(rows, w.widths)):
+        t, tok, b = (e[i][:n] for e in events)  # take, tokens, bad of this row's window
+        out.append(_host_update(r, step, w.k[i], t, tok, b, order[i, :n], w.logits[i, :n]))
+    return out
 
 
 class Decoder:
