@@ -448,10 +448,10 @@ class DiffusionLM(nn.Module):
         caches = [s.cache for s in segments]
         if self.attention_layout == "per_sequence":
             return PerSequence(spans, caches, [self._segment_mask(s) for s in segments])
-        key_lens = [
-            0 if s.cache is None else s.cache.length for s in segments
-        ]  # cached keys before this pass
-        key_lens = [L if s.overwrite else L + s.length for L, s in zip(key_lens, segments)]
+        key_lens = [  # cached keys, plus this pass's unless they overwrite cached ones (dual)
+            (0 if s.cache is None else s.cache.length) + (0 if s.overwrite else s.length)
+            for s in segments
+        ]
         cfg = self.config
 
         def mask(q_pos: torch.Tensor, k_pos: torch.Tensor, k_valid: torch.Tensor) -> torch.Tensor:

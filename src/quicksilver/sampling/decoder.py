@@ -28,6 +28,8 @@ from .policies import POLICIES
 from .select import choose, draw_noise, draw_tokens, forbid, pad_windows, policy_scores
 from .state import DecodeResult, Row, RowEvent
 
+NOTHING, REMASKED = -1, -2  # event codes besides committed tokens
+
 __all__ = ["Constraint", "DecodeResult", "Decoder", "Row", "RowEvent", "refine"]
 
 
@@ -38,33 +40,27 @@ def _pad(parts: list[torch.Tensor], value: float | bool) -> torch.Tensor:
     return torch.nn.utils.rnn.pad_sequence(parts, batch_first=True, padding_value=value)
 
 
-def _write(row: Row, take: torch.Tensor, x0: torch.Tensor, bad: torch.Tensor) -> None:
+def _write(row: Row, take: torch.Tensor, x0: torch.Tensor, bad: torch.Tensor | None) -> None:
     """Commit ``take`` and re-mask ``bad`` (window vectors (n,)) on the row's device canvas."""
     lo, hi = row.window()
-    canvas = row.canvas[lo:hi].masked_fill(bad, row.mask_id)  # (n,)
+    canvas, committed = row.canvas[lo:hi], row.committed[lo:hi]  # views (n,)
+    if bad is not None:
+        canvas.masked_fill_(bad, row.mask_id)
+        committed &= ~bad
+        if row.revising:
+            row.revisions[lo:hi] += bad
     if row.constraint is None:  # a constrained row's commits are asked one by one, later
-        canvas = torch.where(take, x0, canvas)
-        row.committed[lo:hi] = (row.committed[lo:hi] | take) & ~bad
-    else:
-        row.committed[lo:hi] &= ~bad
-    row.canvas[lo:hi] = canvas
-    if row.revising:
-        row.revisions[lo:hi] += bad
+        canvas.copy_(torch.where(take, x0, canvas))
+        committed |= take
 
 
 def _host_update(
-    row: Row,
-    step: int,
-    k: int,
-    take: list[int],
-    tokens: list[int],
-    bad: list[int],
-    order: torch.Tensor,
-    logits: torch.Tensor,
+    row: Row, step: int, k: int, codes: list[int], order: torch.Tensor, logits: torch.Tensor
 ) -> RowEvent:
-    """Mirror one row's step on the host (window lists of length n); stops, blocks, finish."""
+    """Mirror one row's step on the host from its window's event codes (token: committed, -1:
+    nothing, -2: re-masked); stops, blocks, finish."""
     lo = row.window()[0]
-    remasked = [lo + j for j, b in enumerate(bad) if b]
+    remasked = [lo + j for j, c in enumerate(codes) if c == REMASKED]
     if k == 0:  # a check pass over a filled block (revision)
         row.record([], remasked)
         if not remasked:
@@ -72,9 +68,9 @@ def _host_update(
         row.advance()
         return row.event(step, [], remasked)
     if row.constraint is None:
-        committed = [(lo + j, tokens[j]) for j, t in enumerate(take) if t]
+        committed = [(lo + j, c) for j, c in enumerate(codes) if c >= 0]
     else:
-        committed = commit_constrained(row, order, take, tokens, logits)
+        committed = commit_constrained(row, order, [c >= 0 for c in codes], codes, logits)
     row.record(committed, remasked)
     committed = apply_stop(row, committed)
     row.advance()
@@ -87,11 +83,11 @@ class Windows:
 
     widths: list[int]  # n_i = hi - lo of each row
     logits: torch.Tensor  # (R, W, V) float32, forbidden tokens at -inf
-    cur: torch.Tensor  # (R, W) tokens on the canvas (mask id where masked)
     masked: torch.Tensor  # (R, W) bool
-    eligible: torch.Tensor  # (R, W) bool: may be re-masked by revision
-    bound: list[float]  # per row: revision's confidence bound (0: no revision)
     k: list[int]  # per row: positions the policy must commit (0: a check pass)
+    cur: torch.Tensor | None  # (R, W) tokens on the canvas; None: no row revises
+    eligible: torch.Tensor | None  # (R, W) bool: may be re-masked by revision
+    bound: list[float]  # per row: revision's confidence bound (0: no revision)
 
 
 def gather_windows(rows: Sequence[Row], logits: Sequence[torch.Tensor]) -> Windows:
@@ -101,21 +97,21 @@ def gather_windows(rows: Sequence[Row], logits: Sequence[torch.Tensor]) -> Windo
     for i, r in enumerate(rows):
         if r.constraint is not None:
             L[i, : widths[i]] = r.constraint.mask_logits(r, r.window()[0], L[i, : widths[i]])
-    cur = [r.canvas[slice(*r.window())] for r in rows]  # (n_i,) each
-    revision = [revision_inputs(r, c) for r, c in zip(rows, cur)]
-    return Windows(
-        widths,
-        L,
-        _pad(cur, rows[0].mask_id),
-        ~_pad([r.committed[slice(*r.window())] for r in rows], True),
-        _pad([e for e, _ in revision], False),
-        [b for _, b in revision],
-        [r.commit_count() for r in rows],
-    )
+    masked = ~_pad([r.committed[slice(*r.window())] for r in rows], True)  # (R, W)
+    w = Windows(widths, L, masked, [r.commit_count() for r in rows], None, None, [])
+    if any(r.revising for r in rows):
+        cur = [r.canvas[slice(*r.window())] for r in rows]  # (n_i,) each
+        revision = [revision_inputs(r, c) for r, c in zip(rows, cur)]
+        w.cur, w.eligible = _pad(cur, rows[0].mask_id), _pad([e for e, _ in revision], False)
+        w.bound = [b for _, b in revision]
+    return w
 
 
-def select_commits(rows: Sequence[Row], w: Windows) -> tuple[torch.Tensor, ...]:
-    """take, x0, bad (R, W) and the order (R, W) of positions by score, for every row at once."""
+def select_commits(
+    rows: Sequence[Row], w: Windows
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None, torch.Tensor]:
+    """take, x0, bad (R, W) (None: no row revises) and the order (R, W) of positions by score,
+    for every row at once."""
     dev = w.logits.device
     gens = [r.generator for r in rows]
     names = [r.cfg.policy for r in rows]
@@ -128,7 +124,9 @@ def select_commits(rows: Sequence[Row], w: Windows) -> tuple[torch.Tensor, ...]:
     score = policy_scores(probs, x0, noise, names)  # (R, W)
     k = torch.tensor(w.k, device=dev)  # (R,)
     take, order = choose(score, w.masked, k, torch.tensor(tau, device=dev))  # (R, W) each
-    bad = remask(probs, w.cur, w.masked, w.eligible, torch.tensor(w.bound, device=dev))
+    bad = None
+    if w.cur is not None and w.eligible is not None:
+        bad = remask(probs, w.cur, w.masked, w.eligible, torch.tensor(w.bound, device=dev))
     return take, x0, bad, order
 
 
@@ -139,14 +137,16 @@ def refine(rows: Sequence[Row], logits: Sequence[torch.Tensor], step: int) -> li
         r.begin_step()
     w = gather_windows(rows, logits)
     take, x0, bad, order = select_commits(rows, w)
-    for i, r in enumerate(rows):
-        _write(r, take[i, : w.widths[i]], x0[i, : w.widths[i]], bad[i, : w.widths[i]])
-    events = torch.stack((take.long(), x0, bad.long())).tolist()  # the step's one transfer
-    out = []
     for i, (r, n) in enumerate(zip(rows, w.widths)):
-        t, tok, b = (e[i][:n] for e in events)  # take, tokens, bad of this row's window
-        out.append(_host_update(r, step, w.k[i], t, tok, b, order[i, :n], w.logits[i, :n]))
-    return out
+        _write(r, take[i, :n], x0[i, :n], None if bad is None else bad[i, :n])
+    codes = torch.where(take, x0, NOTHING)  # (R, W)
+    if bad is not None:
+        codes = codes.masked_fill(bad, REMASKED)
+    events = codes.tolist()  # the step's one device-to-host transfer
+    return [
+        _host_update(r, step, w.k[i], events[i][:n], order[i, :n], w.logits[i, :n])
+        for i, (r, n) in enumerate(zip(rows, w.widths))
+    ]
 
 
 class Decoder:
