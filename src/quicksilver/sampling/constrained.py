@@ -564,6 +564,23 @@ class BanTokens:
         return logits
 
 
+class AllowTokens:
+    """A constraint that allows only some tokens (e.g. ``<tool_call>`` or a stop: does a call follow?)."""
+
+    def __init__(self, allowed: Iterable[int]) -> None:
+        self.allowed = frozenset(int(t) for t in allowed)
+        self._ids = torch.tensor(sorted(self.allowed), dtype=torch.long)
+
+    def allow(self, row: Any, pos: int, token: int) -> bool:
+        return int(token) in self.allowed
+
+    def mask_logits(self, row: Any, lo: int, logits: torch.Tensor) -> torch.Tensor:
+        keep = torch.full_like(logits, float("-inf"))  # (n, V)
+        ids = self._ids[self._ids < logits.shape[1]].to(logits.device)
+        keep[:, ids] = logits[:, ids]
+        return keep
+
+
 _CACHE: OrderedDict[str, list[Piece]] = OrderedDict()
 
 
