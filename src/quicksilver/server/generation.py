@@ -41,8 +41,8 @@ from ..sampling.constrained import AllowTokens, BanTokens, Piece, build_canvas
 from ..tokenizer import Tokenizer
 from .async_engine import AsyncEngine
 from .errors import APIError
-from .metrics import Metrics
 from .logprobs import LogprobRecorder, TokenLogprob
+from .metrics import Metrics
 from .tools import OPEN_TAG, parse_tool_calls
 
 MASK_GLYPH = "░"

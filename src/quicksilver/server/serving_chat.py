@@ -28,8 +28,8 @@ from ..sampling.constrained import (
 )
 from .budgets import check_explicit, split
 from .errors import APIError, bad_request
-from .logprobs import chat_logprobs
 from .generation import CallPlan, ChoiceResult, Delta, Plan
+from .logprobs import chat_logprobs
 from .protocol_chat import ChatCompletionRequest, NamedToolChoice, Tool
 from .serving_engine import GenerationServing, sse_chunk, usage_chunk, usage_extras
 from .tools import CLOSE_TAG, OPEN_TAG, forced_call_pieces, template_messages, tool_dicts
