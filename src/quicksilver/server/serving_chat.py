@@ -31,7 +31,8 @@ from .errors import APIError, bad_request
 from .generation import CallPlan, ChoiceResult, Delta, Plan
 from .logprobs import chat_logprobs
 from .protocol_chat import ChatCompletionRequest, NamedToolChoice, Tool
-from .serving_engine import GenerationServing, sse_chunk, usage_chunk, usage_extras
+from .serving_engine import GenerationServing, usage_chunk, usage_extras
+from .sse import sse_chunk
 from .tools import CLOSE_TAG, OPEN_TAG, forced_call_pieces, template_messages, tool_dicts
 
 

@@ -18,7 +18,8 @@ from .errors import bad_request
 from .generation import EFFORTS, ChoiceResult, Delta, Plan
 from .logprobs import completion_logprobs
 from .protocol_completion import CompletionRequest
-from .serving_engine import GenerationServing, sse_chunk, usage_chunk, usage_extras
+from .serving_engine import GenerationServing, usage_chunk, usage_extras
+from .sse import sse_chunk
 
 FIM_TOKENS = ("<|fim_prefix|>", "<|fim_suffix|>", "<|fim_middle|>")
 

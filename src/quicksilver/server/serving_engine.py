@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
 from collections.abc import AsyncGenerator, Awaitable
 from typing import Any, TypeVar
 
@@ -16,10 +15,11 @@ from ..engine import EngineOverloaded
 from ..errors import ConfigError
 from ..sampling import SamplerConfig
 from .config import MAX_STOP_CHARS, MAX_TOP_LOGPROBS, ServerConfig
-from .errors import APIError, bad_request, internal_error, overloaded
+from .errors import APIError, bad_request, overloaded
 from .generation import EFFORTS, Backend, ChoiceResult, ChoiceRunner, Delta, Effort, Plan
 from .metrics import Metrics
 from .protocol import DiffusionExtras, usage
+from .sse import sse
 
 T = TypeVar("T")
 MODEL_ALIAS = "quicksilver"
@@ -226,49 +226,6 @@ def map_error(e: BaseException) -> BaseException:
     if isinstance(e, ConfigError):
         return bad_request(str(e))
     return e
-
-
-def sse(obj: dict[str, Any]) -> str:
-    return f"data: {json.dumps(obj, ensure_ascii=False)}\n\n"
-
-
-def sse_chunk(
-    cid: str, kind: str, created: int, model: str, choice: dict[str, Any], include_usage: bool
-) -> str:
-    """One streamed chunk with a single choice; ``usage: null`` on every chunk when the client asked for
-    a usage chunk at the end (the OpenAI convention)."""
-    obj: dict[str, Any] = {
-        "id": cid,
-        "object": kind,
-        "created": created,
-        "model": model,
-        "choices": [choice],
-    }
-    if include_usage:
-        obj["usage"] = None
-    return sse(obj)
-
-
-async def sse_guard(gen: AsyncGenerator[str, None], metrics: Metrics) -> AsyncGenerator[str, None]:
-    """Wraps a stream: an error mid-stream becomes one error event; a client that goes away (the
-    response task is cancelled) closes the inner generator, which cancels the engine requests."""
-    finished = False
-    try:
-        async with contextlib.aclosing(gen) as inner:
-            async for chunk in inner:
-                yield chunk
-        finished = True
-    except APIError as e:
-        finished = True
-        yield sse(e.body())
-        yield "data: [DONE]\n\n"
-    except Exception as e:  # never a traceback to the client
-        finished = True
-        yield sse(internal_error(e).body())
-        yield "data: [DONE]\n\n"
-    finally:
-        if not finished:
-            metrics.inc("requests_aborted_total")
 
 
 async def until_disconnect(request: Request, work: Awaitable[T], metrics: Metrics) -> T:
