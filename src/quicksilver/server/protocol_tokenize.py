@@ -5,7 +5,7 @@ from __future__ import annotations
 from pydantic import Field
 
 from .protocol import OpenAIBaseModel
-from .protocol_chat import ChatMessage
+from .protocol_chat import ChatMessage, Tool
 
 
 class TokenizeRequest(OpenAIBaseModel):
@@ -14,6 +14,7 @@ class TokenizeRequest(OpenAIBaseModel):
     model: str | None = None
     prompt: str | None = Field(default=None, max_length=1_000_000)
     messages: list[ChatMessage] | None = None
+    tools: list[Tool] | None = None  # rendered into the prompt as chat completions do
     add_generation_prompt: bool | None = True
     return_token_strs: bool | None = False
 

@@ -20,7 +20,7 @@ from .protocol_responses import ResponsesRequest
 from .protocol_tokenize import DetokenizeRequest, TokenizeRequest
 from .serving_engine import until_disconnect
 from .sse import SSEResponse, sse_guard
-from .tools import template_messages
+from .tools import template_messages, tool_dicts
 
 ERRORS: dict[int | str, dict[str, Any]] = {
     c: {"model": ErrorResponse} for c in (400, 401, 404, 413, 429, 503)
@@ -118,6 +118,7 @@ async def tokenize(req: TokenizeRequest, request: Request) -> dict[str, Any]:
         try:
             text = tok.apply_chat_template(
                 template_messages(req.messages),
+                tools=tool_dicts(req.tools) if req.tools else None,
                 add_generation_prompt=bool(req.add_generation_prompt),
             )
         except Exception as e:  # a template error is the caller's input
