@@ -274,7 +274,7 @@ def small() -> Iterator[TestClient]:
 
 
 @settings(
-    max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+    max_examples=30, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
 )
 @given(
     chars=st.integers(1, SMALL_CONTEXT),
