@@ -12,9 +12,9 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
-from inprocess import serving
 from pydantic import BaseModel
 
+from inprocess import serving
 from quicksilver.assets import embedded_model_path
 from quicksilver.server import ServerConfig
 from quicksilver.server.mock_engine import MOCK_ANSWER

@@ -17,9 +17,10 @@ import pytest
 from fastapi.testclient import TestClient
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from inprocess import serving
 from prometheus_client.parser import text_string_to_metric_families
 
+from inprocess import serving
+from quicksilver.assets import embedded_model_path
 from quicksilver.server import ServerConfig, build_app, build_backend
 from quicksilver.server.async_engine import AsyncEngine
 from quicksilver.server.budgets import MIN_REASONING, split
@@ -303,3 +304,123 @@ def test_defaults_are_never_rejected(
     assert u["prompt_tokens"] + u["completion_tokens"] <= SMALL_CONTEXT + 2
     ch = out["choices"][0]
     assert (ch["finish_reason"] == "tool_calls") == bool(ch["message"].get("tool_calls"))
+
+
+# ---- tool-call guarantees on random weights ----------------------------------------------------
+TOOLS2: list[Any] = [  # short: the random checkpoint's byte tokenizer spends a token per byte
+    {
+        "type": "function",
+        "function": {
+            "name": "w",
+            "parameters": {
+                "type": "object",
+                "properties": {"c": {"type": "string"}},
+                "required": ["c"],
+            },
+        },
+    },
+    {
+        "type": "function",
+        "function": {
+            "name": "b",
+            "parameters": {
+                "type": "object",
+                "properties": {"n": {"type": "integer"}, "l": {"type": "boolean"}},
+                "required": ["n", "l"],
+                "additionalProperties": False,
+            },
+        },
+    },
+]
+
+
+def check_turn(msg: dict[str, Any], finish: str, tools: list[Any]) -> None:
+    """content never holds call markup; every call names an offered tool and validates; the finish
+    reason is tool_calls exactly when there are calls."""
+    schemas = {t["function"]["name"]: t["function"]["parameters"] for t in tools}
+    for tag in ("<tool_call>", "</tool_call>"):
+        assert tag not in (msg.get("content") or "")
+    calls = msg.get("tool_calls") or []
+    for c in calls:
+        jsonschema.validate(json.loads(c["function"]["arguments"]), schemas[c["function"]["name"]])
+    assert (finish == "tool_calls") == bool(calls), (finish, calls)
+
+
+def streamed_turn(sse_text: str) -> tuple[dict[str, Any], str]:
+    """(message, finish_reason) accumulated from a chat stream as clients do (calls by index)."""
+    calls: dict[int, dict[str, Any]] = {}
+    content, finish = "", ""
+    for line in sse_text.splitlines():
+        if not line.startswith("data: {"):
+            continue
+        for ch in json.loads(line[6:])["choices"]:
+            d = ch["delta"]
+            content += d.get("content") or ""
+            finish = ch["finish_reason"] or finish
+            for tc in d.get("tool_calls") or []:
+                cur = calls.setdefault(tc["index"], {"function": {"name": "", "arguments": ""}})
+                fn = tc.get("function") or {}
+                cur["function"]["name"] += fn.get("name") or ""
+                cur["function"]["arguments"] += fn.get("arguments") or ""
+    return {"content": content, "tool_calls": [calls[i] for i in sorted(calls)]}, finish
+
+
+SHORT_TEMPLATE = (  # no tool schemas in the prompt: a random model reads nothing anyway
+    "{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}"
+    "<|im_start|>assistant\n{% if reasoning is defined and not reasoning %}<think></think>{% endif %}"
+)
+
+
+def test_tool_guarantees_on_a_random_model(tiny_ckpt: Path, tmp_path: Path) -> None:
+    (tmp_path / "t.jinja").write_text(SHORT_TEMPLATE)
+    cfg = ServerConfig(model=str(tiny_ckpt), chat_template=str(tmp_path / "t.jinja"))
+    with TestClient(build_app(build_backend(cfg), cfg)) as c:
+        for choice in ("auto", "required"):
+            for seed in range(2):
+                body: dict[str, Any] = {
+                    "messages": [{"role": "user", "content": "book and weather"}],
+                    "tools": TOOLS2,
+                    "tool_choice": choice,
+                    "temperature": 1.0,
+                    "seed": seed,
+                    "reasoning_effort": "none",
+                }
+                if choice == "auto":
+                    body["max_tokens"] = 24
+                r = c.post("/v1/chat/completions", json=body)
+                assert r.status_code == 200, r.text
+                ch = r.json()["choices"][0]
+                check_turn(ch["message"], ch["finish_reason"], TOOLS2)
+                assert ch["message"].get("tool_calls") or choice == "auto"
+                r = c.post("/v1/chat/completions", json={**body, "stream": True})
+                check_turn(*streamed_turn(r.text), TOOLS2)
+
+
+@pytest.mark.skipif(embedded_model_path() is None, reason="this build ships no embedded model")
+def test_tool_guarantees_on_the_embedded_model() -> None:
+    tools: list[Any] = [
+        {
+            "type": "function",
+            "function": {k: WEATHER[k] for k in ("name", "description", "parameters")},
+        },
+        {
+            "type": "function",
+            "function": {
+                "name": "get_time",
+                "description": "Current time in a city.",
+                "parameters": WEATHER["parameters"],
+            },
+        },
+    ]
+    cfg = ServerConfig()
+    with TestClient(build_app(build_backend(cfg), cfg)) as c:
+        for ask in ("Please get the weather in Paris.", "What time is it in Rome?", "Hello!"):
+            body = {
+                "messages": [{"role": "user", "content": ask}],
+                "tools": tools,
+                "reasoning_effort": "none",
+            }
+            ch = c.post("/v1/chat/completions", json=body).json()["choices"][0]
+            check_turn(ch["message"], ch["finish_reason"], tools)
+            r = c.post("/v1/chat/completions", json={**body, "stream": True})
+            check_turn(*streamed_turn(r.text), tools)
