@@ -88,7 +88,7 @@ class EngineCollector(Collector):
         yield self._one(g, "num_requests_open", "HTTP requests being served.", self.open_requests())
         for key, (name, help) in ENGINE_COUNTERS.items():
             yield self._one(c, name, help, float(e.totals.get(key, 0)))
-        pc = getattr(e, "prefix_cache", None)
+        pc = e.prefix_cache
         if pc is not None:  # hit rate = hits / queries
             q, h = float(pc.query_tokens), float(pc.hit_tokens)
             yield self._one(
