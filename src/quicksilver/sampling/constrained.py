@@ -50,8 +50,6 @@ import torch
 from ..errors import ConfigError
 from .grammar import (
     MANY,
-    MAX_FRAC_DIGITS,
-    MAX_INT_DIGITS,
     MAX_MASK_STATES,
     SEP_COLON,
     SEP_COMMA,
@@ -318,29 +316,10 @@ def _number(s: dict[str, Any], integer: bool, ctx: _Ctx) -> tuple[Machine, int]:
     if lo is None and hi is None:
         return Number(integer), budget
     bounds = Bounds(lo, hi, lo_open, hi_open)
-    witness = _witness(bounds, integer)
+    witness = bounds.witness(integer)
     if witness is None:
         raise SchemaError(f"no {'integer' if integer else 'number'} satisfies {_dump(s)[:80]}")
     return Number(integer, bounds), max(budget, len(ctx.encode(witness)) + 1)
-
-
-def _witness(b: Bounds, integer: bool) -> str | None:
-    """A value within ``b`` that the number machine can write (the one nearest zero), or None."""
-    step = Fraction(1) if integer else Fraction(1, 10**MAX_FRAC_DIGITS)
-    x = Fraction(0)
-    if b.lo is not None and (b.lo > 0 or (b.lo == 0 and b.lo_open)):
-        x = (b.lo // step) * step
-        x += step if x < b.lo or b.lo_open else 0
-    elif b.hi is not None and (b.hi < 0 or (b.hi == 0 and b.hi_open)):
-        x = -((-b.hi) // step) * step
-        x -= step if x > b.hi or b.hi_open else 0
-    if not b.contains(x) or abs(x) >= 10**MAX_INT_DIGITS:
-        return None
-    if x.denominator == 1:
-        return str(x.numerator)
-    whole, frac = divmod(abs(x) * 10**MAX_FRAC_DIGITS, 10**MAX_FRAC_DIGITS)
-    digits = str(int(frac)).rjust(MAX_FRAC_DIGITS, "0").rstrip("0")
-    return ("-" if x < 0 else "") + f"{int(whole)}.{digits}"
 
 
 def _check_required(s: dict[str, Any], props: dict[str, Any], ctx: _Ctx) -> None:

@@ -163,6 +163,24 @@ class Bounds:
             return False
         return self.hi is None or not (x > self.hi or (self.hi_open and x == self.hi))
 
+    def witness(self, integer: bool) -> str | None:
+        """A value within the bounds that ``Number`` can write (the one nearest zero), or None."""
+        step = Fraction(1) if integer else Fraction(1, 10**MAX_FRAC_DIGITS)
+        x = Fraction(0)
+        if self.lo is not None and (self.lo > 0 or (self.lo == 0 and self.lo_open)):
+            x = (self.lo // step) * step
+            x += step if x < self.lo or self.lo_open else 0
+        elif self.hi is not None and (self.hi < 0 or (self.hi == 0 and self.hi_open)):
+            x = -((-self.hi) // step) * step
+            x -= step if x > self.hi or self.hi_open else 0
+        if not self.contains(x) or abs(x) >= 10**MAX_INT_DIGITS:
+            return None
+        if x.denominator == 1:
+            return str(x.numerator)
+        whole, frac = divmod(abs(x) * 10**MAX_FRAC_DIGITS, 10**MAX_FRAC_DIGITS)
+        digits = str(int(frac)).rjust(MAX_FRAC_DIGITS, "0").rstrip("0")
+        return ("-" if x < 0 else "") + f"{int(whole)}.{digits}"
+
     def meets(self, a: Fraction | None, b: Fraction | None, a_in: bool, b_in: bool) -> bool:
         """Does the interval from ``a`` to ``b`` (None: infinite; ``*_in``: closed) meet the bounds?"""
         lo, lo_in = (
