@@ -391,9 +391,8 @@ class ChoiceRunner:
         cfg = self.sampler.replace(max_new_tokens=length, record_canvas=plan.diffusing)
         detok = IncrementalDetokenizer(self.b.tokenizer)
         cutter = StopCutter(stops)
-        committed: dict[
-            int, int
-        ] = {}  # position -> token, to tell which stop token ended the phase
+        # position -> token, to tell which stop token ended the phase
+        committed: dict[int, int] = {}
         n_tokens, last = 0, None
         phase = self._phase("answer", prompt, cfg, prefill, constraint, plan.suffix_ids, stop_ids)
         async for ev in phase:

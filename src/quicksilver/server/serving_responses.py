@@ -26,7 +26,7 @@ from pydantic import ValidationError
 from .errors import bad_request
 from .generation import ChoiceResult, Delta
 from .protocol_chat import ChatCompletionRequest
-from .protocol_responses import ResponsesRequest
+from .protocol_responses import ResponseNamedTool, ResponsesRequest
 from .serving_chat import OpenAIServingChat
 
 ROLES = ("user", "system", "developer", "assistant")
@@ -158,11 +158,12 @@ def new_item(kind: str) -> dict[str, Any]:
     return item
 
 
-def function_item(call: dict[str, Any], status: str = "completed") -> dict[str, Any]:
+def function_item(call: dict[str, Any]) -> dict[str, Any]:
+    """A decoded chat tool call as a Responses ``function_call`` item."""
     return {
         "id": f"fc_{uuid.uuid4().hex}",
         "type": "function_call",
-        "status": status,
+        "status": "completed",
         "call_id": call["id"],
         "name": call["function"]["name"],
         "arguments": call["function"]["arguments"],
@@ -221,9 +222,9 @@ class OpenAIServingResponses:
             "text": {"format": {"type": "text"}}
             if req.text is None
             else req.text.model_dump(by_alias=True, exclude_none=True),
-            "tool_choice": req.tool_choice
-            if isinstance(req.tool_choice, str) or req.tool_choice is None
-            else req.tool_choice.model_dump(),
+            "tool_choice": req.tool_choice.model_dump()
+            if isinstance(req.tool_choice, ResponseNamedTool)
+            else (req.tool_choice or "auto"),
             "tools": [t.model_dump(exclude_none=True) for t in req.tools or []],
             "top_p": req.top_p,
             "truncation": req.truncation or "disabled",
@@ -233,6 +234,7 @@ class OpenAIServingResponses:
         }
 
     def output(self, r: ChoiceResult) -> list[dict[str, Any]]:
+        """A finished choice as output items: reasoning, the message (unless only calls), calls."""
         out: list[dict[str, Any]] = []
         if r.reasoning:
             out.append(
