@@ -173,6 +173,16 @@ def test_logprobs_are_the_commit_step_probabilities(client: TestClient) -> None:
     assert lp["text_offset"][0] == 0 and all(len(t) == 2 for t in lp["top_logprobs"])
 
 
+def test_streamed_logprobs_come_with_the_final_chunk(client: TestClient) -> None:
+    body = {"messages": [{"role": "user", "content": "hi"}], "reasoning_effort": "none"}
+    r = client.post("/v1/chat/completions", json={**body, "stream": True, "logprobs": True})
+    assert r.headers["x-request-id"]
+    chunks = [json.loads(x[6:]) for x in r.text.splitlines() if x.startswith("data: {")]
+    text = "".join(c["choices"][0]["delta"].get("content") or "" for c in chunks)
+    (last,) = [c for c in chunks if c["choices"][0]["finish_reason"]]
+    assert "".join(e["token"] for e in last["choices"][0]["logprobs"]["content"]) == text
+
+
 def test_request_id_echoed_or_generated_and_head_health(client: TestClient) -> None:
     r = client.get("/v1/models", headers={"X-Request-Id": "agent-42.turn:3"})
     assert r.headers["x-request-id"] == "agent-42.turn:3"
