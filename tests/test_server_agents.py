@@ -279,13 +279,13 @@ def small() -> Iterator[TestClient]:
         list(tok.stop_ids),
         tok.mask_id,
     )
-    cfg = ServerConfig(mock=True)
+    cfg = ServerConfig(mock=True, default_max_tokens=64)  # short canvases: a fast test
     with TestClient(build_app(backend, cfg)) as c:
         yield c
 
 
 @settings(
-    max_examples=30, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+    max_examples=25, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
 )
 @given(
     chars=st.integers(1, SMALL_CONTEXT),

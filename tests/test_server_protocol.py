@@ -283,11 +283,16 @@ def test_unenforceable_strict_schema_is_400(client: TestClient) -> None:
         "json_schema": {
             "name": "x",
             "strict": True,
-            "schema": {"type": "string", "pattern": "^a$"},
+            "schema": {"type": "integer", "multipleOf": 3},
         },
     }
     r = client.post("/v1/chat/completions", json={"messages": USER, "response_format": fmt})
-    assert r.status_code == 400 and "pattern" in r.json()["error"]["message"]
+    assert r.status_code == 400 and "multipleOf" in r.json()["error"]["message"]
+    fmt["json_schema"]["schema"] = {"type": "string", "pattern": "(?=a)"}  # outside the subset
+    r = client.post("/v1/chat/completions", json={"messages": USER, "response_format": fmt})
+    e = r.json()["error"]
+    assert r.status_code == 400 and "look-around" in e["message"]
+    assert e["param"] == "response_format.json_schema.schema"
 
 
 def test_diffusing_stream_sends_canvas_states(client: TestClient) -> None:
