@@ -91,6 +91,20 @@ def accepts(machine, text: str) -> bool:  # type: ignore[no-untyped-def]
     return any(machine.accepts(s) for s in states)
 
 
+BOUNDED = {
+    "type": "object",
+    "properties": {
+        "age": {"type": "integer", "minimum": 18, "maximum": 99},
+        "score": {"type": "number", "exclusiveMinimum": 0, "maximum": 1},
+        "delta": {"type": "integer", "exclusiveMaximum": -5},
+        "code": {"type": "string", "pattern": "^[A-Z]{2}-\\d{3}$"},
+        "n": {"type": "integer"},
+    },
+    "required": ["age", "score", "delta", "code", "n"],
+    "additionalProperties": False,
+}  # strict bounds: ranges, exclusive ends, a pattern, the default digit cap
+
+
 def test_machines_accept_exactly_their_language() -> None:
     body = Seq([Lit('"'), StrBody()])
     for ok in ['""', '"abc"', '"a\\"b"', '"\\n\\t"', '"é漢"']:
@@ -141,14 +155,16 @@ def test_slot_grammar_distance_and_pad() -> None:
 
 def test_strict_rejects_what_it_cannot_enforce() -> None:
     tok = Tokenizer.byte_level()
-    with pytest.raises(SchemaError, match="minimum"):
+    with pytest.raises(SchemaError, match="multipleOf"):
         schema_pieces(
-            {"type": "object", "properties": {"n": {"type": "integer", "minimum": 3}}},
+            {"type": "object", "properties": {"n": {"type": "integer", "multipleOf": 3}}},
             True,
             tok.encode,
         )
-    with pytest.raises(SchemaError, match="pattern"):
-        schema_pieces({"type": "string", "pattern": "^a+$"}, True, tok.encode)
+    with pytest.raises(SchemaError, match="look-around"):
+        schema_pieces({"type": "string", "pattern": "^(?=a)a+$"}, True, tok.encode)
+    with pytest.raises(SchemaError, match="no integer satisfies"):
+        schema_pieces({"type": "integer", "minimum": 3, "maximum": 2}, True, tok.encode)
     with pytest.raises(SchemaError, match="ref"):
         schema_pieces({"$ref": "https://example.com/schema.json"}, True, tok.encode)
     with pytest.raises(SchemaError, match="required"):
@@ -159,7 +175,7 @@ def test_strict_rejects_what_it_cannot_enforce() -> None:
         )
     # not strict: unsupported keywords are ignored, the structure still holds
     pieces = schema_pieces(
-        {"type": "object", "properties": {"n": {"type": "integer", "minimum": 3}}},
+        {"type": "object", "properties": {"n": {"type": "integer", "multipleOf": 3}}},
         False,
         tok.encode,
     )
@@ -202,10 +218,12 @@ def test_decoding_under_a_schema_always_validates(
     which: str, request: pytest.FixtureRequest
 ) -> None:
     pipe = quicksilver.load(request.getfixturevalue(which))
-    for schema in SCHEMAS:
+    for schema in [*SCHEMAS, BOUNDED]:
         for temperature, seed in [(0.0, 0), (1.0, 1), (1.0, 2)]:
             text, row = decode(pipe, schema, temperature, seed)
             jsonschema.validate(json.loads(text), schema)
+            if schema is BOUNDED:  # no bound given: the default cap of 15 digits
+                assert abs(json.loads(text)["n"]) < 10**15
             assert (
                 row.finish_reason == "length"
             )  # the canvas is the layout: it ends full, never early

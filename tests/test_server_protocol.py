@@ -198,12 +198,26 @@ def test_tool_loop_second_turn_answers_with_the_result(client: TestClient) -> No
     assert ch["finish_reason"] == "stop" and "temp_c" in ch["message"]["content"]
 
 
+def streamed_calls(ev: list[Any]) -> list[dict[str, Any]]:
+    """Tool calls accumulated from stream deltas per index, as clients do."""
+    calls: dict[int, dict[str, Any]] = {}
+    for c in ev[:-1]:
+        for d in (c["choices"] or [{}])[0].get("delta", {}).get("tool_calls") or []:
+            cur = calls.setdefault(d["index"], {"id": None, "name": "", "arguments": ""})
+            cur["id"] = d.get("id") or cur["id"]
+            fn = d.get("function") or {}
+            cur["name"] += fn.get("name") or ""
+            cur["arguments"] += fn.get("arguments") or ""
+    return [calls[i] for i in sorted(calls)]
+
+
 def test_streamed_tool_call(client: TestClient) -> None:
     ev = events(client, "/v1/chat/completions", tools=TOOLS, reasoning_effort="none")
     deltas = [c["choices"][0]["delta"] for c in ev[:-1]]
     assert not "".join(d.get("content", "") for d in deltas)  # the call is not leaked as text
-    (tc,) = [d["tool_calls"] for d in deltas if "tool_calls" in d]
-    assert tc[0]["index"] == 0 and tc[0]["function"]["name"] == "get_weather"
+    (call,) = streamed_calls(ev)
+    assert call["id"].startswith("call_") and call["name"] == "get_weather"
+    assert json.loads(call["arguments"]) == {"city": "Paris", "days": 3}
     assert ev[-2]["choices"][0]["finish_reason"] == "tool_calls"
 
 
@@ -269,11 +283,16 @@ def test_unenforceable_strict_schema_is_400(client: TestClient) -> None:
         "json_schema": {
             "name": "x",
             "strict": True,
-            "schema": {"type": "string", "pattern": "^a$"},
+            "schema": {"type": "integer", "multipleOf": 3},
         },
     }
     r = client.post("/v1/chat/completions", json={"messages": USER, "response_format": fmt})
-    assert r.status_code == 400 and "pattern" in r.json()["error"]["message"]
+    assert r.status_code == 400 and "multipleOf" in r.json()["error"]["message"]
+    fmt["json_schema"]["schema"] = {"type": "string", "pattern": "(?=a)"}  # outside the subset
+    r = client.post("/v1/chat/completions", json={"messages": USER, "response_format": fmt})
+    e = r.json()["error"]
+    assert r.status_code == 400 and "look-around" in e["message"]
+    assert e["param"] == "response_format.json_schema.schema"
 
 
 def test_diffusing_stream_sends_canvas_states(client: TestClient) -> None:
@@ -374,7 +393,7 @@ def err(r: Any, status: int, param: str | None = "") -> dict[str, Any]:
         ({"messages": USER, "threshold": 1.5}, "threshold"),
         ({"messages": USER, "max_tokens": 100000}, "max_tokens"),
         ({"messages": USER, "tool_choice": "required"}, "tool_choice"),
-        ({"messages": USER, "logprobs": True}, "logprobs"),
+        ({"messages": USER, "logprobs": True, "top_logprobs": 25}, "top_logprobs"),
         (
             {
                 "messages": [
@@ -529,30 +548,23 @@ def test_structured_budgets_shrink_to_fit_max_tokens(client: TestClient) -> None
     assert "at least" in e["message"]
 
 
-def test_parallel_tool_calls_false_keeps_one_call() -> None:
-    two = (
-        "<tool_call>"
-        + json.dumps({"name": "get_weather", "arguments": {"city": "Oslo", "days": 1}})
-        + "</tool_call><tool_call>"
-        + json.dumps(
-            {"name": "book_hotel", "arguments": {"city": "Oslo", "nights": 2, "luxury": False}}
-        )
-        + "</tool_call>"
+def test_parallel_tool_calls_decode_each_call_on_its_own_canvas(client: TestClient) -> None:
+    ask = [{"role": "user", "content": "get_weather for Oslo, then book_hotel there"}]
+    both = chat(client, messages=ask, tools=TOOLS, reasoning_effort="none")["choices"][0]
+    assert both["finish_reason"] == "tool_calls" and both["message"]["content"] is None
+    assert [t["function"]["name"] for t in both["message"]["tool_calls"]] == [
+        "get_weather",
+        "book_hotel",
+    ]
+    one = chat(
+        client, messages=ask, tools=TOOLS, reasoning_effort="none", parallel_tool_calls=False
     )
-    cfg = ServerConfig(mock=True)
-    backend = build_backend(cfg)
-    backend.engine.engine.decoder.script = lambda p: two  # type: ignore[attr-defined]
-    with TestClient(build_app(backend, cfg)) as c:
-        both = chat(c, tools=TOOLS, reasoning_effort="none")["choices"][0]["message"]["tool_calls"]
-        assert [t["function"]["name"] for t in both] == ["get_weather", "book_hotel"]
-        one = chat(c, tools=TOOLS, reasoning_effort="none", parallel_tool_calls=False)["choices"][
-            0
-        ]["message"]
-        assert [t["function"]["name"] for t in one["tool_calls"]] == ["get_weather"]
-        ev = events(c, "/v1/chat/completions", tools=TOOLS, reasoning_effort="none")
-        (tc,) = [
-            c["choices"][0]["delta"]["tool_calls"]
-            for c in ev[:-1]
-            if "tool_calls" in c["choices"][0]["delta"]
-        ]
-        assert [t["index"] for t in tc] == [0, 1]
+    assert [t["function"]["name"] for t in one["choices"][0]["message"]["tool_calls"]] == [
+        "get_weather"
+    ]
+    ev = events(client, "/v1/chat/completions", messages=ask, tools=TOOLS, reasoning_effort="none")
+    calls = streamed_calls(ev)
+    assert [c["name"] for c in calls] == ["get_weather", "book_hotel"]
+    for c in calls:
+        tool = {t["function"]["name"]: t["function"] for t in TOOLS}[c["name"]]
+        jsonschema.validate(json.loads(c["arguments"]), tool["parameters"])

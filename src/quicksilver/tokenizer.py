@@ -105,6 +105,14 @@ class Tokenizer:
         extra = [fast.token_to_id(t) for t in config.get("stop_tokens", [])]
         self.stop_ids: list[int] = sorted({i for i in [self.eos_id, *extra] if i is not None})
 
+    def set_chat_template(self, template: str) -> None:
+        """Replace the chat template (``serve --chat-template FILE``); it renders in the same sandbox."""
+        try:
+            compiled = _template_env().from_string(template)
+        except TemplateError as e:
+            raise ConfigError(f"the chat template does not compile ({e})") from None
+        self.chat_template, self._compiled = template, compiled
+
     # ---- construction -------------------------------------------------------------------------
     @classmethod
     def from_dir(cls, path: str | Path) -> Tokenizer:

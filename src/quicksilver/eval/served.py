@@ -66,6 +66,7 @@ def served_tool_calls(
                 "tool_choice": choice,
                 "temperature": 0,
                 "reasoning_effort": "none",
+                "parallel_tool_calls": False,  # a call turn of the task is exactly one call
                 "threshold": threshold,
             }
             r = client.post("/v1/chat/completions", json=body)

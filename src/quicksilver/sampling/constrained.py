@@ -24,9 +24,16 @@ instead of steering a left-to-right parser (what AR engines do), we lay the answ
 Supported schema subset (anything else raises ``SchemaError`` when ``strict``; when not strict
 the unsupported keywords are ignored): ``type`` (one or a list), ``properties``/``required``/
 ``additionalProperties`` (false, true or a schema), ``items``/``minItems``/``maxItems``,
-``enum``, ``const``, ``anyOf``/``oneOf`` (as anyOf), ``minLength``/``maxLength``, local ``$ref``
-into ``$defs``/``definitions``; annotations (``title``, ``description``, ``default``, ``format``,
-...) are ignored. Strings allow the escapes ``\\" \\\\ \\/ \\b \\f \\n \\r \\t`` and no raw control characters.
+``enum``, ``const``, ``anyOf``/``oneOf`` (as anyOf), ``minLength``/``maxLength``, ``pattern`` (the
+regex subset of ``pattern.py``), ``minimum``/``maximum``/``exclusiveMinimum``/``exclusiveMaximum``
+(numbers and integers), local ``$ref`` into ``$defs``/``definitions``; annotations (``title``,
+``description``, ``default``, ``format``, ...) are ignored. Strings allow the escapes
+``\\" \\\\ \\/ \\b \\f \\n \\r \\t`` and no raw control characters.
+
+Default caps, whatever the schema says: a number has at most ``MAX_INT_DIGITS`` (15) digits before
+the point, ``MAX_FRAC_DIGITS`` (6) after it and a two-digit exponent (no exponent when bounded);
+a string, array or free object is bounded by its slot budget in tokens (``Budgets``; the server's
+``json_*_tokens``), and an array without ``maxItems`` by ``Budgets.array_items`` items' worth.
 """
 
 from __future__ import annotations
@@ -35,6 +42,7 @@ import json
 from collections import OrderedDict
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
+from fractions import Fraction
 from typing import Any
 
 import torch
@@ -46,6 +54,7 @@ from .grammar import (
     SEP_COLON,
     SEP_COMMA,
     Alt,
+    Bounds,
     Lit,
     Machine,
     Number,
@@ -60,6 +69,7 @@ from .grammar import (
     opt,
     token_trie,
 )
+from .pattern import PatternError, pattern_body
 
 ANNOTATIONS = frozenset(
     {
@@ -96,6 +106,11 @@ SUPPORTED = (
             "oneOf",
             "minLength",
             "maxLength",
+            "minimum",
+            "maximum",
+            "exclusiveMinimum",
+            "exclusiveMaximum",
+            "pattern",
             "$ref",
         }
     )
@@ -222,12 +237,24 @@ def _machine(schema: Any, ctx: _Ctx) -> tuple[Machine, int]:
         ms = [_machine({**s, "type": t}, sub) for t in types]
         return Alt([m for m, _ in ms]), max(b for _, b in ms)
     t = types[0]
+    if t == "string" and "pattern" in s:
+        lo, hi = int(s.get("minLength", 0)), s.get("maxLength")
+        try:
+            body = pattern_body(s["pattern"], lo, None if hi is None else int(hi))
+        except PatternError as e:
+            if ctx.strict:
+                raise SchemaError(str(e)) from None
+            return _machine({k: v for k, v in s.items() if k != "pattern"}, ctx)
+        budget = ctx.budgets.string if hi is None else min(ctx.budgets.string, int(hi) + 1) + 1
+        witness = body.shortest()
+        need = len(ctx.encode('"' + witness)) + 1 if witness is not None else budget
+        return Seq([Lit('"'), body]), max(budget, need, lo + 2)
     if t == "string":
         lo, hi = int(s.get("minLength", 0)), s.get("maxLength")
         budget = ctx.budgets.string if hi is None else min(ctx.budgets.string, int(hi) + 1) + 1
         return Seq([Lit('"'), StrBody(lo, None if hi is None else int(hi))]), max(budget, lo + 2)
     if t in ("number", "integer"):
-        return Number(t == "integer"), ctx.budgets.integer if t == "integer" else ctx.budgets.number
+        return _number(s, t == "integer", ctx)
     if t == "boolean":
         return _choice([True, False]), tok("false")
     if t == "null":
@@ -264,6 +291,35 @@ def _machine(schema: Any, ctx: _Ctx) -> tuple[Machine, int]:
         json_object(Seq([Lit('"'), StrBody(), SEP_COLON, vm])),
         min(ctx.budgets.free_object, 2 + ctx.budgets.array_items * (vb + 8)),
     )
+
+
+def _bound(s: dict[str, Any], key: str) -> Fraction | None:
+    v = s.get(key)
+    if v is None:
+        return None
+    if isinstance(v, bool) or not isinstance(v, (int, float)):
+        raise SchemaError(f"{key} must be a number, got {json.dumps(v)[:40]}")
+    return Fraction(str(v)) if isinstance(v, float) else Fraction(v)
+
+
+def _number(s: dict[str, Any], integer: bool, ctx: _Ctx) -> tuple[Machine, int]:
+    """A number slot: the digit caps always, ``minimum``/``maximum``/``exclusive*`` when given."""
+    budget = ctx.budgets.integer if integer else ctx.budgets.number
+    lo, hi = _bound(s, "minimum"), _bound(s, "maximum")
+    xlo, xhi = _bound(s, "exclusiveMinimum"), _bound(s, "exclusiveMaximum")
+    lo_open = xlo is not None and (lo is None or xlo >= lo)
+    hi_open = xhi is not None and (hi is None or xhi <= hi)
+    if lo_open:
+        lo = xlo
+    if hi_open:
+        hi = xhi
+    if lo is None and hi is None:
+        return Number(integer), budget
+    bounds = Bounds(lo, hi, lo_open, hi_open)
+    witness = bounds.witness(integer)
+    if witness is None:
+        raise SchemaError(f"no {'integer' if integer else 'number'} satisfies {_dump(s)[:80]}")
+    return Number(integer, bounds), max(budget, len(ctx.encode(witness)) + 1)
 
 
 def _check_required(s: dict[str, Any], props: dict[str, Any], ctx: _Ctx) -> None:
@@ -562,6 +618,23 @@ class BanTokens:
         if self.banned:
             logits[:, self.banned] = float("-inf")
         return logits
+
+
+class AllowTokens:
+    """A constraint that allows only some tokens (e.g. ``<tool_call>`` or a stop: does a call follow?)."""
+
+    def __init__(self, allowed: Iterable[int]) -> None:
+        self.allowed = frozenset(int(t) for t in allowed)
+        self._ids = torch.tensor(sorted(self.allowed), dtype=torch.long)
+
+    def allow(self, row: Any, pos: int, token: int) -> bool:
+        return int(token) in self.allowed
+
+    def mask_logits(self, row: Any, lo: int, logits: torch.Tensor) -> torch.Tensor:
+        keep = torch.full_like(logits, float("-inf"))  # (n, V)
+        ids = self._ids[self._ids < logits.shape[1]].to(logits.device)
+        keep[:, ids] = logits[:, ids]
+        return keep
 
 
 _CACHE: OrderedDict[str, list[Piece]] = OrderedDict()

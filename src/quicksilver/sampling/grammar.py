@@ -14,8 +14,11 @@ completed in the positions left?" without enumerating completions.
 
 from __future__ import annotations
 
+import re
 from collections import OrderedDict
 from collections.abc import Hashable, Iterable, Sequence
+from dataclasses import dataclass
+from fractions import Fraction
 from typing import Any
 
 State = Hashable
@@ -138,23 +141,145 @@ _NUM = {  # JSON number: -?(0|[1-9][0-9]*)(\.[0-9]+)?([eE][+-]?[0-9]+)?
 }
 
 
+MAX_INT_DIGITS = 15  # a number's digits before the point when the schema bounds none (< 2**53)
+MAX_FRAC_DIGITS = 6  # ... after the point
+MAX_EXP_DIGITS = 2  # ... of the exponent (only without minimum/maximum)
+_PART = {"S": 0, "M": 0, "Z": 0, "I": 0, "D": 1, "F": 1, "E": 2, "G": 2, "X": 2}
+_PREFIX = re.compile(r"-?((0|[1-9][0-9]*)(\.[0-9]*)?)?")
+_COMPLETE = re.compile(r"-?(0|[1-9][0-9]*)(\.[0-9]+)?")
+
+
+@dataclass(frozen=True)
+class Bounds:
+    """``minimum``/``maximum`` (``exclusive*`` when open); None is unbounded."""
+
+    lo: Fraction | None = None
+    hi: Fraction | None = None
+    lo_open: bool = False
+    hi_open: bool = False
+
+    def contains(self, x: Fraction) -> bool:
+        if self.lo is not None and (x < self.lo or (self.lo_open and x == self.lo)):
+            return False
+        return self.hi is None or not (x > self.hi or (self.hi_open and x == self.hi))
+
+    def witness(self, integer: bool) -> str | None:
+        """A value within the bounds that ``Number`` can write (the one nearest zero), or None."""
+        step = Fraction(1) if integer else Fraction(1, 10**MAX_FRAC_DIGITS)
+        x = Fraction(0)
+        if self.lo is not None and (self.lo > 0 or (self.lo == 0 and self.lo_open)):
+            x = (self.lo // step) * step
+            x += step if x < self.lo or self.lo_open else 0
+        elif self.hi is not None and (self.hi < 0 or (self.hi == 0 and self.hi_open)):
+            x = -((-self.hi) // step) * step
+            x -= step if x > self.hi or self.hi_open else 0
+        if not self.contains(x) or abs(x) >= 10**MAX_INT_DIGITS:
+            return None
+        if x.denominator == 1:
+            return str(x.numerator)
+        whole, frac = divmod(abs(x) * 10**MAX_FRAC_DIGITS, 10**MAX_FRAC_DIGITS)
+        digits = str(int(frac)).rjust(MAX_FRAC_DIGITS, "0").rstrip("0")
+        return ("-" if x < 0 else "") + f"{int(whole)}.{digits}"
+
+    def meets(self, a: Fraction | None, b: Fraction | None, a_in: bool, b_in: bool) -> bool:
+        """Does the interval from ``a`` to ``b`` (None: infinite; ``*_in``: closed) meet the bounds?"""
+        lo, lo_in = (
+            (a, a_in)
+            if self.lo is None or (a is not None and a > self.lo)
+            else (
+                self.lo,
+                not self.lo_open and (a is None or a < self.lo or a_in),
+            )
+        )
+        hi, hi_in = (
+            (b, b_in)
+            if self.hi is None or (b is not None and b < self.hi)
+            else (
+                self.hi,
+                not self.hi_open and (b is None or b > self.hi or b_in),
+            )
+        )
+        if lo is None or hi is None:
+            return True
+        return lo < hi or (lo == hi and lo_in and hi_in)
+
+
 class Number(Machine):
-    def __init__(self, integer: bool = False) -> None:
-        self.integer = integer
+    """A JSON number (``integer``: no fraction, no exponent) with at most ``MAX_INT_DIGITS`` digits
+    before the point, ``MAX_FRAC_DIGITS`` after and ``MAX_EXP_DIGITS`` in the exponent. With
+    ``bounds`` there is no exponent, the state is the text so far, and a byte is taken only while
+    some number within the bounds still starts with the text (the interval each prefix can reach)."""
+
+    def __init__(
+        self,
+        integer: bool = False,
+        bounds: Bounds | None = None,
+        int_digits: int = MAX_INT_DIGITS,
+        frac_digits: int = MAX_FRAC_DIGITS,
+    ) -> None:
+        self.integer, self.bounds = integer, bounds
+        self.int_digits, self.frac_digits = int_digits, 0 if integer else frac_digits
 
     def starts(self) -> tuple[State, ...]:
-        return ("S",)
+        return ("",) if self.bounds is not None else (("S", 0),)
 
     def step(self, s: State, b: int) -> tuple[State, ...]:
         c = chr(b)
+        if self.bounds is not None:
+            assert isinstance(s, str)
+            return (s + c,) if c in "0123456789-." and self._reachable(s + c) else ()
+        st, n = _pair(s)
         cls = "0" if c == "0" else "1" if c.isdigit() and b < 0x80 else "e" if c in "eE" else c
         if self.integer and cls in (".", "e", "+"):
             return ()
-        nxt = _NUM.get((str(s), cls))
-        return (nxt,) if nxt else ()
+        nxt = _NUM.get((str(st), cls))
+        if nxt is None:
+            return ()
+        n = (n if _PART[nxt] == _PART[str(st)] else 0) + (cls in "01")
+        cap = (self.int_digits, self.frac_digits, MAX_EXP_DIGITS)[_PART[nxt]]
+        return ((nxt, n),) if n <= cap else ()
 
     def accepts(self, s: State) -> bool:
-        return s in ("Z", "I", "F", "X")
+        if self.bounds is None:
+            st, _ = _pair(s)
+            return st in ("Z", "I", "F", "X")
+        assert isinstance(s, str)
+        return bool(_COMPLETE.fullmatch(s)) and self.bounds.contains(Fraction(s))
+
+    def _reachable(self, p: str) -> bool:
+        """Can ``p`` still be completed to a number within the bounds and the digit caps?"""
+        if not _PREFIX.fullmatch(p):
+            return False
+        neg, body = p.startswith("-"), p.lstrip("-")
+        whole, _, frac = body.partition(".")
+        if len(whole) > self.int_digits or len(frac) > self.frac_digits:
+            return False
+        if "." in body and self.frac_digits == 0:
+            return False
+        spans: list[tuple[Fraction, Fraction, bool]] = []  # magnitudes [a, b] or [a, b)
+        if not whole:
+            spans.append((Fraction(0), Fraction(10) ** self.int_digits, False))
+        elif "." in body:
+            x = Fraction(whole + "." + frac) if frac else Fraction(whole)
+            end = len(frac) >= self.frac_digits
+            spans.append((x, x if end else x + Fraction(1, 10 ** len(frac)), end))
+        else:
+            d = int(whole)
+            for k in range(0 if d == 0 else self.int_digits - len(whole) + 1):
+                a, b = d * Fraction(10) ** k, (d + 1) * Fraction(10) ** k
+                spans.append((a, b - 1, True) if self.integer else (a, b, self.frac_digits == 0))
+            if d == 0:
+                spans.append(
+                    (Fraction(0), Fraction(0) if self.integer else Fraction(1), self.integer)
+                )
+        bounds = self.bounds
+        assert bounds is not None
+        for a, b, closed in spans:
+            if neg and bounds.meets(-b, -a, closed, True):
+                return True
+            if not neg and bounds.meets(a, b, True, closed):
+                return True
+        return False
 
 
 class Seq(Machine):

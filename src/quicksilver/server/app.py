@@ -1,41 +1,44 @@
-"""The FastAPI app: routes, the guard middleware (API key, body size, open-request bound), and the
-error handlers that put every failure in the OpenAI envelope with its status — never a traceback."""
+"""The FastAPI app: the guard middleware (request id, API key, body size, open-request bound), the
+serving state the routes use (the served models: the default one and its twins, picked by a request's
+``model``), and the error handlers that put every failure in the OpenAI envelope with its status —
+never a traceback. The routes are in ``routes.py``, the playground's in ``playground.py``."""
 
 from __future__ import annotations
 
 import hmac
 import logging
-import time
+import re
+import uuid
 from collections.abc import AsyncGenerator, Sequence
 from contextlib import asynccontextmanager
-from typing import Any
 
-import anyio
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
-from fastapi.responses import JSONResponse, PlainTextResponse, Response, StreamingResponse
+from fastapi.responses import JSONResponse, Response
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from .config import ServerConfig
-from .errors import APIError, error_body, error_response, overloaded, too_many
+from .errors import APIError, error_body, error_response, internal_error, overloaded, too_many
 from .generation import Backend
 from .metrics import Metrics
 from .playground import install_browser_rules, is_public
 from .playground import router as playground_router
-from .protocol import ErrorResponse, ModelCard, ModelList
-from .protocol_chat import ChatCompletionRequest, ChatCompletionResponse
-from .protocol_completion import CompletionRequest, CompletionResponse, FimCompletionRequest
+from .protocol import ModelCard
+from .routes import router
 from .serving_chat import OpenAIServingChat
 from .serving_completion import OpenAIServingCompletion
-from .serving_engine import sse_guard, until_disconnect
+from .serving_responses import OpenAIServingResponses
 from .twin import ByModel
 
 log = logging.getLogger("quicksilver.server")
 OPEN_PATHS = ("/health",)
-ERRORS: dict[int | str, dict[str, Any]] = {
-    c: {"model": ErrorResponse} for c in (400, 401, 404, 413, 429, 503)
-}
+REQUEST_ID = re.compile(r"^[A-Za-z0-9._:\-]{1,128}$")  # a client's X-Request-Id kept as given
+
+
+def request_id(given: str | None) -> str:
+    """The client's ``X-Request-Id`` when it is a plain token, else a fresh one."""
+    return given if given and REQUEST_ID.match(given) else uuid.uuid4().hex
 
 
 class Guard:
@@ -53,6 +56,15 @@ class Guard:
         headers = {
             k.decode("latin-1").lower(): v.decode("latin-1") for k, v in scope.get("headers", [])
         }
+        rid = request_id(headers.get("x-request-id"))
+        scope.setdefault("state", {})["request_id"] = rid
+        log.info("request %s %s %s", rid, scope["method"], path)
+
+        async def tagged(msg: Message) -> None:  # every response carries the request id
+            if msg["type"] == "http.response.start":
+                msg = {**msg, "headers": [*msg.get("headers", []), (b"x-request-id", rid.encode())]}
+            await send(msg)
+
         if self.key and path not in OPEN_PATHS and not is_public(path):
             auth = headers.get("authorization", "")
             given = auth[7:].strip() if auth.lower().startswith("bearer ") else ""
@@ -66,7 +78,7 @@ class Guard:
                         None,
                         "invalid_api_key",
                     )
-                )(scope, receive, send)
+                )(scope, receive, tagged)
                 return
         limit = self.cfg.max_body_bytes
         try:
@@ -74,7 +86,7 @@ class Guard:
         except ValueError:
             declared = 0
         if declared > limit:
-            await error_response(_too_large(limit))(scope, receive, send)
+            await error_response(_too_large(limit))(scope, receive, tagged)
             return
         seen = 0
 
@@ -96,35 +108,14 @@ class Guard:
                         f"{self.state.open} requests are open; the limit is "
                         f"{self.cfg.max_concurrent}"
                     )
-                )(scope, receive, send)
+                )(scope, receive, tagged)
                 return
             self.state.open += 1
         try:
-            await self.app(scope, counted, send)
+            await self.app(scope, counted, tagged)
         finally:
             if generating:
                 self.state.open -= 1
-
-
-class SSEResponse(StreamingResponse):
-    """A streaming response that always listens for the client going away (Starlette only does so
-    for ASGI < 2.4; otherwise it notices on the next failed send, which may be many steps later when
-    steps commit no final text). On disconnect the body iterator is cancelled, which cancels the
-    engine requests."""
-
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        async with anyio.create_task_group() as tg:
-
-            async def stream() -> None:
-                try:
-                    await self.stream_response(send)
-                except OSError:
-                    pass
-                tg.cancel_scope.cancel()
-
-            tg.start_soon(stream)
-            await self.listen_for_disconnect(receive)
-            tg.cancel_scope.cancel()
 
 
 def _too_large(limit: int) -> APIError:
@@ -143,17 +134,24 @@ class ServerState:
     ) -> None:
         self.backend, self.config = backend, config
         self.backends = [backend, *twins]  # the served models; requests pick one by `model`
-        self.metrics = Metrics(backend.name)
-        m = self.metrics
-        self.chat = ByModel(
-            OpenAIServingChat(backend, config, m),
-            {t.name: OpenAIServingChat(t, config, m) for t in twins},
-        )
+        self.metrics = m = Metrics(backend.name, backend.engine.engine, lambda: self.open)
+        chats = {b.name: OpenAIServingChat(b, config, m) for b in self.backends}
+        self.chat = ByModel(chats[backend.name], {t.name: chats[t.name] for t in twins})
         self.completion = ByModel(
             OpenAIServingCompletion(backend, config, m),
             {t.name: OpenAIServingCompletion(t, config, m) for t in twins},
         )
+        self.responses = ByModel(
+            OpenAIServingResponses(chats[backend.name]),
+            {t.name: OpenAIServingResponses(chats[t.name]) for t in twins},
+        )
         self.open = 0
+
+    def cards(self) -> list[ModelCard]:
+        return [
+            ModelCard(id=b.name, max_model_len=b.max_context, attention=b.attention)
+            for b in self.backends
+        ]
 
     def check_capacity(self) -> None:
         eng = self.backend.engine.engine
@@ -195,7 +193,7 @@ def build_app(backend: Backend, config: ServerConfig, twins: Sequence[Backend] =
     )
     app.state.qs = state
     app.add_middleware(Guard, config=config, state=state)
-    install_browser_rules(app, config.allowed_origins)
+    install_browser_rules(app, config.allowed_origins)  # outermost: foreign origins answered first
     app.include_router(playground_router)
 
     @app.exception_handler(APIError)
@@ -223,81 +221,7 @@ def build_app(backend: Backend, config: ServerConfig, twins: Sequence[Backend] =
     @app.exception_handler(Exception)
     async def _internal(request: Request, exc: Exception) -> Response:
         log.exception("unhandled error on %s", request.url.path)
-        return JSONResponse(
-            error_body(
-                f"internal error: {type(exc).__name__}", "server_error", None, "internal_error"
-            ),
-            status_code=500,
-        )
+        return error_response(internal_error(exc))
 
-    def sse_response(gen: AsyncGenerator[str, None]) -> StreamingResponse:
-        return SSEResponse(
-            sse_guard(gen, state.metrics),
-            media_type="text/event-stream",
-            headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"},
-        )
-
-    @app.post("/v1/chat/completions", response_model=ChatCompletionResponse, responses=ERRORS)
-    async def chat(req: ChatCompletionRequest, request: Request) -> Any:
-        arrival = time.perf_counter()
-        state.metrics.inc("requests_total", endpoint="chat")
-        state.check_capacity()
-        if req.stream:
-            return sse_response(state.chat.stream(req, arrival))
-        return JSONResponse(
-            await until_disconnect(request, state.chat.create(req, arrival), state.metrics)
-        )
-
-    @app.post("/v1/completions", response_model=CompletionResponse, responses=ERRORS)
-    async def completions(req: CompletionRequest, request: Request) -> Any:
-        return await _completion(req, request, fim=False)
-
-    @app.post("/v1/fim/completions", response_model=CompletionResponse, responses=ERRORS)
-    async def fim(req: FimCompletionRequest, request: Request) -> Any:
-        return await _completion(req, request, fim=True)
-
-    async def _completion(req: CompletionRequest, request: Request, fim: bool) -> Any:
-        arrival = time.perf_counter()
-        state.metrics.inc("requests_total", endpoint="fim" if fim else "completions")
-        state.check_capacity()
-        if req.stream:
-            return sse_response(state.completion.stream(req, arrival, fim))
-        return JSONResponse(
-            await until_disconnect(
-                request, state.completion.create(req, arrival, fim), state.metrics
-            )
-        )
-
-    def card(b: Backend) -> ModelCard:
-        return ModelCard(id=b.name, max_model_len=b.max_context, attention=b.attention)
-
-    @app.get("/v1/models", response_model=ModelList)
-    async def models() -> ModelList:
-        return ModelList(data=[card(b) for b in state.backends])
-
-    @app.get("/v1/models/{model_id:path}", response_model=ModelCard, responses=ERRORS)
-    async def model(model_id: str) -> ModelCard:
-        found = [b for b in state.backends if b.name == model_id]
-        if not found:
-            raise APIError(
-                404,
-                f"the model {model_id!r} does not exist",
-                "invalid_request_error",
-                "model",
-                "model_not_found",
-            )
-        return card(found[0])
-
-    @app.get("/health")
-    async def health() -> Response:
-        ok = all(b.engine.alive or not b.engine.engine.has_work for b in state.backends)
-        return JSONResponse(
-            {"status": "ok" if ok else "engine stopped"}, status_code=200 if ok else 503
-        )
-
-    @app.get("/metrics")
-    async def metrics() -> Response:
-        text = state.metrics.render(backend.engine.engine, state.open)
-        return PlainTextResponse(text, media_type="text/plain; version=0.0.4; charset=utf-8")
-
+    app.include_router(router)
     return app

@@ -39,7 +39,8 @@ class EngineLike(Protocol):
     @property
     def num_waiting(self) -> int: ...
 
-    totals: Any
+    totals: Any  # a Counter of engine-wide numbers (steps, forward passes, committed tokens)
+    prefix_cache: Any  # the cross-request prefix cache (query_tokens, hit_tokens), or None
 
 
 class AsyncEngine:

@@ -22,6 +22,8 @@ MAX_STOP_CHARS = 256  # characters per stop string
 MAX_CONCURRENT = 64  # open requests before 429
 MAX_WAITING = 256  # engine queue before 503
 MAX_REASONING_TOKENS = 1024  # the reasoning phase's budget never exceeds this
+MAX_TOOL_CALLS = 8  # calls in one turn with parallel_tool_calls
+MAX_TOP_LOGPROBS = 20
 API_KEY_ENV = "QUICKSILVER_API_KEY"
 
 
@@ -62,6 +64,8 @@ class ServerConfig:
     max_waiting: int = MAX_WAITING
     max_batch: int = 16  # requests stepped together in one forward pass
     max_reasoning_tokens: int = MAX_REASONING_TOKENS
+    max_tool_calls: int = MAX_TOOL_CALLS  # calls one turn may make (parallel_tool_calls)
+    chat_template: str | None = None  # a Jinja chat template file replacing the checkpoint's
     json_string_tokens: int = 24  # structured output: token budget of a free string value
     json_number_tokens: int = 12  # ... of a number (integers get this minus 2)
     json_object_tokens: int = 64  # ... of a free-form object nested in a schema
@@ -90,4 +94,6 @@ SERVER_HELP = {
     "max_concurrent": "open requests before 429",
     "max_waiting": "queued engine requests before 503",
     "max_reasoning_tokens": "cap of the reasoning phase's own budget",
+    "max_tool_calls": "most tool calls in one turn (parallel_tool_calls)",
+    "chat_template": "a Jinja chat template file to use instead of the checkpoint's (sandboxed)",
 }

@@ -60,3 +60,10 @@ def too_many(message: str) -> APIError:
     return APIError(
         429, message, "rate_limit_error", None, "rate_limit_exceeded", {"Retry-After": "1"}
     )
+
+
+def internal_error(e: BaseException) -> APIError:
+    """An unexpected failure, named by its type only (never a traceback or a message with paths)."""
+    return APIError(
+        500, f"internal error: {type(e).__name__}", "server_error", None, "internal_error"
+    )

@@ -10,9 +10,20 @@ A choice runs in up to two engine requests (phases):
    structured canvas: skeleton + slots). Reasoning never eats the answer's budget: an empty
    answer can only come from the model choosing to stop.
 
+With tools (``tool_choice`` auto, required or named) the answer may end in **calls**, each decoded
+on its own canvas (``CallPlan``): with ``auto`` the answer phase ends as soon as ``<tool_call>`` is
+committed with everything before it (a stop token of the phase; the text before it is the
+content), then the call is decoded on the schema canvas restricted to the offered tools
+(``<tool_call>{"name": <an offered name>, "arguments": <that tool's parameters>}</tool_call>``,
+the skeleton prefilled, values grammar-checked), exactly as a forced call is. With
+``parallel_tool_calls`` a one-position canvas that may hold only ``<tool_call>`` or a stop token
+decides whether another call follows, up to ``CallPlan.max_calls``. So content never holds call
+markup and every call names an offered tool and validates.
+
 Each phase streams ``Delta``s: append-only text that is final (a token is final once everything
-before it is committed and it can no longer change), and — with ``diffusing`` — the canvas state
-after every step. Stop strings cut the answer and cancel its request at once.
+before it is committed and it can no longer change), each finished call, and — with
+``diffusing`` — the canvas state after every step. Stop strings cut the answer and cancel its
+request at once.
 """
 
 from __future__ import annotations
@@ -27,11 +38,13 @@ from typing import Any, Literal
 
 from ..engine import EngineEvent, EngineRequest, IncrementalDetokenizer
 from ..sampling import SamplerConfig
-from ..sampling.constrained import BanTokens, Piece, build_canvas
+from ..sampling.constrained import AllowTokens, BanTokens, Piece, build_canvas
 from ..tokenizer import Tokenizer
 from .async_engine import AsyncEngine
 from .errors import APIError
+from .logprobs import LogprobRecorder, TokenLogprob
 from .metrics import Metrics
+from .tools import OPEN_TAG, parse_tool_calls
 
 MASK_GLYPH = "░"
 
@@ -91,6 +104,18 @@ MIN_REASONING = 8  # a reasoning budget smaller than this is skipped
 
 
 @dataclass
+class CallPlan:
+    """How a turn's tool calls are decoded: each call on the canvas ``pieces`` (restricted to the
+    offered tools); ``forced`` (required / named) starts the turn with a call; at most ``max_calls``."""
+
+    pieces: list[Piece]
+    open_id: int  # <tool_call>: a stop token of the content phase
+    close_id: int | None  # </tool_call>: banned from content
+    forced: bool
+    max_calls: int = 1
+
+
+@dataclass
 class Plan:
     """Everything one choice needs; built once per request (choices differ only in seed)."""
 
@@ -103,13 +128,18 @@ class Plan:
     ban_ids: list[int] = field(default_factory=list)
     stop: list[str] = field(default_factory=list)
     diffusing: bool = False
+    calls: CallPlan | None = None
+    logprobs: int | None = (
+        None  # record the answer's log-probabilities, with this many alternatives
+    )
 
 
 @dataclass
 class Delta:
-    kind: Literal["reasoning", "content", "canvas"]
+    kind: Literal["reasoning", "content", "canvas", "tool_call"]
     text: str = ""
     canvas: dict[str, Any] | None = None
+    call: dict[str, Any] | None = None  # an OpenAI tool call (kind tool_call)
 
 
 @dataclass
@@ -125,6 +155,8 @@ class ChoiceResult:
     steps: int = 0
     structured: bool = False
     cached_tokens: int = 0  # prompt tokens the prefix cache served (first phase)
+    tool_calls: list[dict[str, Any]] = field(default_factory=list)
+    logprobs: list[TokenLogprob] | None = None  # the answer's tokens, when the request asked
 
 
 class EngineFailure(APIError):
@@ -170,15 +202,15 @@ class StopCutter:
         self.stops = [s for s in stops if s]
         self.text = ""  # everything seen
         self.sent = 0  # characters released
-        self.hit = False
+        self.hit: str | None = None  # the stop string that cut the text
 
     def push(self, delta: str) -> str:
         if self.hit:
             return ""
         self.text += delta
-        cut = min((i for i in (self.text.find(s) for s in self.stops) if i >= 0), default=-1)
-        if cut >= 0:
-            self.hit = True
+        found = [(i, s) for s in self.stops if (i := self.text.find(s)) >= 0]
+        if found:
+            cut, self.hit = min(found)
             out = self.text[self.sent : cut]
             self.text, self.sent = self.text[:cut], cut
             return out
@@ -217,6 +249,7 @@ class ChoiceRunner:
         self.last_token: float | None = None
         self.queue_time: float | None = None
         self._reasoning_ids: list[int] = []
+        self._opened = False  # the answer phase ended by opening a tool call
 
     async def _phase(
         self,
@@ -336,24 +369,55 @@ class ChoiceRunner:
         self._account(last)
 
     async def _answer(self, prompt: list[int]) -> AsyncGenerator[Delta, None]:
+        calls = self.plan.calls
+        if calls is not None and calls.forced:
+            opened = True
+        else:
+            content: list[int] = []
+            async for d in self._content(prompt, content):
+                yield d
+            opened = self._opened
+            prompt = prompt + content
+        if calls is not None and opened:
+            async for d in self._calls(prompt, calls):
+                yield d
+
+    async def _content(self, prompt: list[int], out: list[int]) -> AsyncGenerator[Delta, None]:
+        """The answer phase (free text or a structured canvas); appends its tokens to ``out``. With
+        ``auto`` tools it ends at a committed ``<tool_call>`` (``self._opened``), which is not text."""
         plan, res = self.plan, self.result
+        calls = plan.calls
         prefill: dict[int, int] | None = None
         constraint: Any = None
+        stop_ids: list[int] | None = None
+        stops = [] if plan.pieces is not None else list(plan.stop)
         length = plan.answer_tokens
         if plan.pieces is not None:
             canvas = build_canvas(plan.pieces, self.b.tokenizer, self.b.pad_id)
             prefill, constraint, length = canvas.prefill, canvas.constraint, canvas.length
             res.structured = True
             self.metrics.inc("structured_requests_total")
+        elif calls is not None:
+            stop_ids, stops = [calls.open_id], stops + [OPEN_TAG]
+            if calls.close_id is not None:
+                constraint = BanTokens([calls.close_id])
         elif plan.ban_ids:
             constraint = BanTokens(plan.ban_ids)
+        recorder = None
+        if plan.logprobs is not None:
+            constraint = recorder = LogprobRecorder(constraint, plan.logprobs)
         cfg = self.sampler.replace(max_new_tokens=length, record_canvas=plan.diffusing)
         detok = IncrementalDetokenizer(self.b.tokenizer)
-        cutter = StopCutter([] if plan.pieces is not None else plan.stop)
+        cutter = StopCutter(stops)
+        # position -> token, to tell which stop token ended the phase
+        committed: dict[int, int] = {}
         n_tokens, last = 0, None
-        async for ev in self._phase("answer", prompt, cfg, prefill, constraint, plan.suffix_ids):
+        phase = self._phase("answer", prompt, cfg, prefill, constraint, plan.suffix_ids, stop_ids)
+        async for ev in phase:
             last = ev
+            committed.update(ev.committed)
             n_tokens += len(ev.new_tokens)
+            out += ev.new_tokens
             text = cutter.push(detok.push(ev.new_tokens)) if ev.new_tokens else ""
             if ev.done and not cutter.hit:
                 text += cutter.push(detok.flush())
@@ -366,15 +430,72 @@ class ChoiceRunner:
                 yield self._canvas("answer", ev)
             if cutter.hit:
                 res.finish_reason = "stop"
+                self._opened = cutter.hit == OPEN_TAG
                 break
             if ev.done:
                 reason = ev.finish_reason or "stop"
                 res.finish_reason = (
                     "stop" if plan.pieces is not None and reason == "length" else reason
                 )
+                self._opened = (
+                    calls is not None
+                    and reason == "stop"
+                    and committed.get(n_tokens) == calls.open_id
+                )
                 break
+        if recorder is not None:
+            res.logprobs = recorder.entries(out, {self.b.pad_id, *self.b.stop_ids})
+        if cutter.hit == OPEN_TAG:  # the tag spelled out as text: the call goes on from the content
+            out[:] = self.b.tokenizer.encode(res.text)
         res.completion_tokens += n_tokens
         self._account(last)
+
+    async def _calls(self, prompt: list[int], calls: CallPlan) -> AsyncGenerator[Delta, None]:
+        """Each call on its own schema canvas; between calls, a one-position decision canvas."""
+        res, tok = self.result, self.b.tokenizer
+        canvas = build_canvas(calls.pieces, tok, self.b.pad_id)
+        for k in range(calls.max_calls):
+            if len(prompt) + canvas.length > self.b.max_context:
+                break  # no room for another call: the turn ends with the calls it has
+            if k and not await self._another(prompt, calls, k):
+                break
+            cfg = self.sampler.replace(
+                max_new_tokens=canvas.length, record_canvas=self.plan.diffusing
+            )
+            ids: list[int] = []
+            last = None
+            async for ev in self._phase(f"call{k}", prompt, cfg, canvas.prefill, canvas.constraint):
+                last = ev
+                ids += ev.new_tokens
+                if self.plan.diffusing:
+                    yield self._canvas("tool_call", ev)
+                if ev.done:
+                    break
+            self._account(last)
+            self.metrics.inc("structured_requests_total")
+            res.completion_tokens += len(ids)
+            _, parsed = parse_tool_calls(tok.decode(ids))
+            if not parsed:
+                break
+            self._tick(True)
+            res.tool_calls.append(parsed[0])
+            res.finish_reason = "tool_calls"
+            yield Delta("tool_call", call=parsed[0])
+            prompt = prompt + [t for t in ids if t != self.b.pad_id]
+
+    async def _another(self, prompt: list[int], calls: CallPlan, k: int) -> bool:
+        """Does another call follow? One canvas position that may hold ``<tool_call>`` or a stop."""
+        allowed = [calls.open_id, *self.b.stop_ids]
+        cfg = self.sampler.replace(max_new_tokens=1, record_canvas=False)
+        out: list[int] = []
+        last = None
+        async for ev in self._phase(f"more{k}", prompt, cfg, constraint=AllowTokens(allowed)):
+            last = ev
+            if ev.done:
+                out = ev.result.tokens if ev.result is not None else []
+                break
+        self._account(last)
+        return out == [calls.open_id]
 
     def _account(self, ev: EngineEvent | None) -> None:
         if ev is not None:

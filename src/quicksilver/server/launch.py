@@ -16,6 +16,16 @@ from .twin import build_twin_backend
 
 def build_backend(cfg: ServerConfig, mock_step_delay: float = 0.0) -> Backend:
     """The served model as a ``Backend`` (nothing is read from the network, ever)."""
+    backend = _backend(cfg, mock_step_delay)
+    if cfg.chat_template:
+        path = Path(cfg.chat_template)
+        if not path.is_file():
+            raise QuicksilverError(f"--chat-template {path}: no such file")
+        backend.tokenizer.set_chat_template(path.read_text())
+    return backend
+
+
+def _backend(cfg: ServerConfig, mock_step_delay: float) -> Backend:
     ecfg = EngineConfig(
         max_batch=cfg.max_batch, max_waiting=cfg.max_waiting, prefix_cache_mb=cfg.prefix_cache_mb
     )

@@ -50,16 +50,39 @@ def _example(schema: dict) -> object:
     return "Paris"
 
 
+def continuing(prompt: str, reply: str) -> str:
+    """The part of ``reply`` the prompt's open assistant turn has not written yet: the server decodes
+    a turn in phases (content, then each tool call), and each phase's prompt holds what came before."""
+    turn = prompt.rsplit("<|im_start|>assistant\n", 1)[-1] if "<|im_start|>" in prompt else ""
+    written = re.sub(r"^<think>.*?</think>", "", turn, flags=re.S)
+    return reply[len(written) :] if written and reply.startswith(written) else reply
+
+
+def _calls(prompt: str, tools_json: str) -> str:
+    """A call of each offered tool the user's last message names (in the order offered), else of
+    the first tool."""
+    fns = [json.loads(line) for line in tools_json.splitlines()]
+    fns = [f.get("function", f) for f in fns]
+    user = prompt.rsplit("<|im_start|>user\n", 1)[-1].split("<|im_end|>", 1)[0]
+    chosen = [f for f in fns if f["name"] in user] or fns[:1]
+    return "".join(
+        "<tool_call>"
+        + json.dumps({"name": f["name"], "arguments": _example(f.get("parameters") or {})})
+        + "</tool_call>"
+        for f in chosen
+    )
+
+
 def default_script(prompt: str) -> str:
-    """Replies that exercise the protocol: reasoning when the prompt leaves room for it, a call of the
-    first listed tool when tools are offered, an answer quoting the tool's result after a tool turn."""
+    """Replies that exercise the protocol: reasoning when the prompt leaves room for it, calls of the
+    tools the user names (or the first tool) when tools are offered, an answer quoting the tool's
+    result after a tool turn."""
     last_turn = prompt.rsplit("<|im_start|>", 1)[-1]
     if "<|fim_middle|>" in prompt:
         return "middle"
-    if not prompt.rstrip().endswith(("assistant", "</think>")) and "<|im_start|>" not in prompt:
+    if "<|im_start|>" not in prompt:
         return " and so on."  # plain completion
-    think = prompt.endswith("assistant\n")  # a reasoning phase: think first
-    if think:
+    if prompt.endswith("assistant\n"):  # a reasoning phase: think first
         return f"<think>{MOCK_REASONING}</think>"
     tool_turn = prompt.rsplit("<|im_start|>", 2)[-2] if prompt.count("<|im_start|>") >= 2 else ""
     if tool_turn.startswith("tool\n"):
@@ -67,10 +90,7 @@ def default_script(prompt: str) -> str:
         return f"The tool says {result.group(1) if result else 'nothing'}."
     tools = TOOLS_RE.search(prompt)
     if tools and last_turn.startswith("assistant"):
-        first = json.loads(tools.group(1).splitlines()[0])
-        fn = first.get("function", first)
-        args = _example(fn.get("parameters") or {"type": "object"})
-        return "<tool_call>" + json.dumps({"name": fn["name"], "arguments": args}) + "</tool_call>"
+        return continuing(prompt, _calls(prompt, tools.group(1)))
     return MOCK_ANSWER
 
 

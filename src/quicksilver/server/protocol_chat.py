@@ -128,7 +128,7 @@ class ChatCompletionMessage(BaseModel):
 class ChatChoice(BaseModel):
     index: int
     message: ChatCompletionMessage
-    logprobs: None = None
+    logprobs: dict[str, Any] | None = None
     finish_reason: (
         Literal["stop", "length", "tool_calls", "content_filter", "cancelled", "error"] | None
     )

@@ -2,7 +2,8 @@
 
 Stream format (OpenAI's): every chunk has the same ``id``; the first delta of each choice carries
 ``role``; then append-only ``content`` (and ``reasoning_content``/``reasoning``) deltas of final
-text; tool calls arrive parsed, in one ``tool_calls`` delta; a last chunk per choice has the
+text; each tool call, once decoded, as two ``tool_calls`` deltas (head, then arguments) with its
+``index``; a last chunk per choice has the
 ``finish_reason``; with ``stream_options.include_usage`` a chunk with empty ``choices`` and the
 ``usage`` follows; then ``data: [DONE]``. With ``diffusing`` every step also sends a chunk whose
 choice has an empty delta and a ``canvas`` object (see docs/SERVER.md).
@@ -25,21 +26,17 @@ from ..sampling.constrained import (
     compile_cached,
     schema_pieces,
 )
-from .errors import bad_request
-from .generation import ChoiceResult, Delta, Plan
-from .protocol import usage
-from .protocol_chat import ChatCompletionRequest, NamedToolChoice
-from .serving_engine import OpenAIServing, sse, sse_chunk
-from .tools import (
-    ToolStreamFilter,
-    forced_call_pieces,
-    parse_tool_calls,
-    template_messages,
-    tool_dicts,
-)
+from .budgets import check_explicit, split
+from .errors import APIError, bad_request
+from .generation import CallPlan, ChoiceResult, Delta, Plan
+from .logprobs import chat_logprobs
+from .protocol_chat import ChatCompletionRequest, NamedToolChoice, Tool
+from .serving_engine import GenerationServing, usage_chunk, usage_extras
+from .sse import sse_chunk
+from .tools import CLOSE_TAG, OPEN_TAG, forced_call_pieces, template_messages, tool_dicts
 
 
-class OpenAIServingChat(OpenAIServing):
+class OpenAIServingChat(GenerationServing):
     def _budgets(self, answer: int | None = None) -> Budgets:
         c = self.cfg
         return Budgets(
@@ -55,12 +52,13 @@ class OpenAIServingChat(OpenAIServing):
         limit: int,
         param: str,
         max_tokens: int | None,
+        start: Budgets | None = None,
     ) -> list[Piece]:
         """The layout with the configured slot budgets, or — when that canvas does not fit in
         ``limit`` (max_tokens, or the context) — with budgets shrunk to fit (every value keeps at
         least 2 tokens). Only a schema whose skeleton alone does not fit is refused."""
         tok = self.b.tokenizer
-        b = self._budgets()
+        b = start or self._budgets()
         pieces = layout(b)
         for _ in range(4):
             canvas = build_canvas(pieces, tok, self.b.pad_id)
@@ -86,8 +84,8 @@ class OpenAIServingChat(OpenAIServing):
             "context_length_exceeded",
         )
 
-    def plan(self, req: ChatCompletionRequest) -> tuple[Plan, str]:
-        """The request as a plan, and its tool mode: none | parse | forced."""
+    def plan(self, req: ChatCompletionRequest) -> Plan:
+        """The request as a plan: prompt, sampler settings, budgets, structured layout, tool calls."""
         c = self.cfg
         self.check_model(req.model)
         if len(req.messages) > c.max_messages:
@@ -105,17 +103,18 @@ class OpenAIServingChat(OpenAIServing):
             req.stop,
             req.logit_bias,
             (req.frequency_penalty, req.presence_penalty),
-            req.logprobs or req.top_logprobs,
+            req.top_logprobs,
         )
         choice = req.tool_choice or ("auto" if tools else "none")
         if isinstance(choice, NamedToolChoice) or choice == "required":
             if not tools:
                 raise bad_request("tool_choice needs tools", "tool_choice")
         mode = (
-            "none" if choice == "none" or not tools else ("parse" if choice == "auto" else "forced")
+            "none" if choice == "none" or not tools else ("auto" if choice == "auto" else "forced")
         )
         fmt = req.response_format
-        if fmt is not None and fmt.type != "text" and mode == "forced":
+        structured = fmt is not None and fmt.type != "text"
+        if structured and mode == "forced":
             raise bad_request(
                 "response_format and a forced tool_choice cannot be combined", "response_format"
             )
@@ -136,22 +135,28 @@ class OpenAIServingChat(OpenAIServing):
                 raise bad_request(str(e), "messages") from None
             return tok.encode(text)
 
-        ids = encode(effort.reasoning > 0)
-        self.check_prompt(ids)
-        pieces = None
-        limit = min(max_tokens or self.b.max_context, self.b.max_context - len(ids))
-        if mode == "forced":
-            name = choice.function.name if isinstance(choice, NamedToolChoice) else None
-            pieces = self._fit(
-                lambda b: forced_call_pieces(tools, name, tok, b), limit, param, max_tokens
+        # the answer phase's prompt is at least as long as the prompt that answers at once
+        plain = encode(False)
+        self.check_prompt(plain)
+        room = self.b.max_context - len(plain)
+        check_explicit(max_tokens, room, c.max_tokens, self.b.max_context, len(plain), param)
+        limit = min(max_tokens or room, room)
+        pieces, calls = None, None
+        if mode != "none" and not structured:
+            calls = self._calls(
+                req, tools, choice, mode == "forced", limit, room, param, max_tokens
             )
         elif fmt is not None and fmt.type == "json_object":
             budget = min(max_tokens or c.default_max_tokens, limit)
-            pieces = compile_cached(
-                f"json_object:{budget}:{id(tok)}",
-                lambda: schema_pieces(
-                    {"type": "object"}, False, tok.encode, self._budgets(budget - 1)
+            pieces = self._fit(
+                lambda b: compile_cached(
+                    json.dumps(["json_object", b.__dict__, id(tok)]),
+                    lambda: schema_pieces({"type": "object"}, False, tok.encode, b),
                 ),
+                limit,
+                param,
+                max_tokens,
+                self._budgets(max(2, budget - 1)),
             )
         elif fmt is not None and fmt.type == "json_schema":
             js = fmt.json_schema
@@ -168,79 +173,121 @@ class OpenAIServingChat(OpenAIServing):
                     raise bad_request(str(e), "response_format.json_schema.schema") from None
 
             pieces = self._fit(layout, limit, param, max_tokens)
+        fixed = max_tokens
+        reserved = 0
         if pieces is not None:
-            max_tokens = build_canvas(pieces, tok, self.b.pad_id).length
-        answer, think = self.budgets(len(ids), max_tokens, effort.reasoning, param)
-        if effort.reasoning > 0 and think == 0:  # no room to think: answer at once
-            ids = encode(False)
+            fixed = self._length(pieces)
+        elif calls is not None:
+            call_len = self._length(calls.pieces)
+            fixed = call_len if calls.forced else fixed
+            reserved = 0 if calls.forced else min(call_len, room - 1)
+            if fixed is not None and not calls.forced:
+                fixed = max(1, min(fixed, room - reserved))
+        want = min(effort.reasoning, c.max_reasoning_tokens)
+        sizes = split(room, fixed, want, min(c.default_max_tokens, c.max_tokens), reserved)
+        ids = encode(True) if sizes.reasoning else plain
         sampler = self.sampler(
             req, effort, req.temperature, req.top_p, req.seed, req.reasoning_effort is not None
         )
-        ban = []
-        if mode == "none" and tok.token_to_id("<tool_call>") is not None and tools:
-            ban = [tok.token_to_id("<tool_call>")]
-        plan = Plan(
+        ban = tok.token_to_id(OPEN_TAG) if mode == "none" and tools else None
+        return Plan(
             ids,
             sampler,
-            answer,
-            think,
+            sizes.answer,
+            sizes.reasoning,
             pieces=pieces,
-            ban_ids=[b for b in ban if b is not None],
+            ban_ids=[ban] if ban is not None else [],
             stop=stops,
             diffusing=bool(req.diffusing),
+            calls=calls,
+            logprobs=(req.top_logprobs or 0) if req.logprobs else None,
         )
-        return plan, mode
+
+    def _length(self, pieces: list[Piece]) -> int:
+        return build_canvas(pieces, self.b.tokenizer, self.b.pad_id).length
+
+    def _calls(
+        self,
+        req: ChatCompletionRequest,
+        tools: list[Tool],
+        choice: Any,
+        forced: bool,
+        limit: int,
+        room: int,
+        param: str,
+        max_tokens: int | None,
+    ) -> CallPlan | None:
+        """The call canvas restricted to the offered tools (the named one for a named choice). With
+        ``auto``, a call that cannot fit beside the prompt is not offered (the turn answers in text)."""
+        tok = self.b.tokenizer
+        open_id = tok.token_to_id(OPEN_TAG)
+        if open_id is None:
+            raise bad_request("this model has no <tool_call> token to call tools with", "tools")
+        named = choice.function.name if isinstance(choice, NamedToolChoice) else None
+        try:
+            pieces = self._fit(
+                lambda b: forced_call_pieces(tools, named, tok, b),
+                limit if forced else room - 1,
+                param,
+                max_tokens,
+            )
+        except APIError:
+            if forced:
+                raise
+            return None
+        parallel = req.parallel_tool_calls is not False and named is None
+        return CallPlan(
+            pieces,
+            open_id,
+            tok.token_to_id(CLOSE_TAG),
+            forced,
+            self.cfg.max_tool_calls if parallel else 1,
+        )
 
     # ---- responses -------------------------------------------------------------------------
-    def _message(
-        self, r: ChoiceResult, mode: str, parallel: bool = True
-    ) -> tuple[dict[str, Any], str]:
+    def chat_logprobs(self, r: ChoiceResult) -> dict[str, Any] | None:
+        return None if r.logprobs is None else chat_logprobs(self.b.tokenizer, r.logprobs)
+
+    @staticmethod
+    def message(r: ChoiceResult) -> dict[str, Any]:
+        """The assistant message of a finished choice (content is ``None`` beside tool calls when
+        the turn wrote no text before them)."""
         msg: dict[str, Any] = {"role": "assistant", "content": r.text}
-        finish = r.finish_reason
-        if mode != "none":
-            content, calls = parse_tool_calls(r.text)
-            calls = calls if parallel else calls[:1]
-            if calls:
-                msg["content"], msg["tool_calls"] = content, calls
-                finish = "tool_calls" if finish in ("stop", "length") else finish
+        if r.tool_calls:
+            msg["content"] = r.text.strip() or None
+            msg["tool_calls"] = r.tool_calls
         if r.reasoning is not None:
             msg["reasoning_content"] = msg["reasoning"] = r.reasoning
-        return msg, finish
+        return msg
 
     async def create(self, req: ChatCompletionRequest, arrival: float) -> dict[str, Any]:
-        plan, mode = self.plan(req)
-        runners = self.runners([plan], req.n or 1, req.seed, arrival)
-        results = await self.collect(runners)
-        choices, totals = [], [0, 0, 0, 0, 0]
-        for r in results:
-            msg, finish = self._message(r, mode, req.parallel_tool_calls is not False)
-            choices.append(
-                {"index": r.index, "message": msg, "logprobs": None, "finish_reason": finish}
-            )
-            totals = [
-                a + b
-                for a, b in zip(
-                    totals, (r.completion_tokens, r.reasoning_tokens, r.nfe, r.steps, 0)
-                )
-            ]
-        gen, reasoning, nfe, steps, _ = totals
+        plan = self.plan(req)
+        results = await self.collect(self.runners([plan], req.n or 1, req.seed, arrival))
+        choices = [
+            {
+                "index": r.index,
+                "message": self.message(r),
+                "logprobs": self.chat_logprobs(r),
+                "finish_reason": r.finish_reason,
+            }
+            for r in results
+        ]
         return {
             "id": f"chatcmpl-{uuid.uuid4().hex}",
             "object": "chat.completion",
             "created": int(time.time()),
             "model": self.b.name,
             "choices": choices,
-            "usage": usage(len(plan.prompt_ids), gen, reasoning, results[0].cached_tokens),
-            "diffusion": {"nfe": nfe, "steps": steps, "tpf": round(gen / nfe, 3) if nfe else 0.0},
+            **usage_extras(len(plan.prompt_ids), results),
         }
 
     def stream(self, req: ChatCompletionRequest, arrival: float) -> AsyncGenerator[str, None]:
-        plan, mode = self.plan(req)  # errors here are plain HTTP errors, before the stream starts
+        plan = self.plan(req)  # errors here are plain HTTP errors, before the stream starts
         runners = self.runners([plan], req.n or 1, req.seed, arrival)
-        return self._stream(req, plan, mode, runners)
+        return self._stream(req, plan, runners)
 
     async def _stream(
-        self, req: ChatCompletionRequest, plan: Plan, mode: str, runners: list[Any]
+        self, req: ChatCompletionRequest, plan: Plan, runners: list[Any]
     ) -> AsyncGenerator[str, None]:
         cid, created = f"chatcmpl-{uuid.uuid4().hex}", int(time.time())
         include_usage = bool(req.stream_options and req.stream_options.include_usage)
@@ -259,10 +306,10 @@ class OpenAIServingChat(OpenAIServing):
                 cid, "chat.completion.chunk", created, self.b.name, choice, include_usage
             )
 
-        filters = {r.result.index: ToolStreamFilter() for r in runners}
         for r in runners:
             yield chunk(r.result.index, {"role": "assistant", "content": ""})
-        gen = reasoning = cached = 0
+        calls = {r.result.index: 0 for r in runners}
+        results = []
         async for i, item in self.merged(runners):
             if isinstance(item, BaseException):
                 raise item
@@ -270,34 +317,34 @@ class OpenAIServingChat(OpenAIServing):
                 if item.kind == "reasoning":
                     yield chunk(i, {"reasoning_content": item.text, "reasoning": item.text})
                 elif item.kind == "content":
-                    text = filters[i].push(item.text) if mode != "none" else item.text
-                    if text:
-                        yield chunk(i, {"content": text})
+                    yield chunk(i, {"content": item.text})
+                elif item.kind == "tool_call" and item.call is not None:
+                    for delta in call_deltas(calls[i], item.call):
+                        yield chunk(i, {"tool_calls": [delta]})
+                    calls[i] += 1
                 else:
                     yield chunk(i, {}, canvas=item.canvas)
                 continue
-            finish = item.finish_reason
-            if mode != "none":
-                text, calls = filters[i].finish()
-                calls = calls if req.parallel_tool_calls is not False else calls[:1]
-                if text:
-                    yield chunk(i, {"content": text})
-                if calls:
-                    yield chunk(i, {"tool_calls": [{"index": k, **c} for k, c in enumerate(calls)]})
-                    finish = "tool_calls" if finish in ("stop", "length") else finish
-            gen += item.completion_tokens
-            reasoning += item.reasoning_tokens
-            cached = cached or item.cached_tokens
-            yield chunk(i, {}, finish)
+            results.append(item)
+            lp = self.chat_logprobs(item)
+            yield chunk(i, {}, item.finish_reason, **({"logprobs": lp} if lp else {}))
         if include_usage:
-            yield sse(
-                {
-                    "id": cid,
-                    "object": "chat.completion.chunk",
-                    "created": created,
-                    "model": self.b.name,
-                    "choices": [],
-                    "usage": usage(len(plan.prompt_ids), gen, reasoning, cached),
-                }
+            yield usage_chunk(
+                cid, "chat.completion.chunk", created, self.b.name, len(plan.prompt_ids), results
             )
         yield "data: [DONE]\n\n"
+
+
+def call_deltas(index: int, call: dict[str, Any]) -> list[dict[str, Any]]:
+    """A finished call as OpenAI streams one: a head (id, type, name, empty arguments), then the
+    arguments (clients concatenate ``arguments`` per ``index``)."""
+    fn = call["function"]
+    return [
+        {
+            "index": index,
+            "id": call["id"],
+            "type": "function",
+            "function": {"name": fn["name"], "arguments": ""},
+        },
+        {"index": index, "function": {"arguments": fn["arguments"]}},
+    ]

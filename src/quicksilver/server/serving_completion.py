@@ -13,16 +13,18 @@ import uuid
 from collections.abc import AsyncGenerator
 from typing import Any
 
+from .budgets import check_explicit, split
 from .errors import bad_request
-from .generation import EFFORTS, Delta, Plan
-from .protocol import usage
+from .generation import EFFORTS, ChoiceResult, Delta, Plan
+from .logprobs import completion_logprobs
 from .protocol_completion import CompletionRequest
-from .serving_engine import OpenAIServing, sse, sse_chunk
+from .serving_engine import GenerationServing, usage_chunk, usage_extras
+from .sse import sse_chunk
 
 FIM_TOKENS = ("<|fim_prefix|>", "<|fim_suffix|>", "<|fim_middle|>")
 
 
-class OpenAIServingCompletion(OpenAIServing):
+class OpenAIServingCompletion(GenerationServing):
     def _prompts(self, req: CompletionRequest) -> list[list[int]]:
         p = req.prompt
         tok = self.b.tokenizer
@@ -48,6 +50,7 @@ class OpenAIServingCompletion(OpenAIServing):
             (req.frequency_penalty, req.presence_penalty),
             req.logprobs,
         )
+        c = self.cfg
         if (req.n or 1) * (
             len(req.prompt)
             if isinstance(req.prompt, list) and req.prompt and isinstance(req.prompt[0], str)
@@ -70,7 +73,12 @@ class OpenAIServingCompletion(OpenAIServing):
                     raise bad_request("fill-in-the-middle takes one prompt string", "prompt")
                 ids, suffix_ids = self._fim(req.prompt, req.suffix or "")
             self.check_prompt(ids + (suffix_ids or []))
-            answer, _ = self.budgets(len(ids) + len(suffix_ids or []), req.max_tokens, 0)
+            prompt = len(ids) + len(suffix_ids or [])
+            room = self.b.max_context - prompt
+            check_explicit(
+                req.max_tokens, room, c.max_tokens, self.b.max_context, prompt, "max_tokens"
+            )
+            answer = split(room, req.max_tokens, 0, min(c.default_max_tokens, c.max_tokens)).answer
             plans.append(
                 Plan(
                     ids,
@@ -80,6 +88,7 @@ class OpenAIServingCompletion(OpenAIServing):
                     suffix_ids=suffix_ids,
                     stop=stops,
                     diffusing=bool(req.diffusing),
+                    logprobs=req.logprobs,
                 )
             )
         return plans
@@ -102,6 +111,9 @@ class OpenAIServingCompletion(OpenAIServing):
     def _result(self, req: CompletionRequest, plans: list[Plan]) -> tuple[str, int, int]:
         return f"cmpl-{uuid.uuid4().hex}", int(time.time()), sum(len(p.prompt_ids) for p in plans)
 
+    def _logprobs(self, r: ChoiceResult) -> dict[str, Any] | None:
+        return None if r.logprobs is None else completion_logprobs(self.b.tokenizer, r.logprobs)
+
     async def create(self, req: CompletionRequest, arrival: float, fim: bool) -> dict[str, Any]:
         plans = self.plans(req, fim)
         results = await self.collect(self.runners(plans, req.n or 1, req.seed, arrival))
@@ -112,22 +124,21 @@ class OpenAIServingCompletion(OpenAIServing):
             if req.echo and not fim and isinstance(req.prompt, (str, list)):
                 text = self.b.tokenizer.decode(plans[r.index // n].prompt_ids) + text
             choices.append(
-                {"index": r.index, "text": text, "logprobs": None, "finish_reason": r.finish_reason}
+                {
+                    "index": r.index,
+                    "text": text,
+                    "logprobs": self._logprobs(r),
+                    "finish_reason": r.finish_reason,
+                }
             )
         cid, created, prompt_tokens = self._result(req, plans)
-        gen, nfe = sum(r.completion_tokens for r in results), sum(r.nfe for r in results)
         return {
             "id": cid,
             "object": "text_completion",
             "created": created,
             "model": self.b.name,
             "choices": choices,
-            "usage": usage(prompt_tokens, gen),
-            "diffusion": {
-                "nfe": nfe,
-                "steps": sum(r.steps for r in results),
-                "tpf": round(gen / nfe, 3) if nfe else 0.0,
-            },
+            **usage_extras(prompt_tokens, results),
         }
 
     def stream(
@@ -144,16 +155,12 @@ class OpenAIServingCompletion(OpenAIServing):
         include_usage = bool(req.stream_options and req.stream_options.include_usage)
 
         def chunk(index: int, text: str, finish: str | None = None, **extra: Any) -> str:
-            choice = {
-                "index": index,
-                "text": text,
-                "logprobs": None,
-                "finish_reason": finish,
-                **extra,
-            }
-            return sse_chunk(cid, "text_completion", created, self.b.name, choice, include_usage)
+            choice = {"index": index, "text": text, "logprobs": None, "finish_reason": finish}
+            return sse_chunk(
+                cid, "text_completion", created, self.b.name, {**choice, **extra}, include_usage
+            )
 
-        gen = 0
+        results = []
         async for i, item in self.merged(runners):
             if isinstance(item, BaseException):
                 raise item
@@ -163,17 +170,9 @@ class OpenAIServingCompletion(OpenAIServing):
                 elif item.text:
                     yield chunk(i, item.text)
                 continue
-            gen += item.completion_tokens
-            yield chunk(i, "", item.finish_reason)
+            results.append(item)
+            lp = self._logprobs(item)
+            yield chunk(i, "", item.finish_reason, **({"logprobs": lp} if lp else {}))
         if include_usage:
-            yield sse(
-                {
-                    "id": cid,
-                    "object": "text_completion",
-                    "created": created,
-                    "model": self.b.name,
-                    "choices": [],
-                    "usage": usage(prompt_tokens, gen),
-                }
-            )
+            yield usage_chunk(cid, "text_completion", created, self.b.name, prompt_tokens, results)
         yield "data: [DONE]\n\n"

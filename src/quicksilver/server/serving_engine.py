@@ -1,11 +1,11 @@
-"""What every generating endpoint shares: model check, limits, sampler settings, running n choices,
+"""What every generating endpoint shares (``GenerationServing``): model check, limits, the one place
+a request becomes a ``SamplerConfig``, running n choices, the usage and ``diffusion`` extras,
 streaming them as SSE, and cancelling them when the client goes away."""
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
 from collections.abc import AsyncGenerator, Awaitable
 from typing import Any, TypeVar
 
@@ -14,18 +14,19 @@ from fastapi import Request
 from ..engine import EngineOverloaded
 from ..errors import ConfigError
 from ..sampling import SamplerConfig
-from .config import MAX_STOP_CHARS, ServerConfig
+from .config import MAX_STOP_CHARS, MAX_TOP_LOGPROBS, ServerConfig
 from .errors import APIError, bad_request, overloaded
 from .generation import EFFORTS, Backend, ChoiceResult, ChoiceRunner, Delta, Effort, Plan
 from .metrics import Metrics
-from .protocol import DiffusionExtras
+from .protocol import DiffusionExtras, usage
+from .sse import sse
 
 T = TypeVar("T")
 MODEL_ALIAS = "quicksilver"
 Item = tuple[int, Delta | ChoiceResult | BaseException]
 
 
-class OpenAIServing:
+class GenerationServing:
     def __init__(self, backend: Backend, config: ServerConfig, metrics: Metrics) -> None:
         self.b, self.cfg, self.metrics = backend, config, metrics
 
@@ -47,7 +48,7 @@ class OpenAIServing:
         stop: str | list[str] | None,
         logit_bias: Any,
         penalties: tuple[Any, ...],
-        logprobs: Any,
+        top_logprobs: int | None = None,
     ) -> list[str]:
         if (n or 1) > self.cfg.max_n:
             raise bad_request(f"n={n} is above this server's limit of {self.cfg.max_n}", "n")
@@ -65,8 +66,11 @@ class OpenAIServing:
                 "frequency_penalty and presence_penalty are not supported by diffusion decoding",
                 "presence_penalty",
             )
-        if logprobs:
-            raise bad_request("logprobs are not supported yet", "logprobs")
+        if top_logprobs is not None and top_logprobs > MAX_TOP_LOGPROBS:
+            raise bad_request(
+                f"top_logprobs may be at most {MAX_TOP_LOGPROBS}, got {top_logprobs}",
+                "top_logprobs",
+            )
         return stops
 
     def check_prompt(self, ids: list[int]) -> None:
@@ -79,37 +83,6 @@ class OpenAIServing:
                 "messages",
                 "context_length_exceeded",
             )
-
-    def budgets(
-        self, prompt_len: int, max_tokens: int | None, reasoning: int, param: str = "max_tokens"
-    ) -> tuple[int, int]:
-        """(answer canvas, reasoning budget): the answer's max_tokens is never shared with reasoning."""
-        room = self.b.max_context - prompt_len
-        if max_tokens is not None:
-            if max_tokens > self.cfg.max_tokens:
-                raise bad_request(
-                    f"{param}={max_tokens} is above this server's limit of {self.cfg.max_tokens}",
-                    param,
-                )
-            if max_tokens > room:
-                raise bad_request(
-                    f"{param}={max_tokens} plus a prompt of {prompt_len} tokens exceeds the context "
-                    f"of {self.b.max_context}; at most {room} fit",
-                    param,
-                    "context_length_exceeded",
-                )
-            answer = max_tokens
-        else:
-            answer = max(
-                1,
-                min(
-                    self.cfg.default_max_tokens,
-                    max(room - reasoning, room // 2),
-                    self.cfg.max_tokens,
-                ),
-            )
-        think = min(reasoning, self.cfg.max_reasoning_tokens, room - answer - 2)
-        return answer, think if think >= 8 else 0
 
     def effort(self, name: str | None, extras: DiffusionExtras, can_reason: bool) -> Effort:
         if name is None:
@@ -158,6 +131,7 @@ class OpenAIServing:
     def runners(
         self, plans: list[Plan], n: int, seed: int | None, arrival: float
     ) -> list[ChoiceRunner]:
+        """One runner per choice (n per plan, seeds seed, seed+1, ...)."""
         out: list[ChoiceRunner] = []
         for p in plans:
             for _ in range(n):
@@ -212,6 +186,38 @@ class OpenAIServing:
         return [results[i] for i in sorted(results)]
 
 
+def usage_extras(prompt_tokens: int, results: list[ChoiceResult]) -> dict[str, Any]:
+    """The response's ``usage`` and quicksilver's ``diffusion`` numbers, summed over its choices."""
+    gen = sum(r.completion_tokens for r in results)
+    nfe = sum(r.nfe for r in results)
+    reasoning = sum(r.reasoning_tokens for r in results)
+    cached = results[0].cached_tokens if results else 0
+    return {
+        "usage": usage(prompt_tokens, gen, reasoning, cached),
+        "diffusion": {
+            "nfe": nfe,
+            "steps": sum(r.steps for r in results),
+            "tpf": round(gen / nfe, 3) if nfe else 0.0,
+        },
+    }
+
+
+def usage_chunk(
+    cid: str, kind: str, created: int, model: str, prompt_tokens: int, results: list[ChoiceResult]
+) -> str:
+    """The last chunk of a stream with ``stream_options.include_usage``: no choices, the usage."""
+    return sse(
+        {
+            "id": cid,
+            "object": kind,
+            "created": created,
+            "model": model,
+            "choices": [],
+            **usage_extras(prompt_tokens, results),
+        }
+    )
+
+
 def map_error(e: BaseException) -> BaseException:
     if isinstance(e, APIError):
         return e
@@ -220,58 +226,6 @@ def map_error(e: BaseException) -> BaseException:
     if isinstance(e, ConfigError):
         return bad_request(str(e))
     return e
-
-
-def sse(obj: dict[str, Any]) -> str:
-    return f"data: {json.dumps(obj, ensure_ascii=False)}\n\n"
-
-
-def sse_chunk(
-    cid: str, kind: str, created: int, model: str, choice: dict[str, Any], include_usage: bool
-) -> str:
-    """One streamed chunk with a single choice; ``usage: null`` on every chunk when the client asked for
-    a usage chunk at the end (the OpenAI convention)."""
-    obj: dict[str, Any] = {
-        "id": cid,
-        "object": kind,
-        "created": created,
-        "model": model,
-        "choices": [choice],
-    }
-    if include_usage:
-        obj["usage"] = None
-    return sse(obj)
-
-
-async def sse_guard(gen: AsyncGenerator[str, None], metrics: Metrics) -> AsyncGenerator[str, None]:
-    """Wraps a stream: an error mid-stream becomes one error event; a client that goes away (the
-    response task is cancelled) closes the inner generator, which cancels the engine requests."""
-    finished = False
-    try:
-        async with contextlib.aclosing(gen) as inner:
-            async for chunk in inner:
-                yield chunk
-        finished = True
-    except APIError as e:
-        finished = True
-        yield sse(e.body())
-        yield "data: [DONE]\n\n"
-    except Exception as e:  # never a traceback to the client
-        finished = True
-        yield sse(
-            {
-                "error": {
-                    "message": f"internal error: {type(e).__name__}",
-                    "type": "server_error",
-                    "param": None,
-                    "code": "internal_error",
-                }
-            }
-        )
-        yield "data: [DONE]\n\n"
-    finally:
-        if not finished:
-            metrics.inc("requests_aborted_total")
 
 
 async def until_disconnect(request: Request, work: Awaitable[T], metrics: Metrics) -> T:

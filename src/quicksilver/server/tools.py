@@ -14,7 +14,7 @@ from .errors import bad_request
 from .protocol_chat import ChatMessage, Tool
 
 CALL_RE = re.compile(r"<tool_call>(.*?)</tool_call>", re.S)
-OPEN, CLOSE = "<tool_call>", "</tool_call>"
+OPEN_TAG, CLOSE_TAG = "<tool_call>", "</tool_call>"
 
 
 def message_text(m: ChatMessage) -> str:
@@ -124,9 +124,9 @@ def forced_call_pieces(
         return t.function.parameters or {"type": "object", "properties": {}}
 
     def build() -> list[Piece]:
-        o, c = tok.token_to_id(OPEN), tok.token_to_id(CLOSE)
-        head: list[Piece] = [[o]] if o is not None else [OPEN]
-        tail: list[Piece] = [[c]] if c is not None else [CLOSE]
+        o, c = tok.token_to_id(OPEN_TAG), tok.token_to_id(CLOSE_TAG)
+        head: list[Piece] = [[o]] if o is not None else [OPEN_TAG]
+        tail: list[Piece] = [[c]] if c is not None else [CLOSE_TAG]
         try:
             if len(chosen) == 1:
                 t = chosen[0]
@@ -156,34 +156,3 @@ def forced_call_pieces(
 
     key = json.dumps([tool_dicts(chosen), name, budgets.__dict__, id(tok)], sort_keys=True)
     return compile_cached(key, build)
-
-
-class ToolStreamFilter:
-    """Streaming with tools: content before a ``<tool_call>`` streams as text; from the tag on it is
-    held back and parsed at the end (a tail that may start the tag is held too)."""
-
-    def __init__(self) -> None:
-        self.buf = ""
-        self.holding = False
-
-    def push(self, text: str) -> str:
-        if self.holding:
-            self.buf += text
-            return ""
-        self.buf += text
-        i = self.buf.find(OPEN)
-        if i >= 0:
-            out, self.buf, self.holding = self.buf[:i], self.buf[i:], True
-            return out
-        keep = 0
-        for k in range(min(len(OPEN) - 1, len(self.buf)), 0, -1):
-            if self.buf.endswith(OPEN[:k]):
-                keep = k
-                break
-        out, self.buf = self.buf[: len(self.buf) - keep], self.buf[len(self.buf) - keep :]
-        return out
-
-    def finish(self) -> tuple[str, list[dict[str, Any]]]:
-        """(text still to send as content, parsed calls)."""
-        content, calls = parse_tool_calls(self.buf)
-        return (content or "") if calls else self.buf, calls

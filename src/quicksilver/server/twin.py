@@ -73,6 +73,7 @@ class AREngine:
         self._running: dict[str, _ARLive] = {}
         self.step_count = 0
         self.totals = collections.Counter[str]()
+        self.prefix_cache = None  # AR prompts are prefilled whole: no cross-request cache
 
     # ---- thread-safe commands -------------------------------------------------------------------
     def add(self, req: EngineRequest) -> None:
@@ -270,3 +271,6 @@ class ByModel:
 
     def stream(self, req: Any, *args: Any) -> Any:
         return self.pick(req.model).stream(req, *args)
+
+    def check_model(self, model: str | None) -> None:
+        self.pick(model).check_model(model)

@@ -1,0 +1,169 @@
+"""The HTTP routes, on one ``APIRouter``: the OpenAI endpoints (chat, completions, FIM, responses,
+models), the vLLM-style extras (``/tokenize``, ``/detokenize``), ``/health`` (GET and HEAD) and
+``/metrics``. Handlers only translate: the serving objects on ``app.state.qs`` do the work."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import AsyncGenerator, Awaitable
+from typing import Any
+
+from fastapi import APIRouter, Request
+from fastapi.responses import JSONResponse, Response, StreamingResponse
+from prometheus_client import CONTENT_TYPE_LATEST
+
+from .errors import APIError, bad_request
+from .protocol import ErrorResponse, ModelCard, ModelList
+from .protocol_chat import ChatCompletionRequest, ChatCompletionResponse
+from .protocol_completion import CompletionRequest, CompletionResponse, FimCompletionRequest
+from .protocol_responses import ResponsesRequest
+from .protocol_tokenize import DetokenizeRequest, TokenizeRequest
+from .serving_engine import until_disconnect
+from .sse import SSEResponse, sse_guard
+from .tools import template_messages, tool_dicts
+
+ERRORS: dict[int | str, dict[str, Any]] = {
+    c: {"model": ErrorResponse} for c in (400, 401, 404, 413, 429, 503)
+}
+router = APIRouter()
+
+
+def _state(request: Request) -> Any:
+    return request.app.state.qs
+
+
+def _sse(request: Request, gen: AsyncGenerator[str, None], kind: str = "chat") -> StreamingResponse:
+    return SSEResponse(
+        sse_guard(gen, _state(request).metrics, kind),
+        media_type="text/event-stream",
+        headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"},
+    )
+
+
+async def _json(request: Request, work: Awaitable[dict[str, Any]]) -> JSONResponse:
+    return JSONResponse(await until_disconnect(request, work, _state(request).metrics))
+
+
+def _admit(request: Request, endpoint: str) -> float:
+    st = _state(request)
+    st.metrics.inc("requests_total", endpoint=endpoint)
+    st.check_capacity()
+    return time.perf_counter()
+
+
+@router.post("/v1/chat/completions", response_model=ChatCompletionResponse, responses=ERRORS)
+async def chat(req: ChatCompletionRequest, request: Request) -> Any:
+    arrival = _admit(request, "chat")
+    serving = _state(request).chat
+    if req.stream:
+        return _sse(request, serving.stream(req, arrival))
+    return await _json(request, serving.create(req, arrival))
+
+
+@router.post("/v1/responses", responses=ERRORS)
+async def responses(req: ResponsesRequest, request: Request) -> Any:
+    arrival = _admit(request, "responses")
+    serving = _state(request).responses
+    if req.stream:
+        return _sse(request, serving.stream(req, arrival), "responses")
+    return await _json(request, serving.create(req, arrival))
+
+
+async def _completion(req: CompletionRequest, request: Request, fim: bool) -> Any:
+    arrival = _admit(request, "fim" if fim else "completions")
+    serving = _state(request).completion
+    if req.stream:
+        return _sse(request, serving.stream(req, arrival, fim))
+    return await _json(request, serving.create(req, arrival, fim))
+
+
+@router.post("/v1/completions", response_model=CompletionResponse, responses=ERRORS)
+async def completions(req: CompletionRequest, request: Request) -> Any:
+    return await _completion(req, request, fim=False)
+
+
+@router.post("/v1/fim/completions", response_model=CompletionResponse, responses=ERRORS)
+async def fim(req: FimCompletionRequest, request: Request) -> Any:
+    return await _completion(req, request, fim=True)
+
+
+@router.get("/v1/models", response_model=ModelList)
+async def models(request: Request) -> ModelList:
+    return ModelList(data=_state(request).cards())
+
+
+@router.get("/v1/models/{model_id:path}", response_model=ModelCard, responses=ERRORS)
+async def model(model_id: str, request: Request) -> ModelCard:
+    found = [c for c in _state(request).cards() if c.id == model_id]
+    if not found:
+        raise APIError(
+            404,
+            f"the model {model_id!r} does not exist",
+            "invalid_request_error",
+            "model",
+            "model_not_found",
+        )
+    return found[0]
+
+
+@router.post("/tokenize", responses=ERRORS)
+async def tokenize(req: TokenizeRequest, request: Request) -> dict[str, Any]:
+    """Token ids of a prompt, or of messages rendered by the chat template (as vLLM's)."""
+    st = _state(request)
+    st.chat.check_model(req.model)
+    tok = st.backend.tokenizer
+    if (req.prompt is None) == (req.messages is None):
+        raise bad_request("send exactly one of prompt and messages", "prompt")
+    if req.messages is not None:
+        try:
+            text = tok.apply_chat_template(
+                template_messages(req.messages),
+                tools=tool_dicts(req.tools) if req.tools else None,
+                add_generation_prompt=bool(req.add_generation_prompt),
+            )
+        except Exception as e:  # a template error is the caller's input
+            raise bad_request(str(e), "messages") from None
+    else:
+        text = req.prompt or ""
+    ids = tok.encode(text)
+    out: dict[str, Any] = {
+        "count": len(ids),
+        "max_model_len": st.backend.max_context,
+        "tokens": ids,
+    }
+    if req.return_token_strs:
+        out["token_strs"] = [tok.decode([t], skip_special_tokens=False) for t in ids]
+    return out
+
+
+@router.post("/detokenize", responses=ERRORS)
+async def detokenize(req: DetokenizeRequest, request: Request) -> dict[str, Any]:
+    st = _state(request)
+    st.chat.check_model(req.model)
+    tok = st.backend.tokenizer
+    if any(not 0 <= t < tok.vocab_size for t in req.tokens):
+        raise bad_request(f"token ids must lie in [0, {tok.vocab_size})", "tokens")
+    return {"prompt": tok.decode(req.tokens, skip_special_tokens=False)}
+
+
+def _healthy(request: Request) -> bool:
+    return all(b.engine.alive or not b.engine.engine.has_work for b in _state(request).backends)
+
+
+@router.get("/health")
+async def health(request: Request) -> Response:
+    ok = _healthy(request)
+    return JSONResponse(
+        {"status": "ok" if ok else "engine stopped"}, status_code=200 if ok else 503
+    )
+
+
+@router.head("/health", include_in_schema=False)
+async def health_head(request: Request) -> Response:
+    return Response(status_code=200 if _healthy(request) else 503)
+
+
+@router.get("/metrics")
+async def metrics(request: Request) -> Response:
+    st = _state(request)
+    return Response(st.metrics.render(), media_type=CONTENT_TYPE_LATEST)

@@ -1,0 +1,417 @@
+"""``POST /v1/responses``: the OpenAI Responses API on the chat path.
+
+A request becomes a ``ChatCompletionRequest`` (``to_chat``: ``instructions`` a system message,
+``input`` items messages, ``function_call`` / ``function_call_output`` items an assistant turn's
+calls and tool turns, ``text.format`` the response format, ``reasoning.effort`` the effort), so it
+is planned, budgeted and decoded exactly as a chat completion. The output is a list of items —
+``reasoning``, ``message`` (``output_text``), ``function_call`` — and a stream is the typed event
+sequence (``response.created``, ``response.in_progress``, ``response.output_item.added``,
+``response.content_part.added``, ``response.output_text.delta`` … ``response.completed``), each
+event with its ``sequence_number``.
+
+``store`` is never honoured: the server keeps no responses (every response says ``"store": false``),
+so ``previous_response_id`` is a 400 — send the conversation as input items instead.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+import uuid
+from collections.abc import AsyncGenerator
+from typing import Any
+
+from pydantic import ValidationError
+
+from .errors import bad_request
+from .generation import ChoiceResult, Delta
+from .protocol_chat import ChatCompletionRequest
+from .protocol_responses import ResponseNamedTool, ResponsesRequest
+from .serving_chat import OpenAIServingChat
+
+ROLES = ("user", "system", "developer", "assistant")
+
+
+def _text(content: Any, where: str) -> str:
+    if isinstance(content, str):
+        return content
+    if isinstance(content, list):
+        parts = []
+        for p in content:
+            if not isinstance(p, dict) or p.get("type") not in (
+                "input_text",
+                "output_text",
+                "text",
+            ):
+                kind = p.get("type") if isinstance(p, dict) else type(p).__name__
+                raise bad_request(
+                    f"content parts of type {kind!r} are not supported (text only)", where
+                )
+            parts.append(str(p.get("text", "")))
+        return "".join(parts)
+    raise bad_request("content must be a string or a list of text parts", where)
+
+
+def to_messages(req: ResponsesRequest) -> list[dict[str, Any]]:
+    """``instructions`` + ``input`` as chat messages; consecutive ``function_call`` items join the
+    assistant turn before them."""
+    out: list[dict[str, Any]] = []
+    if req.instructions:
+        out.append({"role": "system", "content": req.instructions})
+    if isinstance(req.input, str):
+        return out + [{"role": "user", "content": req.input}]
+    for i, item in enumerate(req.input):
+        where = f"input[{i}]"
+        kind = item.get("type", "message")
+        if kind == "message":
+            role = item.get("role")
+            if role not in ROLES:
+                raise bad_request(f"role must be one of {list(ROLES)}, got {role!r}", where)
+            out.append({"role": role, "content": _text(item.get("content", ""), where)})
+        elif kind == "function_call":
+            call = {
+                "id": str(item.get("call_id") or item.get("id") or ""),
+                "type": "function",
+                "function": {"name": item.get("name"), "arguments": item.get("arguments", "{}")},
+            }
+            last = out[-1] if out else None
+            if last is None or last["role"] != "assistant" or last.get("tool_calls") is None:
+                if last is not None and last["role"] == "assistant":
+                    last["tool_calls"] = []
+                else:
+                    last = {"role": "assistant", "content": None, "tool_calls": []}
+                    out.append(last)
+            last["tool_calls"].append(call)
+        elif kind == "function_call_output":
+            output = item.get("output", "")
+            text = output if isinstance(output, str) else _text(output, where)
+            out.append({"role": "tool", "tool_call_id": item.get("call_id"), "content": text})
+        elif kind == "reasoning":
+            continue  # earlier reasoning is not replayed (the chat template drops it too)
+        else:
+            raise bad_request(f"input items of type {kind!r} are not supported", where)
+    return out
+
+
+def to_chat(req: ResponsesRequest) -> ChatCompletionRequest:
+    """The request as the chat completion it is planned as (a 400 for what it cannot carry)."""
+    if req.previous_response_id:
+        raise bad_request(
+            "this server stores no responses (store is not supported); send the whole "
+            "conversation as input items",
+            "previous_response_id",
+        )
+    body: dict[str, Any] = {
+        "messages": to_messages(req),
+        "model": req.model,
+        "max_completion_tokens": req.max_output_tokens,
+        "parallel_tool_calls": req.parallel_tool_calls,
+        "seed": req.seed,
+        "temperature": req.temperature,
+        "top_p": req.top_p,
+        "logprobs": bool(req.top_logprobs),
+        "top_logprobs": req.top_logprobs,
+    }
+    for k in (
+        "steps",
+        "block_length",
+        "threshold",
+        "policy",
+        "diffusing",
+        "realtime",
+        "ignore_eos",
+    ):
+        body[k] = getattr(req, k)
+    if req.reasoning is not None and req.reasoning.effort is not None:
+        body["reasoning_effort"] = req.reasoning.effort
+    if req.tools:
+        body["tools"] = [
+            {"type": "function", "function": t.model_dump(exclude={"type"}, exclude_none=True)}
+            for t in req.tools
+        ]
+    if isinstance(req.tool_choice, str):
+        body["tool_choice"] = req.tool_choice
+    elif req.tool_choice is not None:
+        body["tool_choice"] = {"type": "function", "function": {"name": req.tool_choice.name}}
+    fmt = req.text.format if req.text is not None else None
+    if fmt is not None and fmt.type == "json_schema":
+        js = {"name": fmt.name or "response", "schema": fmt.schema_, "strict": fmt.strict}
+        body["response_format"] = {"type": "json_schema", "json_schema": js}
+    elif fmt is not None:
+        body["response_format"] = {"type": fmt.type}
+    try:
+        return ChatCompletionRequest.model_validate(body)
+    except ValidationError as e:
+        err = e.errors()[0]
+        loc = ".".join(str(x) for x in err.get("loc", ()))
+        raise bad_request(f"{loc}: {err.get('msg')}", "input") from None
+
+
+def new_item(kind: str) -> dict[str, Any]:
+    """An output item being streamed (reasoning or message), with a fresh id."""
+    prefix = {"reasoning": "rs", "message": "msg"}[kind]
+    item: dict[str, Any] = {"id": f"{prefix}_{uuid.uuid4().hex}", "type": kind}
+    if kind == "reasoning":
+        item.update(summary=[], content=[])
+    else:
+        item.update(status="in_progress", role="assistant", content=[])
+    return item
+
+
+def function_item(call: dict[str, Any]) -> dict[str, Any]:
+    """A decoded chat tool call as a Responses ``function_call`` item."""
+    return {
+        "id": f"fc_{uuid.uuid4().hex}",
+        "type": "function_call",
+        "status": "completed",
+        "call_id": call["id"],
+        "name": call["function"]["name"],
+        "arguments": call["function"]["arguments"],
+    }
+
+
+def output_text(text: str) -> dict[str, Any]:
+    return {"type": "output_text", "text": text, "annotations": [], "logprobs": []}
+
+
+class OpenAIServingResponses:
+    """Builds on the chat serving: same plan, same runners, another output shape."""
+
+    def __init__(self, chat: OpenAIServingChat) -> None:
+        self.chat = chat
+
+    def _response(
+        self,
+        req: ResponsesRequest,
+        rid: str,
+        created: int,
+        status: str,
+        output: list[dict[str, Any]],
+        r: ChoiceResult | None,
+        prompt_tokens: int,
+    ) -> dict[str, Any]:
+        usage = None
+        if r is not None:
+            usage = {
+                "input_tokens": prompt_tokens,
+                "input_tokens_details": {"cached_tokens": r.cached_tokens},
+                "output_tokens": r.completion_tokens,
+                "output_tokens_details": {"reasoning_tokens": r.reasoning_tokens},
+                "total_tokens": prompt_tokens + r.completion_tokens,
+            }
+        incomplete = r is not None and r.finish_reason == "length"
+        return {
+            "id": rid,
+            "object": "response",
+            "created_at": created,
+            "status": "incomplete" if incomplete and status == "completed" else status,
+            "error": None,
+            "incomplete_details": {"reason": "max_output_tokens"} if incomplete else None,
+            "instructions": req.instructions,
+            "max_output_tokens": req.max_output_tokens,
+            "model": self.chat.b.name,
+            "output": output,
+            "parallel_tool_calls": req.parallel_tool_calls is not False,
+            "previous_response_id": None,
+            "reasoning": {
+                "effort": req.reasoning.effort if req.reasoning else None,
+                "summary": None,
+            },
+            "store": False,
+            "temperature": req.temperature,
+            "text": {"format": {"type": "text"}}
+            if req.text is None
+            else req.text.model_dump(by_alias=True, exclude_none=True),
+            "tool_choice": req.tool_choice.model_dump()
+            if isinstance(req.tool_choice, ResponseNamedTool)
+            else (req.tool_choice or "auto"),
+            "tools": [t.model_dump(exclude_none=True) for t in req.tools or []],
+            "top_p": req.top_p,
+            "truncation": req.truncation or "disabled",
+            "usage": usage,
+            "metadata": req.metadata or {},
+            "user": req.user,
+        }
+
+    def output(self, r: ChoiceResult) -> list[dict[str, Any]]:
+        """A finished choice as output items: reasoning, the message (unless only calls), calls."""
+        out: list[dict[str, Any]] = []
+        if r.reasoning:
+            out.append(
+                {
+                    "id": f"rs_{uuid.uuid4().hex}",
+                    "type": "reasoning",
+                    "summary": [],
+                    "content": [{"type": "reasoning_text", "text": r.reasoning}],
+                }
+            )
+        text = r.text.strip() if r.tool_calls else r.text
+        if text or not r.tool_calls:
+            out.append(
+                {
+                    "id": f"msg_{uuid.uuid4().hex}",
+                    "type": "message",
+                    "status": "completed",
+                    "role": "assistant",
+                    "content": [output_text(text)],
+                }
+            )
+        out += [function_item(c) for c in r.tool_calls]
+        return out
+
+    async def create(self, req: ResponsesRequest, arrival: float) -> dict[str, Any]:
+        plan = self.chat.plan(to_chat(req))
+        (r,) = await self.chat.collect(self.chat.runners([plan], 1, req.seed, arrival))
+        rid, created = f"resp_{uuid.uuid4().hex}", int(time.time())
+        return self._response(
+            req, rid, created, "completed", self.output(r), r, len(plan.prompt_ids)
+        )
+
+    def stream(self, req: ResponsesRequest, arrival: float) -> AsyncGenerator[str, None]:
+        plan = self.chat.plan(to_chat(req))  # errors here are plain HTTP errors
+        runners = self.chat.runners([plan], 1, req.seed, arrival)
+        return self._stream(req, runners, len(plan.prompt_ids))
+
+    async def _stream(
+        self, req: ResponsesRequest, runners: list[Any], prompt_tokens: int
+    ) -> AsyncGenerator[str, None]:
+        rid, created = f"resp_{uuid.uuid4().hex}", int(time.time())
+        seq = 0
+        out: list[dict[str, Any]] = []
+        cur: dict[str, Any] | None = None  # the open reasoning or message item
+        text = ""
+
+        def event(kind: str, **fields: Any) -> str:
+            nonlocal seq
+            seq += 1
+            data = {"type": kind, "sequence_number": seq - 1, **fields}
+            return f"event: {kind}\ndata: {json.dumps(data, ensure_ascii=False)}\n\n"
+
+        def close() -> list[str]:
+            nonlocal cur, text
+            if cur is None:
+                return []
+            i = len(out) - 1
+            evs = []
+            if cur["type"] == "reasoning":
+                cur["content"] = [{"type": "reasoning_text", "text": text}]
+                evs.append(
+                    event(
+                        "response.reasoning_text.done",
+                        item_id=cur["id"],
+                        output_index=i,
+                        content_index=0,
+                        text=text,
+                    )
+                )
+            else:
+                part = output_text(text)
+                cur.update(status="completed", content=[part])
+                evs.append(
+                    event(
+                        "response.output_text.done",
+                        item_id=cur["id"],
+                        output_index=i,
+                        content_index=0,
+                        text=text,
+                        logprobs=[],
+                    )
+                )
+                evs.append(
+                    event(
+                        "response.content_part.done",
+                        item_id=cur["id"],
+                        output_index=i,
+                        content_index=0,
+                        part=part,
+                    )
+                )
+            evs.append(event("response.output_item.done", output_index=i, item=cur))
+            cur, text = None, ""
+            return evs
+
+        def start(kind: str) -> list[str]:
+            nonlocal cur
+            evs = close()
+            cur = new_item(kind)
+            out.append(cur)
+            i = len(out) - 1
+            evs.append(event("response.output_item.added", output_index=i, item=dict(cur)))
+            if kind == "message":
+                evs.append(
+                    event(
+                        "response.content_part.added",
+                        item_id=cur["id"],
+                        output_index=i,
+                        content_index=0,
+                        part=output_text(""),
+                    )
+                )
+            return evs
+
+        yield event(
+            "response.created",
+            response=self._response(req, rid, created, "in_progress", [], None, prompt_tokens),
+        )
+        yield event(
+            "response.in_progress",
+            response=self._response(req, rid, created, "in_progress", [], None, prompt_tokens),
+        )
+        result: ChoiceResult | None = None
+        async for _, item in self.chat.merged(runners):
+            if isinstance(item, BaseException):
+                raise item
+            if isinstance(item, ChoiceResult):
+                result = item
+                continue
+            d: Delta = item
+            if d.kind in ("reasoning", "content"):
+                kind = "reasoning" if d.kind == "reasoning" else "message"
+                if cur is None or cur["type"] != kind:
+                    for e in start(kind):
+                        yield e
+                text += d.text
+                i = len(out) - 1
+                name = (
+                    "response.reasoning_text.delta"
+                    if kind == "reasoning"
+                    else "response.output_text.delta"
+                )
+                extra: dict[str, Any] = {} if kind == "reasoning" else {"logprobs": []}
+                assert cur is not None
+                yield event(
+                    name, item_id=cur["id"], output_index=i, content_index=0, delta=d.text, **extra
+                )
+            elif d.kind == "tool_call" and d.call is not None:
+                for e in close():
+                    yield e
+                done = function_item(d.call)
+                out.append(done)
+                i = len(out) - 1
+                yield event(
+                    "response.output_item.added",
+                    output_index=i,
+                    item={**done, "status": "in_progress", "arguments": ""},
+                )
+                yield event(
+                    "response.function_call_arguments.delta",
+                    item_id=done["id"],
+                    output_index=i,
+                    delta=done["arguments"],
+                )
+                yield event(
+                    "response.function_call_arguments.done",
+                    item_id=done["id"],
+                    output_index=i,
+                    arguments=done["arguments"],
+                    name=done["name"],
+                )
+                yield event("response.output_item.done", output_index=i, item=done)
+        if result is not None and not out:
+            for e in start("message"):
+                yield e
+        for e in close():
+            yield e
+        final = self._response(req, rid, created, "completed", out, result, prompt_tokens)
+        kind = "response.incomplete" if final["status"] == "incomplete" else "response.completed"
+        yield event(kind, response=final)

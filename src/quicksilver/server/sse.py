@@ -1,0 +1,93 @@
+"""Server-sent events: one event's framing, chat/completion chunks, the guard that turns an error
+mid-stream into one error event (the same envelope as an HTTP error), and the response class that
+notices a client going away."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+from collections.abc import AsyncGenerator
+from typing import Any
+
+import anyio
+from fastapi.responses import StreamingResponse
+from starlette.types import Receive, Scope, Send
+
+from .errors import APIError, internal_error
+from .metrics import Metrics
+
+
+def sse(obj: dict[str, Any]) -> str:
+    return f"data: {json.dumps(obj, ensure_ascii=False)}\n\n"
+
+
+def sse_chunk(
+    cid: str, kind: str, created: int, model: str, choice: dict[str, Any], include_usage: bool
+) -> str:
+    """One streamed chunk with a single choice; ``usage: null`` on every chunk when the client asked for
+    a usage chunk at the end (the OpenAI convention)."""
+    obj: dict[str, Any] = {
+        "id": cid,
+        "object": kind,
+        "created": created,
+        "model": model,
+        "choices": [choice],
+    }
+    if include_usage:
+        obj["usage"] = None
+    return sse(obj)
+
+
+def error_events(err: APIError, kind: str) -> list[str]:
+    """The stream's last events for an error: the envelope then ``[DONE]`` (chat, completions), or
+    the Responses API's typed ``error`` event."""
+    if kind == "responses":
+        e = err.body()["error"]
+        data = {
+            "type": "error",
+            "sequence_number": 0,
+            **{k: e[k] for k in ("code", "message", "param")},
+        }
+        return [f"event: error\ndata: {json.dumps(data, ensure_ascii=False)}\n\n"]
+    return [sse(err.body()), "data: [DONE]\n\n"]
+
+
+async def sse_guard(
+    gen: AsyncGenerator[str, None], metrics: Metrics, kind: str = "chat"
+) -> AsyncGenerator[str, None]:
+    """Wraps a stream: an error mid-stream becomes its error events; a client that goes away (the
+    response task is cancelled) closes the inner generator, which cancels the engine requests."""
+    finished = False
+    try:
+        async with contextlib.aclosing(gen) as inner:
+            async for chunk in inner:
+                yield chunk
+        finished = True
+    except Exception as e:  # an APIError keeps its message; anything else never shows a traceback
+        finished = True
+        for ev in error_events(e if isinstance(e, APIError) else internal_error(e), kind):
+            yield ev
+    finally:
+        if not finished:
+            metrics.inc("requests_aborted_total")
+
+
+class SSEResponse(StreamingResponse):
+    """A streaming response that always listens for the client going away (Starlette only does so
+    for ASGI < 2.4; otherwise it notices on the next failed send, which may be many steps later when
+    steps commit no final text). On disconnect the body iterator is cancelled, which cancels the
+    engine requests."""
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        async with anyio.create_task_group() as tg:
+
+            async def stream() -> None:
+                try:
+                    await self.stream_response(send)
+                except OSError:
+                    pass
+                tg.cancel_scope.cancel()
+
+            tg.start_soon(stream)
+            await self.listen_for_disconnect(receive)
+            tg.cancel_scope.cancel()
