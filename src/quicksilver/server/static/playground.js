@@ -149,6 +149,19 @@ function tokensOf(rec) {
 }
 
 // Fold one SSE chunk into the record; returns what changed: "text", "canvas" or "".
+
+// Streamed tool calls arrive as deltas (OpenAI's shape): the first for an index carries its id and
+// name, later ones append to its arguments.
+function mergeToolCall(calls, delta) {
+  const i = delta.index ?? calls.length;
+  if (!calls[i]) calls[i] = { index: i, id: delta.id, type: "function", function: { name: "", arguments: "" } };
+  const c = calls[i];
+  if (delta.id) c.id = delta.id;
+  const f = delta.function || {};
+  if (f.name) c.function.name += f.name;
+  if (f.arguments) c.function.arguments += f.arguments;
+}
+
 function absorb(rec, chunk) {
   if (chunk.usage) rec.tokens = chunk.usage.completion_tokens;
   const choice = chunk.choices && chunk.choices[0];
@@ -166,7 +179,7 @@ function absorb(rec, chunk) {
     changed = "text";
   }
   if (d.tool_calls) {
-    rec.toolCalls.push(...d.tool_calls);
+    for (const t of d.tool_calls) mergeToolCall(rec.toolCalls, t);
     changed = "text";
   }
   if (choice.canvas) {
