@@ -338,6 +338,14 @@ class SlotGrammar:
     def starts(self) -> frozenset[State]:
         return frozenset(self.m.starts())
 
+    def nbytes(self) -> int:
+        """Estimated memory of the memoized tables (~96 bytes per entry: key, value, set slot)."""
+        entries = sum(len(t) for t in list(self._trans.values()))
+        entries += sum(len(v) for v in list(self._bot.values()))
+        entries += sum(len(ids) for g in list(self._groups.values()) for _, ids in g)
+        entries += sum(len(v) for v in list(self._free.values())) + len(self._dist)
+        return 96 * entries
+
     def accepts(self, s: State) -> bool:
         return s == PAD_STATE or self.m.accepts(s)
 

@@ -3,6 +3,7 @@ error handlers that put every failure in the OpenAI envelope with its status —
 
 from __future__ import annotations
 
+import asyncio
 import hmac
 import logging
 import time
@@ -224,8 +225,8 @@ def build_app(backend: Backend, config: ServerConfig) -> FastAPI:
         arrival = time.perf_counter()
         state.metrics.inc("requests_total", endpoint="chat")
         state.check_capacity()
-        if req.stream:
-            return sse_response(state.chat.stream(req, arrival))
+        if req.stream:  # planned off the event loop (templates, tokenizing, schema compiling)
+            return sse_response(await asyncio.to_thread(state.chat.stream, req, arrival))
         return JSONResponse(
             await until_disconnect(request, state.chat.create(req, arrival), state.metrics)
         )
@@ -243,7 +244,7 @@ def build_app(backend: Backend, config: ServerConfig) -> FastAPI:
         state.metrics.inc("requests_total", endpoint="fim" if fim else "completions")
         state.check_capacity()
         if req.stream:
-            return sse_response(state.completion.stream(req, arrival, fim))
+            return sse_response(await asyncio.to_thread(state.completion.stream, req, arrival, fim))
         return JSONResponse(
             await until_disconnect(
                 request, state.completion.create(req, arrival, fim), state.metrics

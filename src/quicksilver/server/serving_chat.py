@@ -10,6 +10,7 @@ choice has an empty delta and a ``canvas`` object (see docs/SERVER.md).
 
 from __future__ import annotations
 
+import asyncio
 import json
 import time
 import uuid
@@ -21,12 +22,14 @@ from ..sampling.constrained import (
     Budgets,
     Piece,
     SchemaError,
+    Slot,
     build_canvas,
     compile_cached,
     schema_pieces,
 )
 from .errors import bad_request
 from .generation import ChoiceResult, Delta, Plan
+from .limits import check_schema, check_states, check_strings
 from .protocol import usage
 from .protocol_chat import ChatCompletionRequest, NamedToolChoice
 from .serving_engine import OpenAIServing, sse, sse_chunk
@@ -90,6 +93,7 @@ class OpenAIServingChat(OpenAIServing):
         """The request as a plan, and its tool mode: none | parse | forced."""
         c = self.cfg
         self.check_model(req.model)
+        check_strings(req.model_dump(exclude_none=True, by_alias=True))
         if len(req.messages) > c.max_messages:
             raise bad_request(
                 f"at most {c.max_messages} messages are accepted, got {len(req.messages)}",
@@ -142,6 +146,11 @@ class OpenAIServingChat(OpenAIServing):
         limit = min(max_tokens or self.b.max_context, self.b.max_context - len(ids))
         if mode == "forced":
             name = choice.function.name if isinstance(choice, NamedToolChoice) else None
+            for i, t in enumerate(tools):
+                if t.function.parameters is not None:
+                    check_schema(
+                        t.function.parameters, f"tools[{i}].function.parameters", limit, param
+                    )
             pieces = self._fit(
                 lambda b: forced_call_pieces(tools, name, tok, b), limit, param, max_tokens
             )
@@ -157,6 +166,8 @@ class OpenAIServingChat(OpenAIServing):
             js = fmt.json_schema
             assert js is not None
             strict = bool(js.strict)
+            if js.schema_ is not None:
+                check_schema(js.schema_, "response_format.json_schema.schema", limit, param)
 
             def layout(b: Budgets) -> list[Piece]:
                 key = json.dumps([js.schema_, strict, b.__dict__, id(tok)], sort_keys=True)
@@ -169,6 +180,7 @@ class OpenAIServingChat(OpenAIServing):
 
             pieces = self._fit(layout, limit, param, max_tokens)
         if pieces is not None:
+            check_states([p.machine for p in pieces if isinstance(p, Slot)], "response_format")
             max_tokens = build_canvas(pieces, tok, self.b.pad_id).length
         answer, think = self.budgets(len(ids), max_tokens, effort.reasoning, param)
         if effort.reasoning > 0 and think == 0:  # no room to think: answer at once
@@ -208,7 +220,7 @@ class OpenAIServingChat(OpenAIServing):
         return msg, finish
 
     async def create(self, req: ChatCompletionRequest, arrival: float) -> dict[str, Any]:
-        plan, mode = self.plan(req)
+        plan, mode = await asyncio.to_thread(self.plan, req)  # off the event loop
         runners = self.runners([plan], req.n or 1, req.seed, arrival)
         results = await self.collect(runners)
         choices, totals = [], [0, 0, 0, 0, 0]

@@ -8,6 +8,7 @@ prompt format ``<|fim_prefix|>{prompt}<|fim_suffix|>{suffix}<|fim_middle|>`` and
 
 from __future__ import annotations
 
+import asyncio
 import time
 import uuid
 from collections.abc import AsyncGenerator
@@ -15,6 +16,7 @@ from typing import Any
 
 from .errors import bad_request
 from .generation import EFFORTS, Delta, Plan
+from .limits import check_strings
 from .protocol import usage
 from .protocol_completion import CompletionRequest
 from .serving_engine import OpenAIServing, sse, sse_chunk
@@ -41,6 +43,7 @@ class OpenAIServingCompletion(OpenAIServing):
 
     def plans(self, req: CompletionRequest, fim: bool) -> list[Plan]:
         self.check_model(req.model)
+        check_strings(req.model_dump(exclude_none=True))
         stops = self.check_common(
             req.n,
             req.stop,
@@ -103,7 +106,7 @@ class OpenAIServingCompletion(OpenAIServing):
         return f"cmpl-{uuid.uuid4().hex}", int(time.time()), sum(len(p.prompt_ids) for p in plans)
 
     async def create(self, req: CompletionRequest, arrival: float, fim: bool) -> dict[str, Any]:
-        plans = self.plans(req, fim)
+        plans = await asyncio.to_thread(self.plans, req, fim)  # off the event loop
         results = await self.collect(self.runners(plans, req.n or 1, req.seed, arrival))
         n = req.n or 1
         choices = []
