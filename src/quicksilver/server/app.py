@@ -1,5 +1,6 @@
-"""The FastAPI app: routes, the guard middleware (API key, body size, open-request bound), and the
-error handlers that put every failure in the OpenAI envelope with its status — never a traceback."""
+"""The FastAPI app: routes, the API-key guard, the request lifecycle (``lifecycle.Lifecycle``: body,
+admission, deadline, drain, catch-all), and the error handlers that put every failure in the OpenAI
+envelope with its status — never a traceback."""
 
 from __future__ import annotations
 
@@ -16,11 +17,12 @@ from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, PlainTextResponse, Response, StreamingResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
-from starlette.types import ASGIApp, Message, Receive, Scope, Send
+from starlette.types import ASGIApp, Receive, Scope, Send
 
 from .config import ServerConfig
-from .errors import APIError, error_body, error_response, overloaded, too_many
+from .errors import APIError, error_body, error_response, overloaded
 from .generation import Backend
+from .lifecycle import Drain, Lifecycle
 from .metrics import Metrics
 from .protocol import ErrorResponse, ModelCard, ModelList
 from .protocol_chat import ChatCompletionRequest, ChatCompletionResponse
@@ -31,13 +33,14 @@ from .serving_engine import sse_guard, until_disconnect
 
 log = logging.getLogger("quicksilver.server")
 OPEN_PATHS = ("/health",)
+REJECTED = {400: "invalid", 429: "too_many", 503: "overloaded"}  # APIError status -> reason counted
 ERRORS: dict[int | str, dict[str, Any]] = {
-    c: {"model": ErrorResponse} for c in (400, 401, 404, 413, 429, 503)
+    c: {"model": ErrorResponse} for c in (400, 401, 404, 408, 413, 429, 500, 503, 504)
 }
 
 
 class Guard:
-    """Pure ASGI middleware (streaming and disconnects pass through untouched)."""
+    """The API key, as pure ASGI middleware (streaming and disconnects pass through untouched)."""
 
     def __init__(self, app: ASGIApp, config: ServerConfig, state: ServerState) -> None:
         self.app, self.cfg, self.state = app, config, state
@@ -66,42 +69,7 @@ class Guard:
                     )
                 )(scope, receive, send)
                 return
-        limit = self.cfg.max_body_bytes
-        try:
-            declared = int(headers.get("content-length", "0") or 0)
-        except ValueError:
-            declared = 0
-        if declared > limit:
-            await error_response(_too_large(limit))(scope, receive, send)
-            return
-        seen = 0
-
-        async def counted() -> Message:
-            nonlocal seen
-            msg = await receive()
-            if msg["type"] == "http.request":
-                seen += len(msg.get("body", b""))
-                if seen > limit:
-                    raise _too_large(limit)
-            return msg
-
-        generating = scope["method"] == "POST" and path.startswith("/v1/")
-        if generating:
-            if self.state.open >= self.cfg.max_concurrent:
-                self.state.metrics.inc("requests_rejected_total", reason="too_many")
-                await error_response(
-                    too_many(
-                        f"{self.state.open} requests are open; the limit is "
-                        f"{self.cfg.max_concurrent}"
-                    )
-                )(scope, receive, send)
-                return
-            self.state.open += 1
-        try:
-            await self.app(scope, counted, send)
-        finally:
-            if generating:
-                self.state.open -= 1
+        await self.app(scope, receive, send)
 
 
 class SSEResponse(StreamingResponse):
@@ -125,28 +93,17 @@ class SSEResponse(StreamingResponse):
             tg.cancel_scope.cancel()
 
 
-def _too_large(limit: int) -> APIError:
-    return APIError(
-        413,
-        f"the request body is larger than {limit} bytes",
-        "invalid_request_error",
-        None,
-        "request_too_large",
-    )
-
-
 class ServerState:
     def __init__(self, backend: Backend, config: ServerConfig) -> None:
         self.backend, self.config = backend, config
         self.metrics = Metrics(backend.name)
         self.chat = OpenAIServingChat(backend, config, self.metrics)
         self.completion = OpenAIServingCompletion(backend, config, self.metrics)
-        self.open = 0
+        self.drain = Drain()
 
     def check_capacity(self) -> None:
         eng = self.backend.engine.engine
         if eng.num_waiting >= self.config.max_waiting:
-            self.metrics.inc("requests_rejected_total", reason="overloaded")
             raise overloaded(f"{eng.num_waiting} requests are waiting; try again shortly")
 
 
@@ -179,12 +136,13 @@ def build_app(backend: Backend, config: ServerConfig) -> FastAPI:
         description="OpenAI-compatible server for diffusion language models.",
     )
     app.state.qs = state
-    app.add_middleware(Guard, config=config, state=state)
+    app.add_middleware(Lifecycle, config=config, state=state)
+    app.add_middleware(Guard, config=config, state=state)  # outermost: no key, no work
 
     @app.exception_handler(APIError)
     async def _api_error(request: Request, exc: APIError) -> Response:
-        if exc.status == 400:
-            state.metrics.inc("requests_rejected_total", reason="invalid")
+        if exc.status in REJECTED:
+            state.metrics.inc("requests_rejected_total", reason=REJECTED[exc.status])
         return error_response(exc)
 
     @app.exception_handler(RequestValidationError)
@@ -201,17 +159,9 @@ def build_app(backend: Backend, config: ServerConfig) -> FastAPI:
             if exc.status_code in (404, 405)
             else str(exc.detail)
         )
-        return JSONResponse(error_body(msg, kind, None, None), status_code=exc.status_code)
-
-    @app.exception_handler(Exception)
-    async def _internal(request: Request, exc: Exception) -> Response:
-        log.exception("unhandled error on %s", request.url.path)
         return JSONResponse(
-            error_body(
-                f"internal error: {type(exc).__name__}", "server_error", None, "internal_error"
-            ),
-            status_code=500,
-        )
+            error_body(msg, kind, None, None), status_code=exc.status_code, headers=exc.headers
+        )  # 405 keeps its Allow header
 
     def sse_response(gen: AsyncGenerator[str, None]) -> StreamingResponse:
         return SSEResponse(
@@ -274,6 +224,8 @@ def build_app(backend: Backend, config: ServerConfig) -> FastAPI:
 
     @app.get("/health")
     async def health() -> Response:
+        if state.drain.draining:
+            return JSONResponse({"status": "draining"}, status_code=503)
         ok = backend.engine.alive or not backend.engine.engine.has_work
         return JSONResponse(
             {"status": "ok" if ok else "engine stopped"}, status_code=200 if ok else 503
@@ -281,7 +233,7 @@ def build_app(backend: Backend, config: ServerConfig) -> FastAPI:
 
     @app.get("/metrics")
     async def metrics() -> Response:
-        text = state.metrics.render(backend.engine.engine, state.open)
+        text = state.metrics.render(backend.engine.engine, len(state.drain.inflight))
         return PlainTextResponse(text, media_type="text/plain; version=0.0.4; charset=utf-8")
 
     return app

@@ -1,4 +1,5 @@
-"""``quicksilver serve``: load the model (or the mock engine), build the app, run uvicorn."""
+"""``quicksilver serve``: load the model (or the mock engine), build the app, run uvicorn (with a
+graceful drain on SIGTERM/SIGINT, ``drain.py``)."""
 
 from __future__ import annotations
 
@@ -77,6 +78,7 @@ def serve(cfg: ServerConfig, mock_step_delay: float = 0.0) -> int:
     import uvicorn
 
     from .app import build_app
+    from .drain import DrainingServer
 
     logging.basicConfig(
         level=cfg.log_level.upper(), format="%(asctime)s %(name)s %(levelname)s %(message)s"
@@ -90,7 +92,8 @@ def serve(cfg: ServerConfig, mock_step_delay: float = 0.0) -> int:
         file=sys.stderr,
         flush=True,
     )
-    uvicorn.run(
+    config = uvicorn.Config(
         app, host=cfg.host, port=cfg.port, log_level=cfg.log_level, timeout_graceful_shutdown=5
     )
+    DrainingServer(config, app.state.qs.drain, cfg.drain_timeout).run()
     return 0

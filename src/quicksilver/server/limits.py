@@ -167,7 +167,8 @@ class _Meter:
                 return 1
         alts = node.get("anyOf") or node.get("oneOf")
         types = node.get("type")
-        if isinstance(alts, list) or (isinstance(types, list) and len(types) > 1):
+        types = types if isinstance(types, list) else []
+        if isinstance(alts, list) or len(types) > 1:
             branches = alts if isinstance(alts, list) else [{**node, "type": t} for t in types]
             c.alternatives += len(branches)
             self.over(
@@ -181,20 +182,22 @@ class _Meter:
 
     def _shape(self, node: dict[str, Any], depth: int, refs: tuple[str, ...]) -> int:
         cap = self.max_canvas + 1
+        t = node.get("type")
+        t = t[0] if isinstance(t, list) and t else t
         props = node.get("properties")
         if isinstance(props, dict) and props:
             total = 2
             for v in props.values():
                 total = min(cap, total + 4 + self.walk(v, depth + 1, refs))
             return total
-        if "items" in node or node.get("type") == "array":
+        if "items" in node or t == "array":
             item = self.walk(node.get("items", {}), depth + 1, refs)
             n = node.get("maxItems", node.get("minItems", 0))
             return min(cap, 2 + int(n) * (item + 1))
         extra = node.get("additionalProperties")
         if isinstance(extra, dict):
             self.walk(extra, depth + 1, refs)
-        if node.get("type") == "string" or "minLength" in node:
+        if t == "string" or "minLength" in node:
             return min(cap, int(node.get("minLength", 0)) + 2)
         return 1
 

@@ -254,6 +254,8 @@ async def sse_guard(gen: AsyncGenerator[str, None], metrics: Metrics) -> AsyncGe
         finished = True
     except APIError as e:
         finished = True
+        if e.status in (429, 503):  # refused after the stream began (the engine queue filled)
+            metrics.inc("requests_rejected_total", reason="overloaded")
         yield sse(e.body())
         yield "data: [DONE]\n\n"
     except Exception as e:  # never a traceback to the client
