@@ -5,6 +5,7 @@ envelope with its status — never a traceback."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import hmac
 import logging
 import time
@@ -76,12 +77,36 @@ class SSEResponse(StreamingResponse):
     """A streaming response that always listens for the client going away (Starlette only does so
     for ASGI < 2.4; otherwise it notices on the next failed send, which may be many steps later when
     steps commit no final text). On disconnect the body iterator is cancelled, which cancels the
-    engine requests."""
+    engine requests.
+
+    Admission is decided before the first byte: the stream's first chunk is awaited before the
+    status line, and the streams yield nothing until every choice has been submitted to the engine
+    — so a refusal (a full engine queue) is a real 503/429 with ``Retry-After``, not a 200 whose
+    first event is an error."""
+
+    def __init__(self, gen: AsyncGenerator[str, None], metrics: Metrics) -> None:
+        super().__init__(
+            gen,
+            media_type="text/event-stream",
+            headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"},
+        )
+        self.raw, self.metrics = gen, metrics
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         async with anyio.create_task_group() as tg:
 
             async def stream() -> None:
+                try:
+                    first: str | None = await self.raw.__anext__()
+                except StopAsyncIteration:
+                    first = None
+                except APIError as e:
+                    if e.status in REJECTED:
+                        self.metrics.inc("requests_rejected_total", reason=REJECTED[e.status])
+                    await error_response(e)(scope, receive, send)
+                    tg.cancel_scope.cancel()
+                    return
+                self.body_iterator = sse_guard(_resume(first, self.raw), self.metrics)
                 try:
                     await self.stream_response(send)
                 except OSError:
@@ -91,6 +116,14 @@ class SSEResponse(StreamingResponse):
             tg.start_soon(stream)
             await self.listen_for_disconnect(receive)
             tg.cancel_scope.cancel()
+
+
+async def _resume(first: str | None, rest: AsyncGenerator[str, None]) -> AsyncGenerator[str, None]:
+    async with contextlib.aclosing(rest) as inner:
+        if first is not None:
+            yield first
+            async for chunk in inner:
+                yield chunk
 
 
 class ServerState:
@@ -164,11 +197,7 @@ def build_app(backend: Backend, config: ServerConfig) -> FastAPI:
         )  # 405 keeps its Allow header
 
     def sse_response(gen: AsyncGenerator[str, None]) -> StreamingResponse:
-        return SSEResponse(
-            sse_guard(gen, state.metrics),
-            media_type="text/event-stream",
-            headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"},
-        )
+        return SSEResponse(gen, state.metrics)
 
     @app.post("/v1/chat/completions", response_model=ChatCompletionResponse, responses=ERRORS)
     async def chat(req: ChatCompletionRequest, request: Request) -> Any:

@@ -272,12 +272,15 @@ class OpenAIServingChat(OpenAIServing):
             )
 
         filters = {r.result.index: ToolStreamFilter() for r in runners}
-        for r in runners:
-            yield chunk(r.result.index, {"role": "assistant", "content": ""})
         gen = reasoning = cached = 0
+        started = False
         async for i, item in self.merged(runners):
             if isinstance(item, BaseException):
                 raise item
+            if not started:  # nothing is sent before the engine has taken every choice
+                started = True
+                for r in runners:
+                    yield chunk(r.result.index, {"role": "assistant", "content": ""})
             if isinstance(item, Delta):
                 if item.kind == "reasoning":
                     yield chunk(i, {"reasoning_content": item.text, "reasoning": item.text})
