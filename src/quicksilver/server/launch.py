@@ -43,6 +43,10 @@ def build_backend(cfg: ServerConfig, mock_step_delay: float = 0.0) -> Backend:
     path = resolve_model(cfg.model)
     if not (path / "config.json").is_file():
         raise QuicksilverError(f"{path}: no such checkpoint (config.json missing)")
+    if cfg.verify_checksum:
+        from ..models.integrity import verify_checksums
+
+        verify_checksums(path)
     if cfg.threads:
         torch.set_num_threads(cfg.threads)
     if cfg.dtype not in (None, "float32", "bfloat16", "float16"):
