@@ -7,7 +7,7 @@ TORCH   := torch==2.13.0
 HOST    ?= 127.0.0.1
 PORT    ?= 8000
 
-.PHONY: install run lint test test-slow test-all train-ar train-model clean
+.PHONY: install run lint test test-fuzz test-slow test-all train-ar train-model clean
 
 $(STAMP): pyproject.toml Makefile
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
@@ -31,6 +31,10 @@ lint: $(STAMP)
 
 test: lint
 	$(BIN)/python -m pytest
+
+# The bounded schemathesis run (fails on any 5xx; FUZZ_EXAMPLES per operation and mode, ~2 min).
+test-fuzz: $(STAMP)
+	$(BIN)/python -m pytest tests/test_fuzz.py -m fuzz -s -p no:cacheprovider
 
 test-slow: $(STAMP)
 	$(BIN)/python -m pytest -m slow
