@@ -24,7 +24,7 @@ from .errors import APIError
 log = logging.getLogger("quicksilver.server")
 
 
-@dataclass
+@dataclass(eq=False)  # hashed by identity: two requests may share a client-sent request id
 class InFlight:
     """What a drain needs to know of one open request."""
 
@@ -37,7 +37,7 @@ class Drain:
     """Shutdown state shared by the request middleware, /health and the server loop."""
 
     draining: bool = False
-    inflight: dict[str, InFlight] = field(default_factory=dict)
+    inflight: set[InFlight] = field(default_factory=set)
 
     def begin(self) -> None:
         self.draining = True
@@ -51,7 +51,7 @@ class Drain:
 
     def cancel_all(self) -> int:
         """End every open request now (each gets its error ending from the middleware)."""
-        for f in list(self.inflight.values()):
+        for f in list(self.inflight):
             f.ended_by = "shutdown"
             f.scope.cancel()
         return len(self.inflight)

@@ -74,8 +74,10 @@ def _crash(rid: str, exc: BaseException) -> APIError:
 
 
 class Lifecycle:
+    """The middleware (``state``: the app's ``ServerState``, for its drain and metrics)."""
+
     def __init__(self, app: ASGIApp, config: ServerConfig, state: Any) -> None:
-        self.app, self.cfg, self.state = app, config, state
+        self.app, self.cfg = app, config
         self.drain: Drain = state.drain
         self.metrics: Metrics = state.metrics
 
@@ -163,7 +165,7 @@ class Lifecycle:
         cancel = anyio.CancelScope(deadline=anyio.current_time() + timeout if timeout else math.inf)
         flight = InFlight(cancel)
         if track:
-            self.drain.inflight[rid] = flight
+            self.drain.inflight.add(flight)
         error: APIError | None = None
         try:
             with cancel:
@@ -177,7 +179,7 @@ class Lifecycle:
             error = _crash(rid, e)
         finally:
             if track:
-                self.drain.inflight.pop(rid, None)
+                self.drain.inflight.discard(flight)
         if error is None or finished:
             return
         try:
