@@ -14,6 +14,7 @@ from fastapi.testclient import TestClient
 
 from quicksilver.errors import ConfigError
 from quicksilver.sampling.cache import ByteLRU
+from quicksilver.sampling.grammar import LitSet
 from quicksilver.server import ServerConfig, build_app, build_backend
 from quicksilver.server.limits import SchemaLimits, check_schema
 from quicksilver.server.mock_engine import MockEngine
@@ -228,3 +229,46 @@ def test_layout_cache_is_bounded_by_bytes() -> None:
     assert not built  # a hit builds nothing
     cache.get_or_build("big", lambda: bytes(500))
     assert len(cache) == 1  # the newest entry stays even when alone over the bound
+
+
+def test_an_enum_at_the_budget_never_holds_the_engine_thread() -> None:
+    """256 values: each step once took up to 2 s of grammar work (one live state per value)."""
+    cfg = ServerConfig(mock=True)
+    backend = build_backend(cfg)
+    engine = backend.engine.engine
+    step, times = engine.step, []
+
+    def timed() -> Any:
+        t0 = time.perf_counter()
+        out = step()
+        times.append(time.perf_counter() - t0)
+        return out
+
+    engine.step = timed  # type: ignore[method-assign]
+    values = [f"value-{i}" for i in range(SchemaLimits().max_enum_values)]
+    with TestClient(build_app(backend, cfg)) as c:
+        r = c.post(
+            "/v1/chat/completions",
+            json={
+                "messages": USER,
+                "reasoning_effort": "none",
+                "response_format": fmt({"enum": values}),
+            },
+        )
+    assert r.status_code == 200, r.text
+    assert json.loads(r.json()["choices"][0]["message"]["content"]) in values
+    assert times and max(times) < 1.0, f"slowest step {max(times):.2f} s"
+
+
+def test_litset_accepts_exactly_its_words() -> None:
+    m = LitSet(["ab", "abc", "b"])
+
+    def accepts(word: bytes) -> bool:
+        states = set(m.starts())
+        for b in word:
+            states = {t for s in states for t in m.step(s, b)}
+        return any(m.accepts(s) for s in states)
+
+    assert [accepts(w) for w in (b"ab", b"abc", b"b", b"a", b"abcd", b"", b"c")] == [
+        True, True, True, False, False, False, False,
+    ]  # fmt: skip

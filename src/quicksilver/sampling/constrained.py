@@ -48,6 +48,7 @@ from .grammar import (
     SEP_COMMA,
     Alt,
     Lit,
+    LitSet,
     Machine,
     Number,
     Rep,
@@ -200,7 +201,7 @@ def _dump(v: Any) -> str:
 def _choice(values: list[Any]) -> Machine:
     if not values:
         raise SchemaError("enum must list at least one value")
-    return Alt([Lit(_dump(v)) for v in values])
+    return LitSet([_dump(v) for v in values])
 
 
 def _machine(schema: Any, ctx: _Ctx) -> tuple[Machine, int]:

@@ -157,6 +157,37 @@ class Number(Machine):
         return s in ("Z", "I", "F", "X")
 
 
+class LitSet(Machine):
+    """One of several literals as a byte trie: a state is a trie node, so shared prefixes share
+    states and a step is one lookup (an ``Alt`` of ``Lit``s keeps one live state per literal, which
+    makes a large enum cost every decoding step time proportional to its size)."""
+
+    def __init__(self, words: Sequence[str | bytes]) -> None:
+        self.edges: list[dict[int, int]] = [{}]
+        self.final: set[int] = set()
+        for w in words:
+            node = 0
+            for b in w.encode() if isinstance(w, str) else w:
+                nxt = self.edges[node].get(b)
+                if nxt is None:
+                    nxt = len(self.edges)
+                    self.edges.append({})
+                    self.edges[node][b] = nxt
+                node = nxt
+            self.final.add(node)
+
+    def starts(self) -> tuple[State, ...]:
+        return (0,)
+
+    def step(self, s: State, b: int) -> tuple[State, ...]:
+        assert isinstance(s, int)
+        nxt = self.edges[s].get(b)
+        return () if nxt is None else (nxt,)
+
+    def accepts(self, s: State) -> bool:
+        return s in self.final
+
+
 class Seq(Machine):
     def __init__(self, parts: Sequence[Machine]) -> None:
         self.parts = list(parts)
