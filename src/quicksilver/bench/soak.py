@@ -2,7 +2,8 @@
 of clients that disconnect mid-stream and bursts beyond the open-request limit.
 
 Each of ``--streams`` workers loops until the time is up: a streamed chat completion read to its
-end — or, with probability ``--disconnect``, dropped after its first chunks. Every few seconds a
+end — or, with probability ``--disconnect``, dropped after its first chunks; a refused worker
+waits the ``Retry-After`` it was given, as a well-behaved client does. Every few seconds a
 burst of ``--burst`` extra requests arrives at once, above the server's ``--max-concurrent``, and
 must be refused with 429/503 and ``Retry-After``. A poller times ``GET /health`` throughout.
 
@@ -60,22 +61,23 @@ def rss_mb(pid: int | None) -> float | None:
 
 async def one_stream(
     client: Any, url: str, body: dict[str, Any], drop_after: int | None, s: Soak
-) -> None:
-    """One request; ``drop_after`` chunks then hang up (a disconnecting client), or read it all."""
+) -> float:
+    """One request; ``drop_after`` chunks then hang up (a disconnecting client), or read it all.
+    Returns the seconds a refusal asked the client to wait (``Retry-After``), else 0."""
     t0 = time.perf_counter()
     first: float | None = None
     done, chunks = False, 0
     try:
         async with client.stream("POST", url + "/v1/chat/completions", json=body) as r:
             if r.status_code in (429, 503):
-                ok = "retry-after" in r.headers
                 s.outcomes["refused"] += 1
-                if not ok:
+                if "retry-after" not in r.headers:
                     s.fail(f"HTTP {r.status_code} without Retry-After")
-                return
+                    return 0.0
+                return float(r.headers["retry-after"])
             if r.status_code != 200:
                 s.fail(f"HTTP {r.status_code}: {(await r.aread())[:160]!r}")
-                return
+                return 0.0
             async for line in r.aiter_lines():
                 if not line.startswith("data: "):
                     continue
@@ -85,7 +87,7 @@ async def one_stream(
                 event = json.loads(line[6:])
                 if "error" in event:
                     s.fail(f"error event: {event['error'].get('message', '')[:160]}")
-                    return
+                    return 0.0
                 chunks += 1
                 if first is None and any(
                     (c.get("delta") or {}).get("content") for c in event.get("choices", [])
@@ -93,17 +95,18 @@ async def one_stream(
                     first = time.perf_counter() - t0
                 if drop_after is not None and chunks >= drop_after:
                     s.outcomes["disconnected"] += 1
-                    return  # leaving the block closes the connection mid-stream
+                    return 0.0  # leaving the block closes the connection mid-stream
     except Exception as e:  # noqa: BLE001 - a transport error is a failure to report, not a crash
         s.fail(f"{type(e).__name__}: {e}"[:200])
-        return
+        return 0.0
     if not done:
         s.fail("stream ended without [DONE]")
-        return
+        return 0.0
     s.outcomes["completed"] += 1
     s.e2e.append(time.perf_counter() - t0)
     if first is not None:
         s.ttft.append(first)
+    return 0.0
 
 
 async def soak(url: str, args: argparse.Namespace, s: Soak) -> None:
@@ -126,7 +129,7 @@ async def soak(url: str, args: argparse.Namespace, s: Soak) -> None:
         async def worker() -> None:
             while time.perf_counter() < end:
                 drop = rng.randint(1, 3) if rng.random() < args.disconnect else None
-                await one_stream(client, url, body(), drop, s)
+                await asyncio.sleep(await one_stream(client, url, body(), drop, s))  # as asked
 
         async def bursts() -> None:
             while time.perf_counter() < end:
