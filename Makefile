@@ -6,8 +6,10 @@ STAMP   := $(VENV)/.installed
 TORCH   := torch==2.13.0
 HOST    ?= 127.0.0.1
 PORT    ?= 8000
+CHROMIUM := /usr/bin/chromium
+SUDO    := $(if $(filter 0,$(shell id -u)),,sudo)
 
-.PHONY: install run lint test test-fuzz test-slow test-all train-ar train-model clean
+.PHONY: install run lint test test-fuzz test-llama-cpp test-slow test-all screenshots train-ar train-model train-ar-v2 train-model-v2 clean
 
 $(STAMP): pyproject.toml Makefile
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
@@ -17,6 +19,11 @@ $(STAMP): pyproject.toml Makefile
 	touch $(STAMP)
 
 install: $(STAMP)
+
+# Debian's Chromium for the playground's browser tests (Playwright drives it; no browser download).
+$(CHROMIUM):
+	$(SUDO) apt-get update -qq
+	$(SUDO) env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium
 
 # The OpenAI-compatible server on the embedded model (MODEL=path to serve another checkpoint;
 # ARGS for more flags, e.g. ARGS="--api-key KEY").
@@ -29,18 +36,28 @@ lint: $(STAMP)
 	$(BIN)/ruff check src tests
 	$(BIN)/python -m mypy src/quicksilver/engine src/quicksilver/server
 
-test: lint
+test: lint $(CHROMIUM)
 	$(BIN)/python -m pytest
 
 # The bounded schemathesis run (fails on any 5xx; FUZZ_EXAMPLES per operation and mode, ~2 min).
 test-fuzz: $(STAMP)
 	$(BIN)/python -m pytest tests/test_fuzz.py -m fuzz -s -p no:cacheprovider
 
+# Optional: llama.cpp's Python binding (compiled from the registry's source package, minutes) and
+# the GGUF export checked against llama.cpp's own logits.
+test-llama-cpp: $(STAMP)
+	$(BIN)/python -c "import llama_cpp" 2>/dev/null || CMAKE_ARGS="-DGGML_NATIVE=ON" $(BIN)/python -m pip install -q llama-cpp-python
+	$(BIN)/python -m pytest tests/test_gguf.py tests/test_bench.py -q -k "gguf or llama"
+
 test-slow: $(STAMP)
 	$(BIN)/python -m pytest -m slow
 
-test-all: $(STAMP)
+test-all: $(STAMP) $(CHROMIUM)
 	$(BIN)/python -m pytest -m ""
+
+# The README's playground screenshots (docs/img/playground-*.png), taken by the browser tests.
+screenshots: $(STAMP) $(CHROMIUM)
+	QUICKSILVER_SCREENSHOTS=docs/img $(BIN)/python -m pytest tests/test_playground_browser.py -q -k "chat or race"
 
 # Reproduce the shipped models from scratch, in the stages they were trained in (CPU, ~2.5 h each on
 # 2 cores; every stage resumes from runs/*/ckpt.pt). The AR baseline: 2000 steps in fp32, then the
@@ -56,6 +73,16 @@ train-model: $(STAMP)
 	test -f runs/small-ar/step_2000/config.json || $(BIN)/quicksilver train --recipe small-ar --stop-at 2000
 	$(BIN)/quicksilver train --recipe small-ar2d --stop-at 1000
 	$(BIN)/quicksilver train --recipe small-ar2d --steps 5000
+
+# v2 (natural phrasings, agent-loop turns, a 1,024-token context), stage by stage; each stage
+# resumes from runs/*/ckpt.pt. Stage 1: the shipped AR twin continued on the v2 data (600 steps).
+train-ar-v2: $(STAMP)
+	$(BIN)/quicksilver train --recipe small-ar-v2
+
+# Stage 2: that finished AR model adapted to block diffusion.
+train-model-v2: $(STAMP)
+	test -f runs/small-ar-v2/final/config.json || $(BIN)/quicksilver train --recipe small-ar-v2
+	$(BIN)/quicksilver train --recipe small-ar2d-v2
 
 clean:
 	rm -rf $(VENV) build *.egg-info src/*.egg-info .pytest_cache

@@ -59,12 +59,43 @@ def test_bench_speed_reports_all_four_methods_and_ratios(
     assert r.returncode == 0, r.stderr[-2000:]
     out = json.loads(r.stdout.strip().splitlines()[-1])
     assert set(out["methods"]) == {"ar_kv_cache", "reference", "one_token_per_step", "default"}
-    for key in ("tok_s", "tpf", "accuracy", "ratio_vs_ar", "ratio_vs_reference"):
+    for key in (
+        "tok_s",
+        "tpf",
+        "accuracy",
+        "ratio_vs_ar",
+        "ratio_vs_reference",
+        "step_vs_ar_token",
+        "ar_ms_per_token",
+    ):
         assert isinstance(out[key], float)
+    assert out["step_vs_ar_token"] > 0 and "ratio_vs_llama_cpp" not in out
     ref = out["methods"]["reference"]
     assert ref["nfe"] >= ref["tokens"] - 1  # the reference runs one forward per canvas position
     assert out["methods"]["ar_kv_cache"]["tpf"] <= 1.0
     assert (tmp_path / "speed.png").stat().st_size > 1000
+
+
+def test_bench_speed_vs_llama_cpp(pair: tuple[Path, Path], tmp_path: Path) -> None:
+    pytest.importorskip("llama_cpp", reason="optional: make test-llama-cpp")
+    diff, ar = pair
+    args = ["--model", str(diff), "--ar-model", str(ar), "--tasks", "sudoku4", "--limit", "1"]
+    r = qs(
+        "bench",
+        "speed",
+        *args,
+        "--repeats",
+        "1",
+        "--skip-reference",
+        "--vs-llama-cpp",
+        "--out",
+        str(tmp_path),
+    )
+    assert r.returncode == 0, r.stderr[-2000:]
+    out = json.loads(r.stdout.strip().splitlines()[-1])
+    assert isinstance(out["ratio_vs_llama_cpp"], float)
+    ours, theirs = out["methods"]["ar_kv_cache"], out["methods"]["llama_cpp_ar"]
+    assert ours["task_accuracy"] == theirs["task_accuracy"] and ours["tokens"] == theirs["tokens"]
 
 
 def test_bench_speed_refuses_a_non_causal_baseline(pair: tuple[Path, Path]) -> None:

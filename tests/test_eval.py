@@ -104,3 +104,29 @@ def test_plots(tmp_path: Path) -> None:
         + "\n"
     )
     assert plot_learning_curves({"d": run}, tmp_path / "c.png").stat().st_size > 1000
+
+
+def test_eval_held_out_phrasing(
+    models: dict[str, Path], capsys: pytest.CaptureFixture[str]
+) -> None:
+    args = ["eval", "--model", str(models["block_causal"]), "--tasks", "multiply", "--limit", "2"]
+    assert main([*args, "--json", "--stream-items", "0", "--phrasing", "held-out"]) == 0
+    rep = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert rep["settings"]["phrasing"] == "held-out" and rep["tasks"]["multiply"]["n"] == 2
+    with pytest.raises(SystemExit) as exc:  # argparse's one-line usage error, not a traceback
+        main([*args, "--phrasing", "typos"])
+    assert exc.value.code == 2 and "invalid choice" in capsys.readouterr().err
+
+
+def test_eval_compare_reports_both_on_the_same_items(
+    models: dict[str, Path], capsys: pytest.CaptureFixture[str]
+) -> None:
+    args = ["eval", "--model", str(models["block_causal"]), "--compare", str(models["causal"])]
+    assert main([*args, "--tasks", "sudoku4", "--limit", "3", "--stream-items", "0"]) == 0
+    out = capsys.readouterr().out.strip().splitlines()
+    rep = json.loads(out[-1])
+    other = rep["compare"]
+    assert other["settings"]["model"] == str(models["causal"])
+    assert other["tasks"]["sudoku4"]["n"] == rep["tasks"]["sudoku4"]["n"] == 3
+    assert other["settings"]["decoding"].startswith("autoregressive")
+    assert any(line.startswith("mean") and line.count(".") == 2 for line in out)

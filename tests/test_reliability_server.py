@@ -58,7 +58,7 @@ def test_an_unhandled_error_is_an_enveloped_500_and_keeps_the_connection() -> No
     def boom(*args: Any) -> Any:
         raise RuntimeError("a bug")
 
-    app.state.qs.chat.plan = boom
+    app.state.qs.chat.default.plan = boom  # the served model's chat serving (ByModel routes)
     with in_process(app) as addr:
         conn = http.client.HTTPConnection(addr, timeout=10)
         body = json.dumps({"messages": USER})

@@ -51,6 +51,18 @@ def test_weighted_ce_hand_computed() -> None:
     assert loss2.item() == pytest.approx(0.845674 + ce2 / 3, abs=1e-5)
 
 
+def test_certainty_forcing_adds_entropy_of_right_masked_guesses() -> None:
+    # pos0: p = (1/3, 2/3), target 0 -> wrong, no entropy term; pos1: p = (3/4, 1/4), target 0 ->
+    # right, entropy 0.562335; pos2 visible. Term = weight * 0.562335 / 3 answer tokens.
+    logits = torch.tensor([[[0.0, math.log(2.0)], [math.log(3.0), 0.0], [5.0, 0.0]]])
+    x0, masked = torch.tensor([[0, 0, 0]]), torch.tensor([[True, True, False]])
+    t, denom = torch.tensor([[0.5, 0.25, 1.0]]), torch.tensor([3])
+    args = (logits, x0, masked, torch.zeros_like(masked), ~masked, t, denom)
+    plain = weighted_ce(*args, NoiseConfig(mask_id=1, block_size=4))
+    forced = weighted_ce(*args, NoiseConfig(mask_id=1, block_size=4, certainty_weight=2.0))
+    assert (forced - plain).item() == pytest.approx(2.0 * 0.562335 / 3, abs=1e-5)
+
+
 class Uniform(torch.nn.Module):
     """A stand-in network with constant logits: every cross-entropy is ln V."""
 

@@ -38,16 +38,16 @@ def command(
     return deco
 
 
-def resolve_model(path: str | None) -> Path:
-    """The --model argument, or the embedded model shipped in the package."""
+def resolve_model(path: str | None, ar: bool = False) -> Path:
+    """The --model argument, or the embedded model (``ar``: its AR twin) shipped in the package."""
     if path:
         return Path(path)
-    from .assets import embedded_model_path
+    from .assets import embedded_ar_model_path, embedded_model_path
 
-    emb = embedded_model_path()
+    emb = embedded_ar_model_path() if ar else embedded_model_path()
     if emb is None:
         raise QuicksilverError(
-            "no --model given and no embedded model is installed in this package"
+            f"no --model given and no embedded {'AR twin' if ar else 'model'} is installed"
         )
     return emb
 
@@ -140,6 +140,14 @@ def cmd_init_model(args: argparse.Namespace) -> int:
         raise QuicksilverError(f"{out} exists and is not empty (use --force to overwrite)")
     init_model(out, args.preset, seed=args.seed, dtype=args.dtype, **overrides)
     print(f"wrote a randomly initialised '{args.preset}' checkpoint to {out}")
+    return 0
+
+
+@command("export")
+def cmd_export(args: argparse.Namespace) -> int:
+    from .models.gguf_export import export_gguf
+
+    print(json.dumps(export_gguf(resolve_model(args.model, ar=True), args.out, args.dtype)))
     return 0
 
 
@@ -250,6 +258,13 @@ def cmd_train(args: argparse.Namespace) -> int:
     return handle(args)
 
 
+@command("distill")
+def cmd_distill(args: argparse.Namespace) -> int:
+    from .train.cli import handle_distill
+
+    return handle_distill(args)
+
+
 @command("eval")
 def cmd_eval(args: argparse.Namespace) -> int:
     from .eval.cli import handle
@@ -260,6 +275,7 @@ def cmd_eval(args: argparse.Namespace) -> int:
 def build_parser() -> argparse.ArgumentParser:
     from .eval.cli import add_parser as add_eval_parser
     from .sampling import SamplerConfig
+    from .train.cli import add_distill_parser
     from .train.cli import add_parser as add_train_parser
 
     p = argparse.ArgumentParser(
@@ -310,6 +326,15 @@ def build_parser() -> argparse.ArgumentParser:
         dest="mock_step_delay",
         help="seconds per step of the mock engine (tests of streaming and disconnects)",
     )
+
+    ex = sub.add_parser("export", help="write a checkpoint in another runtime's format")
+    exsub = ex.add_subparsers(dest="format", required=True, metavar="FORMAT")
+    eg = exsub.add_parser(
+        "gguf", help="a causal LLaMA/Qwen-shaped checkpoint as GGUF (llama.cpp, Ollama)"
+    )
+    eg.add_argument("--model", help="checkpoint directory (default: the embedded AR twin)")
+    eg.add_argument("--out", required=True, help="the .gguf file to write")
+    eg.add_argument("--dtype", default="f32", choices=["f32", "f16", "bf16"])
 
     n = sub.add_parser("info", help="describe a checkpoint")
     n.add_argument("path", nargs="?", help="checkpoint directory (default: the embedded model)")
@@ -373,6 +398,19 @@ def build_parser() -> argparse.ArgumentParser:
         dest="skip_reference",
         help="leave out the slow reference decoder",
     )
+    bs.add_argument(
+        "--vs-llama-cpp",
+        action="store_true",
+        dest="vs_llama_cpp",
+        help="also time the AR twin in llama.cpp (exported to GGUF; needs `make test-llama-cpp`)",
+    )
+    bs.add_argument(
+        "--llama-cpp-dtype",
+        default="f32",
+        choices=["f32", "f16", "bf16"],
+        dest="llama_cpp_dtype",
+        help="weight type of the GGUF llama.cpp runs",
+    )
     bs.add_argument("--out", default="runs/bench_speed", help="directory for the PNG plot")
     bs.add_argument("--json", action="store_true", help="(the JSON line is always printed last)")
 
@@ -398,6 +436,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
 
     add_train_parser(sub)
+    add_distill_parser(sub)
     add_eval_parser(sub)
     return p
 

@@ -5,8 +5,11 @@ time): (a) the equal-size AR baseline with a KV cache, (b) the reference decoder
 ``generate.py`` semantics: no cache, one forward per step, steps = canvas length), (c) diffusion with
 one token per step (with the caches), (d) quicksilver's default (threshold decoding + caches). Per
 method: tok/s (committed output tokens per second from arrival to last token; median over items of
-the median over repeats), TPF, NFE, TTFT and accuracy by the task verifiers; ratios to (a) and (b);
-a PNG; the last line is JSON whose top level holds the default configuration's numbers.
+the median over repeats), TPF, NFE, ms per forward pass (wall time / NFE, prefill included), TTFT and
+accuracy by the task verifiers; ratios to (a) and (b); a PNG; the last line is JSON whose top level
+holds the default configuration's numbers, ``step_vs_ar_token`` (the default's ms per forward ÷ the
+AR baseline's) and ``ar_ms_per_token``. With ``--vs-llama-cpp`` the AR twin also runs in llama.cpp
+(bench/llama_cpp.py) on the same token ids, and the top level gains ``ratio_vs_llama_cpp``.
 """
 
 from __future__ import annotations
@@ -46,6 +49,7 @@ class MethodStats:
     nfe: list[float] = field(default_factory=list)
     ttft: list[float] = field(default_factory=list)
     tokens: list[float] = field(default_factory=list)
+    ms_per_forward: list[float] = field(default_factory=list)
     correct: list[bool] = field(default_factory=list)
     task: list[str] = field(default_factory=list)
 
@@ -60,6 +64,7 @@ class MethodStats:
             "nfe": median(self.nfe),
             "ttft_ms": 1000 * median(self.ttft),
             "tokens": median(self.tokens),
+            "ms_per_forward": median(self.ms_per_forward),
             "accuracy": sum(self.correct) / max(len(self.correct), 1),
             "task_accuracy": per_task,
         }
@@ -150,6 +155,14 @@ def run_speed_bench(args: argparse.Namespace) -> int:
     }
     if args.skip_reference:
         methods.pop("reference")
+    llama = None
+    if getattr(args, "vs_llama_cpp", False):
+        from .llama_cpp import LlamaCppRunner
+
+        llama = LlamaCppRunner(
+            ar_path, torch.get_num_threads(), args.llama_cpp_dtype, ar.config.max_seq_len
+        )
+        methods["llama_cpp_ar"] = lambda p, a, ids, n: Run(*llama.run(ids, n, a.stop_ids))
     stats = {m: MethodStats() for m in methods}
     warm = items[0]
     for fn in methods.values():  # warm-up
@@ -165,6 +178,7 @@ def run_speed_bench(args: argparse.Namespace) -> int:
             s = stats[name]
             s.tok_s.append(len(r.tokens) / secs if secs > 0 else 0.0)
             s.tpf.append(len(r.tokens) / max(r.nfe, 1))
+            s.ms_per_forward.append(1000 * secs / max(r.nfe, 1))
             s.nfe.append(r.nfe)
             s.ttft.append(median([x.ttft for x in runs]))
             s.tokens.append(len(r.tokens))
@@ -204,6 +218,13 @@ def run_speed_bench(args: argparse.Namespace) -> int:
         },
         "single-stream decoding, same model and items",
     )
+    ar_ms = summary["ar_kv_cache"]["ms_per_forward"]
+    extra: dict[str, Any] = {}
+    if llama is not None:
+        extra = {
+            "ratio_vs_llama_cpp": d["tok_s"] / summary["llama_cpp_ar"]["tok_s"],
+            "llama_cpp": llama.info(),
+        }
     emit_json(
         {
             "bench": "speed",
@@ -211,6 +232,9 @@ def run_speed_bench(args: argparse.Namespace) -> int:
             "tpf": d["tpf"],
             "accuracy": d["accuracy"],
             "ratio_vs_ar": d["tok_s"] / ar_tok_s,
+            "step_vs_ar_token": d["ms_per_forward"] / ar_ms,
+            "ar_ms_per_token": ar_ms,
+            **extra,
             "ratio_vs_reference": d["tok_s"] / ref_tok_s,
             "accuracy_vs_one_per_step": d["accuracy"] - summary["one_token_per_step"]["accuracy"],
             "methods": summary,

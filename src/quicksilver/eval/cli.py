@@ -13,6 +13,7 @@ from typing import Any
 from ..cli_util import add_dataclass_args
 from ..errors import ConfigError
 from ..sampling.config import SamplerConfig
+from ..train.tasks.phrasing import PHRASINGS
 
 DEFAULT_TASKS = "path_star,sudoku4,countdown3,multiply,tool_call,chat,fim"
 
@@ -34,6 +35,18 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
         "--limit", type=int, default=None, help="held-out items per task (default: 200; gsm8k: all)"
     )
     e.add_argument("--seed", type=int, default=1234, help="seed of the fixed test split")
+    e.add_argument(
+        "--compare",
+        help="also evaluate this checkpoint on the same items (ar: the embedded AR twin); both are "
+        "reported side by side",
+    )
+    e.add_argument(
+        "--phrasing",
+        default="templated",
+        choices=PHRASINGS,
+        help="test-split wording: templated (canonical) or held-out (phrasing templates, notations "
+        "and argument names never seen in training; same puzzles)",
+    )
     e.add_argument(
         "--instant", action="store_true", help="no reasoning: pre-fill an empty <think></think>"
     )
@@ -136,6 +149,20 @@ def print_table(rep: dict[str, Any]) -> None:
             )
     loss = f"; held-out loss {rep['heldout_loss']:.4f}" if "heldout_loss" in rep else ""
     print(f"mean accuracy {rep['mean_accuracy']:.3f}{loss}; settings {json.dumps(rep['settings'])}")
+    if "compare" in rep:
+        print_side_by_side(rep, rep["compare"])
+
+
+def print_side_by_side(a: dict[str, Any], b: dict[str, Any]) -> None:
+    """Accuracy and TPF of two models on the same items, task by task."""
+    na, nb = Path(a["settings"]["model"]).name, Path(b["settings"]["model"]).name
+    print(f"\n{'task':<12}{na[:16]:>17}{'TPF':>7}{nb[:16]:>17}{'TPF':>7}")
+    for name, r in a["tasks"].items():
+        o = b["tasks"][name]
+        print(
+            f"{name:<12}{r['accuracy']:>17.3f}{r['tpf']:>7.2f}{o['accuracy']:>17.3f}{o['tpf']:>7.2f}"
+        )
+    print(f"{'mean':<12}{a['mean_accuracy']:>17.3f}{'':>7}{b['mean_accuracy']:>17.3f}")
 
 
 def sweep_grid() -> list[tuple[str, str, dict[str, Any]]]:
@@ -191,26 +218,35 @@ def handle(args: argparse.Namespace) -> int:
     names = set(SamplerConfig.__dataclass_fields__)
     base = SamplerConfig(**{k: v for k, v in vars(args).items() if k in names and v is not None})
     if not args.sweep:
-        rep = evaluate(
-            pipe.model,
-            pipe.tokenizer,
-            tasks,
-            args.limit,
-            base,
-            args.instant,
-            args.batch_size,
-            args.seed,
-            args.stream_items,
-            args.examples,
-            args.cache,
-            args.refresh_every,
-        )
-        rep["settings"]["model"] = str(pipe.path)
+
+        def run(p: Any) -> dict[str, Any]:
+            rep = evaluate(
+                p.model,
+                p.tokenizer,
+                tasks,
+                args.limit,
+                base,
+                args.instant,
+                args.batch_size,
+                args.seed,
+                args.stream_items,
+                args.examples,
+                args.cache,
+                args.refresh_every,
+                args.phrasing,
+            )
+            rep["settings"]["model"] = str(p.path)
+            return rep
+
+        rep = run(pipe)
+        if args.compare:
+            other = resolve_model(None if args.compare == "ar" else args.compare, ar=True)
+            rep["compare"] = run(quicksilver.load(other))
         if args.tool_choice and "tool_call" in rep["tasks"]:
             from .served import served_tool_calls
 
             rep["tasks"]["tool_call"]["served"] = served_tool_calls(
-                pipe.path, args.tool_choice, args.limit, args.seed, base.threshold
+                pipe.path, args.tool_choice, args.limit, args.seed, base.threshold, args.phrasing
             )
         if args.loss:
             from .likelihood import heldout_loss
@@ -240,6 +276,7 @@ def handle(args: argparse.Namespace) -> int:
             args.seed,
             cache=args.cache,
             refresh_every=args.refresh_every,
+            phrasing=args.phrasing,
         )
         toks = sum(r["tokens"] * r["n"] for r in rep["tasks"].values())
         nfe = sum(r["nfe"] * r["n"] for r in rep["tasks"].values())

@@ -165,11 +165,13 @@ def evaluate(
     examples: int = 0,
     cache: str = "auto",
     refresh_every: int = 0,
+    phrasing: str = "templated",
 ) -> dict[str, Any]:
-    """The --json shape: {"tasks": {name: {...}}, "settings": {...}}."""
+    """The --json shape: {"tasks": {name: {...}}, "settings": {...}}. ``phrasing`` picks the test
+    split's wording: ``templated`` (canonical) or ``held-out`` (templates never trained on)."""
     report: dict[str, Any] = {"tasks": {}}
     for name in tasks:
-        items = get_task(name).test_items(limit, seed)
+        items = get_task(name).test_items(limit, seed, phrasing)
         res = decode_items(model, tokenizer, items, cfg, instant, batch_size, cache, refresh_every)
         rep = summarize(name, res)
         if stream_items:
@@ -207,5 +209,6 @@ def evaluate(
         "threads": torch.get_num_threads(),
         "cache": cache,
         "refresh_every": refresh_every,
+        "phrasing": phrasing,
     }
     return report

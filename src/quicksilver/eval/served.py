@@ -33,7 +33,12 @@ def reply_from_message(message: dict[str, Any]) -> str:
 
 
 def served_tool_calls(
-    model: str | Path, choice: str, limit: int, seed: int, threshold: float = 0.9
+    model: str | Path,
+    choice: str,
+    limit: int,
+    seed: int,
+    threshold: float = 0.9,
+    phrasing: str = "templated",
 ) -> dict[str, Any]:
     """Accuracy and parseable rate of the held-out call turns served with ``tool_choice=choice``."""
     from fastapi.testclient import TestClient
@@ -44,7 +49,7 @@ def served_tool_calls(
     if choice not in CHOICES:
         raise ConfigError(f"--tool-choice must be one of {', '.join(CHOICES)}, got {choice!r}")
     task = get_task("tool_call")
-    items = [it for it in task.test_items(limit, seed) if it.stratum == "call"]
+    items = [it for it in task.test_items(limit, seed, phrasing) if it.stratum == "call"]
     cfg = ServerConfig(model=str(model))
     backend = build_backend(cfg)
     if backend.attention == "causal":

@@ -9,7 +9,7 @@ import contextlib
 import hmac
 import logging
 import time
-from collections.abc import AsyncGenerator
+from collections.abc import AsyncGenerator, Sequence
 from contextlib import asynccontextmanager
 from typing import Any
 
@@ -25,12 +25,15 @@ from .errors import APIError, error_body, error_response, overloaded
 from .generation import Backend
 from .lifecycle import Drain, Lifecycle
 from .metrics import Metrics
+from .playground import install_browser_rules, is_public
+from .playground import router as playground_router
 from .protocol import ErrorResponse, ModelCard, ModelList
 from .protocol_chat import ChatCompletionRequest, ChatCompletionResponse
 from .protocol_completion import CompletionRequest, CompletionResponse, FimCompletionRequest
 from .serving_chat import OpenAIServingChat
 from .serving_completion import OpenAIServingCompletion
 from .serving_engine import sse_guard, until_disconnect
+from .twin import ByModel
 
 log = logging.getLogger("quicksilver.server")
 OPEN_PATHS = ("/health",)
@@ -55,7 +58,7 @@ class Guard:
         headers = {
             k.decode("latin-1").lower(): v.decode("latin-1") for k, v in scope.get("headers", [])
         }
-        if self.key and path not in OPEN_PATHS:
+        if self.key and path not in OPEN_PATHS and not is_public(path):
             auth = headers.get("authorization", "")
             given = auth[7:].strip() if auth.lower().startswith("bearer ") else ""
             if not hmac.compare_digest(given.encode(), self.key.encode()):
@@ -127,11 +130,21 @@ async def _resume(first: str | None, rest: AsyncGenerator[str, None]) -> AsyncGe
 
 
 class ServerState:
-    def __init__(self, backend: Backend, config: ServerConfig) -> None:
+    def __init__(
+        self, backend: Backend, config: ServerConfig, twins: Sequence[Backend] = ()
+    ) -> None:
         self.backend, self.config = backend, config
+        self.backends = [backend, *twins]  # the served models; requests pick one by `model`
         self.metrics = Metrics(backend.name)
-        self.chat = OpenAIServingChat(backend, config, self.metrics)
-        self.completion = OpenAIServingCompletion(backend, config, self.metrics)
+        m = self.metrics
+        self.chat = ByModel(
+            OpenAIServingChat(backend, config, m),
+            {t.name: OpenAIServingChat(t, config, m) for t in twins},
+        )
+        self.completion = ByModel(
+            OpenAIServingCompletion(backend, config, m),
+            {t.name: OpenAIServingCompletion(t, config, m) for t in twins},
+        )
         self.drain = Drain()
 
     def check_capacity(self) -> None:
@@ -151,14 +164,17 @@ def _validation_message(exc: RequestValidationError) -> tuple[str, str | None]:
     return (f"{param}: {msg}" if param else msg), param
 
 
-def build_app(backend: Backend, config: ServerConfig) -> FastAPI:
-    state = ServerState(backend, config)
+def build_app(backend: Backend, config: ServerConfig, twins: Sequence[Backend] = ()) -> FastAPI:
+    """The app serving ``backend`` (and ``twins``, e.g. the AR twin, under their own model ids)."""
+    state = ServerState(backend, config, twins)
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncGenerator[None, None]:
-        backend.engine.start()
+        for b in state.backends:
+            b.engine.start()
         yield
-        await backend.engine.stop()
+        for b in state.backends:
+            await b.engine.stop()
 
     app = FastAPI(
         title="quicksilver",
@@ -171,6 +187,8 @@ def build_app(backend: Backend, config: ServerConfig) -> FastAPI:
     app.state.qs = state
     app.add_middleware(Lifecycle, config=config, state=state)
     app.add_middleware(Guard, config=config, state=state)  # outermost: no key, no work
+    install_browser_rules(app, config.allowed_origins)
+    app.include_router(playground_router)
 
     @app.exception_handler(APIError)
     async def _api_error(request: Request, exc: APIError) -> Response:
@@ -230,18 +248,17 @@ def build_app(backend: Backend, config: ServerConfig) -> FastAPI:
             )
         )
 
-    def card() -> ModelCard:
-        return ModelCard(
-            id=backend.name, max_model_len=backend.max_context, attention=backend.attention
-        )
+    def card(b: Backend) -> ModelCard:
+        return ModelCard(id=b.name, max_model_len=b.max_context, attention=b.attention)
 
     @app.get("/v1/models", response_model=ModelList)
     async def models() -> ModelList:
-        return ModelList(data=[card()])
+        return ModelList(data=[card(b) for b in state.backends])
 
     @app.get("/v1/models/{model_id:path}", response_model=ModelCard, responses=ERRORS)
     async def model(model_id: str) -> ModelCard:
-        if model_id != backend.name:
+        found = [b for b in state.backends if b.name == model_id]
+        if not found:
             raise APIError(
                 404,
                 f"the model {model_id!r} does not exist",
@@ -249,13 +266,13 @@ def build_app(backend: Backend, config: ServerConfig) -> FastAPI:
                 "model",
                 "model_not_found",
             )
-        return card()
+        return card(found[0])
 
     @app.get("/health")
     async def health() -> Response:
         if state.drain.draining:
             return JSONResponse({"status": "draining"}, status_code=503)
-        ok = backend.engine.alive or not backend.engine.engine.has_work
+        ok = all(b.engine.alive or not b.engine.engine.has_work for b in state.backends)
         return JSONResponse(
             {"status": "ok" if ok else "engine stopped"}, status_code=200 if ok else 503
         )

@@ -37,6 +37,8 @@ class ServerConfig:
     host: str = "127.0.0.1"
     port: int = 8000
     api_key: str | None = None  # protects every route but /health (also QUICKSILVER_API_KEY)
+    ar_twin: bool = True  # with the embedded default: also serve its AR twin as `<name>-ar`
+    allowed_origins: str | None = None  # comma-separated origins allowed cross-origin ('*': any)
     mock: bool = False  # serve the scripted mock engine (no weights; for demos and protocol tests)
     device: str | None = None  # torch device (default: the CPU)
     dtype: str | None = (
@@ -80,6 +82,9 @@ SERVER_HELP = {
     "model": "checkpoint directory (default: the embedded model)",
     "served_model_name": "model id clients send and /v1/models lists",
     "api_key": f"require 'Authorization: Bearer KEY' on every route but /health (env {API_KEY_ENV})",
+    "ar_twin": "with the embedded model, also serve its autoregressive twin (model id quicksilver-ar)",
+    "allowed_origins": "comma-separated origins a browser may call this server from (CORS; '*': any); "
+    "other cross-origin requests get 403",
     "mock": "serve the scripted mock engine instead of a model (no weights)",
     "dtype": "compute dtype: float32, bfloat16 or float16 (default: float32 on CPU, bfloat16 on CUDA)",
     "cache": "KV cache: auto, none, block, prefix or dual",

@@ -18,6 +18,7 @@ after every step. Stop strings cut the answer and cancel its request at once.
 from __future__ import annotations
 
 import contextlib
+import functools
 import time
 import uuid
 from collections.abc import AsyncGenerator
@@ -148,6 +149,20 @@ def render_canvas(tok: Tokenizer, canvas: list[int], mask_id: int, skip: int = 0
     return "".join(out)
 
 
+@functools.lru_cache(maxsize=1 << 16)
+def token_text(tok: Tokenizer, token: int) -> str:
+    """One token's own text, special tokens by name (cached: a canvas is redrawn every step)."""
+    return tok.decode([token], skip_special_tokens=False)
+
+
+def canvas_cells(
+    tok: Tokenizer, canvas: list[int], mask_id: int, skip: int = 0
+) -> list[str | None]:
+    """The canvas position by position: each token's text, ``None`` where masked (for UIs that
+    draw one cell per position)."""
+    return [None if t == mask_id else token_text(tok, t) for t in canvas[skip:]]
+
+
 class StopCutter:
     """Cuts text at the first stop string; holds back a tail that could still become one."""
 
@@ -259,6 +274,9 @@ class ChoiceRunner:
                 "remasked": len(ev.remasked),
                 "stable": max(0, ev.stable - skip),
                 "done": ev.done,
+                "cells": canvas_cells(self.b.tokenizer, canvas, self.b.mask_id, skip),
+                "fresh": [p - skip for p, _ in ev.committed if p >= skip],
+                "revised": [p - skip for p in ev.remasked if p >= skip],
             },
         )
 

@@ -12,6 +12,7 @@ from ..errors import QuicksilverError
 from .async_engine import AsyncEngine
 from .config import ServerConfig
 from .generation import Backend
+from .twin import build_twin_backend
 
 
 def build_backend(cfg: ServerConfig, mock_step_delay: float = 0.0) -> Backend:
@@ -88,11 +89,13 @@ def serve(cfg: ServerConfig, mock_step_delay: float = 0.0) -> int:
         level=cfg.log_level.upper(), format="%(asctime)s %(name)s %(levelname)s %(message)s"
     )
     backend = build_backend(cfg, mock_step_delay)
-    app = build_app(backend, cfg)
+    twin = build_twin_backend(cfg, backend.name)
+    app = build_app(backend, cfg, [twin] if twin else [])
     key = "on" if cfg.resolved_api_key() else "off"
+    also = f" and its AR twin {twin.name!r}" if twin else ""
     print(
-        f"quicksilver: serving {backend.name!r} ({backend.attention}, context {backend.max_context}) on "
-        f"http://{cfg.host}:{cfg.port} (API key {key})",
+        f"quicksilver: serving {backend.name!r} ({backend.attention}, context {backend.max_context})"
+        f"{also} on http://{cfg.host}:{cfg.port} (API key {key}; playground at /)",
         file=sys.stderr,
         flush=True,
     )

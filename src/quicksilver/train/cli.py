@@ -32,6 +32,40 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
     add_dataclass_args(t, TrainConfig, help=HELP)
 
 
+def add_distill_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    from .recipes import V2_MIX
+
+    d = sub.add_parser(
+        "distill",
+        help="a teacher's verified greedy replies to training prompts, as training data (JSONL)",
+    )
+    d.add_argument("--teacher", required=True, help="checkpoint directory of the teacher")
+    d.add_argument("--out", required=True, help="JSONL to append to (a rerun resumes it)")
+    d.add_argument("--n", type=int, default=2000, help="training prompts to decode")
+    d.add_argument("--tasks", default=V2_MIX, help="task mixture, NAME:WEIGHT,...")
+    d.add_argument("--seed", type=int, default=0, help="seed of the prompt stream")
+    d.add_argument("--instant-frac", type=float, default=0.15, dest="instant_frac")
+    d.add_argument("--batch-size", type=int, default=16, dest="batch_size")
+
+
+def handle_distill(args: argparse.Namespace) -> int:
+    from pathlib import Path
+
+    from .distill import distill
+
+    rep = distill(
+        args.teacher,
+        Path(args.out),
+        args.n,
+        args.tasks,
+        args.seed,
+        args.instant_frac,
+        args.batch_size,
+    )
+    print(json.dumps(rep))
+    return 0
+
+
 def handle(args: argparse.Namespace) -> int:
     import dataclasses
 

@@ -93,7 +93,8 @@ class Example:
 
 
 class Mixture:
-    """Fresh examples from weighted tasks; deterministic given the rng."""
+    """Fresh examples from weighted tasks (and, with ``distill_frac``, a teacher's verified replies);
+    deterministic given the rng."""
 
     def __init__(
         self,
@@ -101,7 +102,11 @@ class Mixture:
         tokenizer: Tokenizer,
         instant_frac: float = 0.15,
         max_len: int | None = None,
+        distilled: list[Example] | None = None,
+        distill_frac: float = 0.0,
     ) -> None:
+        self.distilled = distilled or []  # a teacher's verified replies (distill.py)
+        self.distill_frac = distill_frac
         self.names = list(weights)
         self.weights = [weights[n] for n in self.names]
         self.tokenizer = tokenizer
@@ -109,6 +114,8 @@ class Mixture:
         self.max_len = max_len
 
     def sample(self, rng: random.Random) -> Example:
+        if self.distilled and rng.random() < self.distill_frac:
+            return rng.choice(self.distilled)
         while True:
             name = rng.choices(self.names, self.weights)[0]
             item = TASKS[name].sample(rng, "train")

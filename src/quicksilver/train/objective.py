@@ -16,7 +16,10 @@ on masked tokens weighted 1/t, summed and divided by the example's answer length
 batch (LLaDA's SFT normalisation). Substitution noise: a fraction ``sub_prob`` of the visible answer
 tokens is replaced by a token drawn from the batch's answers; the model must predict the clean
 token there (weight ``sub_weight``) and keep the visible tokens (weight ``keep_weight``), which is
-what makes low confidence in a committed token a signal for revision.
+what makes low confidence in a committed token a signal for revision. Certainty forcing
+(``certainty_weight``, after dParallel, Chen et al. 2025): the entropy of masked positions the model
+already predicts right is added to the loss, so that more positions of a block clear the decoding
+threshold together (more tokens per forward pass) without moving what it predicts.
 
 ``mdm``: plain masked diffusion for a *bidirectional* model (LLaDA's SFT): one t per sequence, the
 answer (with its block padding) masked at rate t anywhere, the whole sequence seen at once.
@@ -47,6 +50,7 @@ class NoiseConfig:
     keep_weight: float = (
         0.1  # loss weight at untouched visible answer positions (only when sub_prob > 0)
     )
+    certainty_weight: float = 0.0  # entropy penalty at masked positions already predicted right
 
 
 @dataclass
@@ -100,12 +104,19 @@ def weighted_ce(
     denom: torch.Tensor,
     cfg: NoiseConfig,
 ) -> torch.Tensor:
-    """Per-position weighted CE summed per row / denom (B,), averaged over rows."""
-    ce = F.cross_entropy(logits.float().transpose(1, 2), x0, reduction="none")  # (B, N)
+    """Per-position weighted CE summed per row / denom (B,), averaged over rows; with
+    ``certainty_weight`` plus the entropy of the masked positions whose argmax is already right."""
+    logp = logits.float().log_softmax(-1)  # (B, N, V)
+    ce = -logp.gather(-1, x0[..., None])[..., 0]  # (B, N)
     w = masked.float() / t
     if cfg.sub_prob > 0:
         w = w + subst.float() * cfg.sub_weight + (visible & ~subst).float() * cfg.keep_weight
-    return ((ce * w).sum(1) / denom.clamp_min(1)).mean()
+    loss = ((ce * w).sum(1) / denom.clamp_min(1)).mean()
+    if cfg.certainty_weight > 0:  # dParallel's certainty forcing: sharpen what is already right
+        ent = -(logp.exp() * logp).sum(-1)  # (B, N)
+        right = masked & (logp.argmax(-1) == x0)  # (B, N)
+        loss = loss + cfg.certainty_weight * ((ent * right).sum(1) / denom.clamp_min(1)).mean()
+    return loss
 
 
 def two_copy_mask(

@@ -15,6 +15,8 @@ from ..errors import ConfigError
 
 DEFAULT_MIX = "path_star:1,sudoku4:1,countdown3:1.5,multiply:1.25,tool_call:1,chat:0.3,fim:0.25"
 DEFAULT_EVAL = "path_star,sudoku4,countdown3,multiply,tool_call,chat,fim"
+# the second generation: natural phrasings (every generator's training wording) and agent-loop turns
+V2_MIX = DEFAULT_MIX + ",tool_loop:0.6"
 
 
 @dataclass
@@ -43,11 +45,14 @@ class TrainConfig:
     tasks: str = DEFAULT_MIX  # task:weight mixture; fresh examples every batch
     instant_frac: float = 0.15  # examples rendered with an empty <think></think> (instant mode)
     max_len: int = 352  # drop longer examples
+    distill_data: str = ""  # JSONL of a teacher's verified replies (`quicksilver distill`)
+    distill_frac: float = 0.5  # share of examples drawn from distill_data when it is set
     # noise (diffusion objectives)
     eps: float = 1e-3
     sub_prob: float = 0.1  # substitution noise: fraction of visible answer tokens replaced
     sub_weight: float = 1.0
     keep_weight: float = 0.1
+    certainty_weight: float = 0.0  # certainty forcing (dParallel): entropy of right masked guesses
     # optimisation
     batch_size: int = 32  # global, split over data-parallel processes
     bucket: int = 8  # batches generated at once and grouped by length (less padding)
@@ -94,6 +99,8 @@ class TrainConfig:
         ):
             if getattr(self, name) <= 0:
                 raise ConfigError(f"{name} must be positive, got {getattr(self, name)}")
+        if not 0 <= self.distill_frac <= 1:
+            raise ConfigError(f"distill_frac must be in [0, 1], got {self.distill_frac}")
         if not 0 <= self.sub_prob < 1 or not 0 <= self.instant_frac <= 1:
             raise ConfigError("sub_prob must be in [0, 1) and instant_frac in [0, 1]")
         if self.lr <= 0 or not 0 <= self.min_lr_frac <= 1:
@@ -132,6 +139,34 @@ RECIPES: dict[str, TrainConfig] = {
         steps=8000,
         lr=5e-4,
         cpu_bf16=True,
+    ),
+    # v2, stage 1: the shipped AR twin continued on natural phrasings and agent-loop turns with a
+    # 1,024-token context (RoPE: the same weights serve the longer context)
+    "small-ar-v2": TrainConfig(
+        out="runs/small-ar-v2",
+        objective="ar",
+        init_from="src/quicksilver/assets/model-ar",
+        max_seq_len=1024,
+        max_len=1000,
+        tasks=V2_MIX,
+        seed=3,
+        steps=600,
+        lr=3e-4,
+        eval_every=500,
+    ),
+    # v2, stage 2: that finished AR model adapted to block diffusion (as Dream / Fast-dLLM v2 adapt
+    # finished AR models)
+    "small-ar2d-v2": TrainConfig(
+        out="runs/small-ar2d-v2",
+        init_from="runs/small-ar-v2/final",
+        logit_shift=True,
+        max_seq_len=1024,
+        max_len=1000,
+        tasks=V2_MIX,
+        seed=4,
+        steps=4000,
+        lr=5e-4,
+        eval_every=500,
     ),
     # ablation: no substitution noise
     "small-nosub": TrainConfig(out="runs/small-nosub", sub_prob=0.0),

@@ -29,6 +29,7 @@ from ..models.transformer import DiffusionLM
 from ..sampling import SamplerConfig
 from ..tokenizer import Tokenizer
 from .data import Mixture, build_tokenizer, collate, parse_weights
+from .distill import load_distilled
 from .objective import OBJECTIVES, NoiseConfig
 from .recipes import TrainConfig
 
@@ -125,6 +126,7 @@ class Trainer:
             cfg.sub_prob,
             cfg.sub_weight,
             cfg.keep_weight,
+            cfg.certainty_weight,
         )
         decay = [p for p in self.model.parameters() if p.dim() >= 2]
         other = [p for p in self.model.parameters() if p.dim() < 2]
@@ -141,7 +143,17 @@ class Trainer:
             if self.d.world > 1
             else self.model
         )
-        self.mix = Mixture(parse_weights(cfg.tasks), self.tok, cfg.instant_frac, cfg.max_len)
+        distilled = (
+            load_distilled(cfg.distill_data, self.tok, cfg.max_len) if cfg.distill_data else None
+        )
+        self.mix = Mixture(
+            parse_weights(cfg.tasks),
+            self.tok,
+            cfg.instant_frac,
+            cfg.max_len,
+            distilled,
+            cfg.distill_frac,
+        )
         self.rng = random.Random(f"data/{cfg.seed}/{self.d.rank}")
         self.gen = torch.Generator().manual_seed(cfg.seed * 1000 + self.d.rank)
         self.stages: list[

@@ -9,7 +9,7 @@ from .chat import Chat
 from .fim import Fim
 from .path_star import PathStar
 from .sudoku4 import Sudoku4
-from .tool_call import ToolCall
+from .tool_call import ToolCall, ToolLoop
 
 TASKS: dict[str, Task] = {
     t.name: t
@@ -20,6 +20,7 @@ TASKS: dict[str, Task] = {
         Countdown(4),
         Multiply(),
         ToolCall(),
+        ToolLoop(),
         Chat(),
         Fim(),
     )

@@ -19,6 +19,7 @@ import re
 from fractions import Fraction
 
 from .base import Item, Task, in_split
+from .phrasing import Phrasings, canonical_wording
 
 OPS = "+-*/"
 
@@ -100,6 +101,39 @@ def eval_expression(text: str) -> tuple[Fraction, list[int]] | None:
     return v, nums
 
 
+LIST_STYLES = ("{a} and {z}", "{a}, and {z}", "{a}, {z}", "{s}", "[{a}, {z}]")
+
+
+def number_list(nums: list[int], style: int) -> str:
+    """The numbers written one of several ways: ``45, 12 and 7``, ``45 12 7``, ``[45, 12, 7]``..."""
+    head = ", ".join(map(str, nums[:-1]))
+    return LIST_STYLES[style].format(a=head, z=nums[-1], s=" ".join(map(str, nums)))
+
+
+COUNTDOWN_PHRASES = Phrasings(
+    canonical="Use {numbers} to make {target}.",
+    train=(
+        "Make {target} using {numbers}.",
+        "Using {numbers}, reach {target}.",
+        "Numbers: {numbers}. Target: {target}.",
+        "Can you get {target} from {numbers}?",
+        "Combine {numbers} to get {target}, each number once.",
+        "How can {numbers} make {target}?",
+        "Countdown with {numbers}: make {target}.",
+        "Target {target}, numbers {numbers}.",
+        "Write an expression with {numbers} that equals {target}.",
+        "use the numbers {numbers} to get {target}",
+        "Get to {target} with {numbers} and + - * /.",
+    ),
+    test=(
+        "Reach {target} with the numbers {numbers}.",
+        "I have {numbers}. How do I get {target}?",
+        "Find an expression equal to {target} using {numbers}.",
+        "With {numbers}, make {target} please",
+    ),
+)
+
+
 class Countdown(Task):
     uses_reasoning = True
 
@@ -132,7 +166,13 @@ class Countdown(Task):
             pool.insert(rng.randrange(len(pool) + 1), (r, f"{wrap(ea)}{op}{wrap(eb)}"))
         return pool[0][0], steps, pool[0][1], muldiv
 
-    def sample(self, rng: random.Random, split: str) -> Item:
+    def sample(
+        self,
+        rng: random.Random,
+        split: str,
+        phrasing: str = "templated",
+        wording: random.Random | None = None,
+    ) -> Item:
         while True:
             nums = [rng.randint(1, self.max_number) for _ in range(self.n)]
             got = self._solve_random(rng, nums)
@@ -141,8 +181,13 @@ class Countdown(Task):
             target, steps, expression, muldiv = got
             if 10 <= target <= 100 and in_split(("countdown", target), split):
                 break
-        shown = ", ".join(map(str, nums[:-1])) + f" and {nums[-1]}"
-        prompt = f"Use {shown} to make {target}."
+        w = wording or rng
+        if canonical_wording(split, phrasing):
+            shown = number_list(nums, 0)
+        else:
+            shown = number_list(nums, w.randrange(len(LIST_STYLES)))
+        template = COUNTDOWN_PHRASES.template(w, split, phrasing)
+        prompt = template.format(numbers=shown, target=target)
         return Item(
             self.name,
             [{"role": "user", "content": prompt}],
@@ -178,13 +223,51 @@ def carries(a: int, b: int) -> int:
     return n + c
 
 
+TIMES = ("*", " * ", "x", " x ", " × ", "×", " times ", " multiplied by ")
+MULTIPLY_PHRASES = Phrasings(
+    canonical="What is {a}*{b}?",
+    train=(
+        "What is {a}{op}{b}?",
+        "Calculate {a}{op}{b}.",
+        "Compute {a}{op}{b}",
+        "{a}{op}{b} = ?",
+        "Multiply {a} by {b}.",
+        "What do you get if you multiply {a} by {b}?",
+        "How much is {a}{op}{b}?",
+        "Find the product of {a} and {b}.",
+        "{a}{op}{b}",
+        "Can you work out {a}{op}{b}?",
+        "I need the answer to {a}{op}{b}.",
+        "Tell me {a}{op}{b}.",
+    ),
+    test=(
+        "What's {a}{op}{b}?",
+        "Please multiply {a} and {b}.",
+        "Give me the product of {a} and {b}.",
+        "Quick math: {a}{op}{b}",
+        "solve {a}{op}{b} for me",
+    ),
+)
+
+
+def multiply_request(a: int, b: int, split: str, phrasing: str, w: random.Random) -> str:
+    op = "*" if canonical_wording(split, phrasing) else w.choice(TIMES)
+    return MULTIPLY_PHRASES.template(w, split, phrasing).format(a=a, b=b, op=op)
+
+
 class Multiply(Task):
     name = "multiply"
     strata = ("carries<=5", "carries>=6")
     max_answer_tokens = 56
     uses_reasoning = True
 
-    def sample(self, rng: random.Random, split: str) -> Item:
+    def sample(
+        self,
+        rng: random.Random,
+        split: str,
+        phrasing: str = "templated",
+        wording: random.Random | None = None,
+    ) -> Item:
         while True:
             da = 3 if split == "test" or rng.random() < 0.75 else 2
             a = rng.randint(10 ** (da - 1), 10**da - 1)
@@ -200,7 +283,7 @@ class Multiply(Task):
         c = carries(a, b)
         return Item(
             self.name,
-            [{"role": "user", "content": f"What is {a}*{b}?"}],
+            [{"role": "user", "content": multiply_request(a, b, split, phrasing, wording or rng)}],
             answer=str(a * b),
             reasoning=",".join(steps),
             stratum="carries<=5" if c <= 5 else "carries>=6",

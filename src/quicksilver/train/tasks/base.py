@@ -45,17 +45,33 @@ class Task:
     max_answer_tokens: int = 64  # canvas to give the decoder at evaluation time
     uses_reasoning: bool = False  # does the working in <think> help here?
 
-    def sample(self, rng: random.Random, split: str) -> Item:  # pragma: no cover - interface
+    def sample(
+        self,
+        rng: random.Random,
+        split: str,
+        phrasing: str = "templated",
+        wording: random.Random | None = None,
+    ) -> Item:  # pragma: no cover - interface
+        """One item drawn from ``rng``. Its request's wording is drawn from ``wording`` (default:
+        ``rng``): training items mix the canonical wording with train-only templates; test items use
+        the canonical one (``templated``) or test-only templates (``held-out``), see phrasing.py."""
         raise NotImplementedError
 
     def verify(self, item: Item, reply: str) -> bool:  # pragma: no cover - interface
         """True when ``reply`` (the answer text, reasoning already stripped) solves the item."""
         raise NotImplementedError
 
-    def test_items(self, n: int, seed: int = 1234) -> list[Item]:
-        """The fixed held-out test split: the first ``n`` items of a seeded test stream."""
+    def test_items(self, n: int, seed: int = 1234, phrasing: str = "templated") -> list[Item]:
+        """The fixed held-out test split: the first ``n`` items of a seeded test stream, worded
+        canonically (``templated``) or with phrasing templates never seen in training (``held-out``).
+        Both streams draw the same puzzles: only the wording differs."""
+        from .phrasing import PHRASINGS
+
+        if phrasing not in PHRASINGS:
+            raise ValueError(f"phrasing must be one of {PHRASINGS}, got {phrasing!r}")
         rng = random.Random(f"{self.name}/test/{seed}")
-        return [self.sample(rng, "test") for _ in range(n)]
+        wording = random.Random(f"{self.name}/wording/{seed}")
+        return [self.sample(rng, "test", phrasing, wording) for _ in range(n)]
 
 
 def stable_hash(*parts: Any) -> int:

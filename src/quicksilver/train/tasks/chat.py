@@ -92,7 +92,14 @@ class Chat(Task):
     strata = tuple(REPLIES)
     max_answer_tokens = 64
 
-    def sample(self, rng: random.Random, split: str) -> Item:
+    def sample(
+        self,
+        rng: random.Random,
+        split: str,
+        phrasing: str = "templated",
+        wording: random.Random | None = None,
+    ) -> Item:
+        """Phrasing-independent: every test phrasing is already unseen in training."""
         while True:
             cat = rng.choice(list(REPLIES))
             text = rng.choice(OPENERS) + rng.choice(PHRASES[cat])

@@ -18,7 +18,14 @@ class Fim(Task):
     strata = ("gap1", "gap2", "gap3")
     max_answer_tokens = 24
 
-    def sample(self, rng: random.Random, split: str) -> Item:
+    def sample(
+        self,
+        rng: random.Random,
+        split: str,
+        phrasing: str = "templated",
+        wording: random.Random | None = None,
+    ) -> Item:
+        """A raw prompt: no wording to vary."""
         while True:
             start, step = rng.randint(0, 60), rng.randint(1, 12)
             if in_split(("fim", start, step), split):

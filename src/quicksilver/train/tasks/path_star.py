@@ -14,6 +14,7 @@ from __future__ import annotations
 import random
 
 from .base import Item, Task, in_split
+from .phrasing import Phrasings, canonical_wording
 
 N_NODES = 50
 PATH_LEN = 5
@@ -21,6 +22,32 @@ PATH_LEN = 5
 
 def fmt(n: int) -> str:
     return f"{n:02d}"
+
+
+EDGE_STYLES = (
+    ("{a}>{b}", " "),
+    ("{a}->{b}", " "),
+    ("{a}>{b}", ", "),
+    ("{a} -> {b}", ", "),
+    ("{a}>{b}", "; "),
+)
+PATH_PHRASES = Phrasings(
+    canonical="Edges: {edges}\nFind the path from {start} to {goal}.",
+    train=(
+        "Graph: {edges}\nWhat is the path from {start} to {goal}?",
+        "Edges {edges}. Path from {start} to {goal}?",
+        "Given the edges {edges}, find the route from {start} to {goal}.",
+        "Find the path from {start} to {goal}. Edges: {edges}",
+        "{edges}\nGo from {start} to {goal}.",
+        "Directed edges: {edges}\nList the nodes from {start} to {goal}.",
+        "In the graph {edges}, how do you get from {start} to {goal}?",
+    ),
+    test=(
+        "Here are the edges: {edges}\nHow do I get from {start} to {goal}?",
+        "Which path leads from {start} to {goal}? The edges are {edges}",
+        "Route from {start} to {goal} using {edges}",
+    ),
+)
 
 
 class PathStar(Task):
@@ -32,7 +59,13 @@ class PathStar(Task):
         self.degrees = degrees
         self.path_len = path_len
 
-    def sample(self, rng: random.Random, split: str) -> Item:
+    def sample(
+        self,
+        rng: random.Random,
+        split: str,
+        phrasing: str = "templated",
+        wording: random.Random | None = None,
+    ) -> Item:
         while True:
             deg = rng.choice(self.degrees)
             nodes = rng.sample(range(N_NODES), 1 + deg * (self.path_len - 1))
@@ -51,11 +84,13 @@ class PathStar(Task):
         rng.shuffle(edges)
         goal_arm = arms[0]
         path = [centre, *goal_arm]
-        prompt = (
-            "Edges: "
-            + " ".join(f"{fmt(a)}>{fmt(b)}" for a, b in edges)
-            + f"\nFind the path from {fmt(centre)} to {fmt(goal_arm[-1])}."
-        )
+        w = wording or rng
+        edge, sep = EDGE_STYLES[
+            0 if canonical_wording(split, phrasing) else w.randrange(len(EDGE_STYLES))
+        ]
+        shown = sep.join(edge.format(a=fmt(a), b=fmt(b)) for a, b in edges)
+        template = PATH_PHRASES.template(w, split, phrasing)
+        prompt = template.format(edges=shown, start=fmt(centre), goal=fmt(goal_arm[-1]))
         return Item(
             self.name,
             [{"role": "user", "content": prompt}],

@@ -16,9 +16,11 @@ import json
 import random
 import re
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 from .base import Item, Task, held_out
+from .phrasing import roughen
 
 CITIES = [
     "Paris",
@@ -247,7 +249,9 @@ VERB_WORDS = {
     "schedule": "schedule",
 }
 
-# request phrasings: {verb} {noun} {args}. The last four are test-only (held-out phrasings).
+# request phrasings: {verb} {noun} {args}. TEST_TEMPLATES are the test split's (the ``templated``
+# phrasing, as first shipped); HELD_OUT_TEMPLATES only the ``held-out`` phrasing's. Training never
+# sees either.
 TRAIN_TEMPLATES = [
     "Please {verb} the {noun} {args}.",
     "Can you {verb} the {noun} {args}?",
@@ -255,12 +259,27 @@ TRAIN_TEMPLATES = [
     "{Verb} the {noun} {args}, please.",
     "Could you {verb} the {noun} {args}?",
     "Help me {verb} the {noun} {args}.",
+    "{verb} the {noun} {args}",
+    "I'd like you to {verb} the {noun} {args}.",
+    "Time to {verb} the {noun} {args}.",
+    "Hey, can you {verb} my {noun} {args}?",
+    "Let's {verb} the {noun} {args}.",
+    "Need to {verb} a {noun} {args}.",
+    "Use the tool to {verb} the {noun} {args}.",
+    "My request: {verb} the {noun} {args}.",
 ]
 TEST_TEMPLATES = [
     "Would you {verb} the {noun} {args}?",
     "Go ahead and {verb} the {noun} {args}.",
     "I want to {verb} the {noun} {args}.",
     "Quick: {verb} the {noun} {args}!",
+]
+HELD_OUT_TEMPLATES = [
+    "Could you please {verb} the {noun} {args} for me?",
+    "I would love it if you could {verb} the {noun} {args}.",
+    "Any chance you can {verb} a {noun} {args}?",
+    "Task for you: {verb} the {noun} {args}.",
+    "{verb} {noun} {args} now",
 ]
 
 ALL_TOOLS = [(verb, noun) for noun, (_, _, verbs, _) in NOUNS.items() for verb in verbs]
@@ -270,8 +289,43 @@ def tool_split(verb: str, noun: str) -> str:
     return "test" if held_out(("tool", verb, noun), 20) else "train"
 
 
-def tool_schema(verb: str, noun: str) -> dict[str, Any]:
+# other names a tool may give an argument: (training-only aliases, held-out-only aliases)
+PARAM_ALIASES: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {
+    "city": (("location", "town"), ("place",)),
+    "origin": (("from_city", "source"), ("departure",)),
+    "destination": (("to_city", "target"), ("arrival",)),
+    "nights": (("num_nights",), ("stay_length",)),
+    "order_id": (("order_number", "id"), ("order_no",)),
+    "symbol": (("ticker",), ("stock_symbol",)),
+    "minutes": (("duration", "mins"), ("length_minutes",)),
+    "to": (("recipient",), ("send_to",)),
+    "subject": (("about",), ("regarding",)),
+    "dish": (("meal",), ("food",)),
+    "topic": (("query",), ("theme",)),
+    "text": (("phrase",), ("source_text",)),
+    "language": (("target_language", "lang"), ("into_language",)),
+    "title": (("name_of_item",), ("item_title",)),
+    "task": (("todo",), ("what",)),
+    "hour": (("time_hour", "at_hour"), ("clock_hour",)),
+    "restaurant": (("venue",), ("place_name",)),
+    "people": (("guests", "party_size"), ("num_people",)),
+    "tracking_number": (("tracking_id",), ("parcel_number",)),
+    "name": (("person",), ("attendee",)),
+}
+
+
+def param_names(w: random.Random, params: list[str], split: str, phrasing: str) -> dict[str, str]:
+    """The argument names a tool uses: canonical in the ``templated`` test split, otherwise some
+    renamed to a training alias (train) or to a held-out alias (``held-out``)."""
+    if split == "test" and phrasing == "templated":
+        return {p: p for p in params}
+    side, rate = (1, 0.6) if split == "test" else (0, 0.35)
+    return {p: w.choice(PARAM_ALIASES[p][side]) if w.random() < rate else p for p in params}
+
+
+def tool_schema(verb: str, noun: str, names: dict[str, str] | None = None) -> dict[str, Any]:
     words, params, _, _ = NOUNS[noun]
+    names = names or {p: p for p in params}
     return {
         "type": "function",
         "function": {
@@ -279,8 +333,8 @@ def tool_schema(verb: str, noun: str) -> dict[str, Any]:
             "description": f"{verb.capitalize()} a {words}.",
             "parameters": {
                 "type": "object",
-                "properties": {p: {"type": PARAMS[p][0]} for p in params},
-                "required": list(params),
+                "properties": {names[p]: {"type": PARAMS[p][0]} for p in params},
+                "required": [names[p] for p in params],
             },
         },
     }
@@ -307,65 +361,134 @@ def parse_tool_calls(reply: str) -> list[dict[str, Any]] | None:
     return calls
 
 
+def tool_template(rng: random.Random, w: random.Random, split: str, phrasing: str) -> str:
+    """The request template: drawn from ``rng`` as first shipped (so the puzzles that follow stay
+    the same), then for ``held-out`` replaced by a held-out one and in training roughened, from ``w``."""
+    shipped = rng.choice(TEST_TEMPLATES if split == "test" else TRAIN_TEMPLATES)
+    if split == "test":
+        return shipped if phrasing == "templated" else roughen(w, w.choice(HELD_OUT_TEMPLATES))
+    return roughen(w, shipped)
+
+
+@dataclass
+class Exchange:
+    """One request for one tool: the user's words, the tools offered, the expected call."""
+
+    request: str
+    noun: str
+    schemas: list[dict[str, Any]]
+    call: dict[str, Any]
+
+    def call_text(self) -> str:
+        return "<tool_call>" + json.dumps(self.call, ensure_ascii=False) + "</tool_call>"
+
+    def assistant_turn(self) -> dict[str, Any]:
+        fn = {"name": self.call["name"], "arguments": self.call["arguments"]}
+        return {
+            "role": "assistant",
+            "content": "",
+            "tool_calls": [{"type": "function", "function": fn}],
+        }
+
+
+def draw_exchange(
+    rng: random.Random,
+    w: random.Random,
+    split: str,
+    phrasing: str,
+    exclude: frozenset[str] = frozenset(),
+) -> Exchange:
+    """A request for one of the split's tools (none of the nouns in ``exclude``) with 0-1 distractor
+    tools; puzzle values from ``rng``, wording and argument names from ``w``."""
+    tools = [t for t in ALL_TOOLS if tool_split(*t) == split and t[1] not in exclude]
+    verb, noun = rng.choice(tools)
+    words, params, _, _ = NOUNS[noun]
+    args = {p: PARAMS[p][1](rng) for p in params}
+    if "origin" in args and args["origin"] == args.get("destination"):
+        args["destination"] = rng.choice([c for c in CITIES if c != args["origin"]])
+    arg_text = " ".join(rng.choice(PARAMS[p][2]).format(v=args[p]) for p in params)
+    template = tool_template(rng, w, split, phrasing)
+    vw = VERB_WORDS[verb]
+    request = template.format(verb=vw, Verb=vw.capitalize(), noun=words, args=arg_text)
+    distract = [
+        t
+        for t in ALL_TOOLS
+        if t != (verb, noun) and t[1] not in exclude and tool_split(*t) == "train"
+    ]
+    listed = [(verb, noun), *rng.sample(distract, rng.randint(0, 1))]
+    rng.shuffle(listed)
+    names = {n: param_names(w, NOUNS[n][1], split, phrasing) for _, n in listed}
+    schemas = [tool_schema(v, n, names[n]) for v, n in listed]
+    call = {"name": f"{verb}_{noun}", "arguments": {names[noun][p]: v for p, v in args.items()}}
+    return Exchange(request, noun, schemas, call)
+
+
+def draw_result(rng: random.Random, noun: str) -> tuple[dict[str, Any], str]:
+    """The tool's result and the answer that quotes it."""
+    result = {k: g(rng) for k, g in NOUNS[noun][3].items()}
+    said = ", ".join(f"The {k.replace('_', ' ')} is {v}" for k, v in result.items())
+    return result, f"Done. {said}."
+
+
+def tool_message(result: dict[str, Any]) -> dict[str, Any]:
+    return {"role": "tool", "content": json.dumps(result, ensure_ascii=False)}
+
+
 class ToolCall(Task):
     name = "tool_call"
     strata = ("call", "answer")
     max_answer_tokens = 64
 
-    def sample(self, rng: random.Random, split: str) -> Item:
-        tools = [t for t in ALL_TOOLS if tool_split(*t) == split]
-        verb, noun = rng.choice(tools)
-        words, params, _, fields = NOUNS[noun]
-        args = {p: PARAMS[p][1](rng) for p in params}
-        if "origin" in args and args["origin"] == args.get("destination"):
-            args["destination"] = rng.choice([c for c in CITIES if c != args["origin"]])
-        arg_text = " ".join(rng.choice(PARAMS[p][2]).format(v=args[p]) for p in params)
-        template = rng.choice(TEST_TEMPLATES if split == "test" else TRAIN_TEMPLATES)
-        vw = VERB_WORDS[verb]
-        request = template.format(verb=vw, Verb=vw.capitalize(), noun=words, args=arg_text)
-        distract = [t for t in ALL_TOOLS if t != (verb, noun) and tool_split(*t) == "train"]
-        listed = [(verb, noun), *rng.sample(distract, rng.randint(0, 1))]
-        rng.shuffle(listed)
-        schemas = [tool_schema(v, n) for v, n in listed]
-        call = {"name": f"{verb}_{noun}", "arguments": args}
-        call_text = "<tool_call>" + json.dumps(call, ensure_ascii=False) + "</tool_call>"
-        messages: list[dict[str, Any]] = [{"role": "user", "content": request}]
+    def sample(
+        self,
+        rng: random.Random,
+        split: str,
+        phrasing: str = "templated",
+        wording: random.Random | None = None,
+    ) -> Item:
+        ex = draw_exchange(rng, wording or rng, split, phrasing)
+        messages: list[dict[str, Any]] = [{"role": "user", "content": ex.request}]
         if rng.random() < 0.5:  # turn 1: emit the call
-            return Item(
-                self.name,
-                messages,
-                answer=call_text,
-                tools=schemas,
-                stratum="call",
-                data={"call": call},
-            )
-        result = {k: g(rng) for k, g in fields.items()}
-        messages += [
-            {
-                "role": "assistant",
-                "content": "",
-                "tool_calls": [
-                    {"type": "function", "function": {"name": call["name"], "arguments": args}}
-                ],
-            },
-            {"role": "tool", "content": json.dumps(result, ensure_ascii=False)},
-        ]
-        answer = (
-            "Done. "
-            + ", ".join(f"The {k.replace('_', ' ')} is {v}" for k, v in result.items())
-            + "."
+            return self._call_item(messages, ex, "call")
+        result, answer = draw_result(rng, ex.noun)
+        messages += [ex.assistant_turn(), tool_message(result)]
+        return self._answer_item(messages, ex.schemas, answer, result, "answer")
+
+    def _call_item(
+        self,
+        messages: list[dict[str, Any]],
+        ex: Exchange,
+        stratum: str,
+        tools: list[dict[str, Any]] | None = None,
+    ) -> Item:
+        return Item(
+            self.name,
+            messages,
+            answer=ex.call_text(),
+            tools=tools or ex.schemas,
+            stratum=stratum,
+            data={"call": ex.call},
         )
+
+    def _answer_item(
+        self,
+        messages: list[dict[str, Any]],
+        tools: list[dict[str, Any]],
+        answer: str,
+        result: dict[str, Any],
+        stratum: str,
+    ) -> Item:
         return Item(
             self.name,
             messages,
             answer=answer,
-            tools=schemas,
-            stratum="answer",
+            tools=tools,
+            stratum=stratum,
             data={"result": result},
         )
 
     def verify(self, item: Item, reply: str) -> bool:
-        if item.stratum == "call":  # exactly one call and nothing else
+        if item.stratum.endswith("call"):  # exactly one call and nothing else
             calls = parse_tool_calls(reply)
             return (
                 calls is not None
@@ -381,3 +504,40 @@ class ToolCall(Task):
     def parseable(item: Item, reply: str) -> bool:
         calls = parse_tool_calls(reply)
         return calls is not None and len(calls) == 1
+
+
+class ToolLoop(ToolCall):
+    """``tool_loop``: the agent loop's later turns. A first exchange is finished (call, result,
+    answer), then the user asks for something that needs another of the offered tools: the reply is
+    that second call (``second_call``) or, after its result, the answer (``second_answer``). Long
+    prompts (300-600 tokens): needs the 1,024-token context."""
+
+    name = "tool_loop"
+    strata = ("second_call", "second_answer")
+
+    def sample(
+        self,
+        rng: random.Random,
+        split: str,
+        phrasing: str = "templated",
+        wording: random.Random | None = None,
+    ) -> Item:
+        w = wording or rng
+        first = draw_exchange(rng, w, split, phrasing)
+        result1, answer1 = draw_result(rng, first.noun)
+        nouns = frozenset(s["function"]["name"].split("_", 1)[1] for s in first.schemas)
+        second = draw_exchange(rng, w, split, phrasing, exclude=nouns)
+        tools = first.schemas + second.schemas
+        rng.shuffle(tools)
+        messages: list[dict[str, Any]] = [
+            {"role": "user", "content": first.request},
+            first.assistant_turn(),
+            tool_message(result1),
+            {"role": "assistant", "content": answer1},
+            {"role": "user", "content": second.request},
+        ]
+        if rng.random() < 0.5:
+            return self._call_item(messages, second, "second_call", tools)
+        result2, answer2 = draw_result(rng, second.noun)
+        messages += [second.assistant_turn(), tool_message(result2)]
+        return self._answer_item(messages, tools, answer2, result2, "second_answer")

@@ -1,0 +1,136 @@
+"""Sequence-level distillation data: a teacher's greedy replies to fresh training prompts, kept only
+where the task's exact verifier accepts them, written as JSON lines the trainer mixes into batches.
+
+Why: a parallel decoder commits many positions in one forward pass only where each is confident. A
+generator's reference reply is one of several valid ones (countdown has many expressions, a sudoku
+with many blanks several fillings), so a model trained on references spreads its belief over them —
+the multi-modality that non-autoregressive translation cures by training on a teacher's outputs
+(Kim & Rush 2016; Gu et al. 2018). A teacher's reply is one deterministic function of the prompt: the
+AR twin's (``--teacher`` the AR checkpoint) or the diffusion model's own correct trajectories
+(self-distillation, as dParallel and d3LLM distil their own decodes).
+
+The file is written in chunks and resumes exactly: items come from a seeded stream, each line records
+its chunk, and a rerun skips the chunks already written.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+from ..errors import ConfigError
+from ..tokenizer import Tokenizer
+from .data import EOT, IM_END, Example, parse_weights, prompt_text
+from .tasks import TASKS, Item
+
+CHUNK = 32  # items decoded (and written) together
+
+
+def item_stream(weights: dict[str, float], seed: int, instant_frac: float) -> Any:
+    """Fresh training items from the weighted mixture: an endless seeded stream of (item, instant)."""
+    rng = random.Random(f"distill/{seed}")
+    names, w = list(weights), list(weights.values())
+    while True:
+        item = TASKS[rng.choices(names, w)[0]].sample(rng, "train")
+        yield item, rng.random() < instant_frac
+
+
+def chunks_done(path: Path) -> int:
+    """How many chunks an earlier run wrote (0 for a new file)."""
+    if not path.is_file():
+        return 0
+    last = -1
+    with path.open() as f:
+        for line in f:
+            if line.strip():
+                last = max(last, int(json.loads(line)["chunk"]))
+    return last + 1
+
+
+def example_record(
+    item: Item, reply: str, tok: Tokenizer, instant: bool, chunk: int
+) -> dict[str, Any]:
+    """A kept reply as text (the student encodes it with its own tokenizer when it loads the file)."""
+    return {
+        "chunk": chunk,
+        "task": item.task,
+        "instant": instant,
+        "chat": item.is_chat,
+        "prompt": prompt_text(item, tok, instant),
+        "reply": reply,
+    }
+
+
+def distill(
+    teacher: str | Path,
+    out: Path,
+    n: int,
+    tasks: str,
+    seed: int = 0,
+    instant_frac: float = 0.15,
+    batch_size: int = 16,
+) -> dict[str, Any]:
+    """Decode ``n`` fresh training prompts with ``teacher`` (greedy) and append the verified replies
+    to ``out``; returns what was tried and kept per task."""
+    import quicksilver
+
+    from ..eval.evaluate import decode_items
+
+    if n <= 0 or batch_size <= 0:
+        raise ConfigError("--n and --batch-size must be positive")
+    pipe = quicksilver.load(teacher)
+    cfg = pipe.sampler_config(temperature=0.0)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    stream = item_stream(parse_weights(tasks), seed, instant_frac)
+    skip = chunks_done(out)
+    tried: Counter[str] = Counter()
+    kept: Counter[str] = Counter()
+    with out.open("a") as f:
+        for chunk in range(-(-n // CHUNK)):
+            batch = [next(stream) for _ in range(min(CHUNK, n - chunk * CHUNK))]
+            if chunk < skip:
+                continue
+            for instant in (False, True):
+                items = [it for it, inst in batch if inst == instant]
+                if not items:
+                    continue
+                for r in decode_items(pipe.model, pipe.tokenizer, items, cfg, instant, batch_size):
+                    tried[r.item.task] += 1
+                    if r.correct:
+                        kept[r.item.task] += 1
+                        rec = example_record(r.item, r.reply, pipe.tokenizer, instant, chunk)
+                        f.write(json.dumps(rec) + "\n")
+            f.flush()
+    return {
+        "out": str(out),
+        "teacher": str(teacher),
+        "resumed_chunks": skip,
+        "tried": dict(tried),
+        "kept": dict(kept),
+        "kept_frac": {k: round(kept[k] / v, 3) for k, v in tried.items()},
+    }
+
+
+def load_distilled(path: str | Path, tok: Tokenizer, max_len: int | None = None) -> list[Example]:
+    """The verified teacher replies of a distillation file as training examples in ``tok``'s ids."""
+    p = Path(path)
+    if not p.is_file():
+        raise ConfigError(f"distillation data {p} not found (make it with `quicksilver distill`)")
+    stops = {chat: tok.token_to_id(IM_END if chat else EOT) for chat in (True, False)}
+    out = []
+    with p.open() as f:
+        for line in f:
+            if not line.strip():
+                continue
+            r = json.loads(line)
+            stop = stops[bool(r["chat"])]
+            assert stop is not None
+            prompt, answer = tok.encode(r["prompt"]), tok.encode(r["reply"]) + [stop]
+            if max_len is None or len(prompt) + len(answer) <= max_len:
+                out.append(Example(prompt, answer, r["task"]))
+    if not out:
+        raise ConfigError(f"distillation data {p} has no usable example")
+    return out
