@@ -180,7 +180,8 @@ class OpenAIServingChat(OpenAIServing):
 
             pieces = self._fit(layout, limit, param, max_tokens)
         if pieces is not None:
-            check_states([p.machine for p in pieces if isinstance(p, Slot)], "response_format")
+            machines = [p.machine for p in pieces if isinstance(p, Slot)]
+            check_states(machines, "tools" if mode == "forced" else "response_format")
             max_tokens = build_canvas(pieces, tok, self.b.pad_id).length
         answer, think = self.budgets(len(ids), max_tokens, effort.reasoning, param)
         if effort.reasoning > 0 and think == 0:  # no room to think: answer at once
