@@ -71,9 +71,7 @@ def test_gqa_shapes_and_bad_configs() -> None:
 def test_packed_segments_equal_padded_forward(attention: str, shift: bool) -> None:
     m = _model(attention=attention, block_size=4, logit_shift=shift)
     a, b = torch.randint(3, 96, (11,)), torch.randint(3, 96, (6,))
-    outs = m.forward_segments(
-        [Segment(a, torch.arange(11), 0, 11), Segment(b, torch.arange(6), 2, 6)]
-    )
+    outs = m.forward_segments([Segment(a, 0, 0, 11), Segment(b, 0, 2, 6)])
     assert torch.allclose(outs[0], m(a[None])[0], atol=1e-5)
     assert torch.allclose(outs[1], m(b[None])[0, 2:6], atol=1e-5)
 
@@ -86,9 +84,9 @@ def test_block_cache_is_exact(shift: bool) -> None:
     x = torch.randint(3, 96, (14,))
     full = m(x[None])[0]  # (14, V)
     cache = KVCache()
-    first = m.forward_segments([Segment(x[:8], torch.arange(8), 0, 8, cache, append=8)])[0]
+    first = m.forward_segments([Segment(x[:8], 0, 0, 8, cache, append=8)])[0]
     assert cache.length == 8 and torch.allclose(first, full[:8], atol=1e-5)
-    rest = m.forward_segments([Segment(x[8:], torch.arange(8, 14), 0, 6, cache, append=4)])[0]
+    rest = m.forward_segments([Segment(x[8:], 8, 0, 6, cache, append=4)])[0]
     assert cache.length == 12 and torch.allclose(rest, full[8:], atol=1e-5)
     assert cache.nbytes() > 0
 

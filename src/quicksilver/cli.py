@@ -65,6 +65,8 @@ def load_pipeline(args: argparse.Namespace) -> Any:
         cache=args.cache,
         refresh_every=args.refresh_every,
         compile=getattr(args, "compile", False),
+        attention_layout=getattr(args, "attention_layout", "auto"),
+        cuda_graphs=getattr(args, "cuda_graphs", False),
     )
 
 
@@ -214,7 +216,8 @@ DTYPES = {"float32": None, "bfloat16": "bfloat16", "float16": "float16"}
 
 
 def add_cache_args(p: argparse.ArgumentParser) -> None:
-    from .sampling.decoder import CACHE_MODES
+    from .models.packing import LAYOUTS
+    from .sampling.caches import CACHE_CHOICES
 
     p.add_argument(
         "--dtype",
@@ -225,7 +228,7 @@ def add_cache_args(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--cache",
         default="auto",
-        choices=CACHE_MODES,
+        choices=CACHE_CHOICES,
         help="KV cache: auto (exact block cache for block-causal models), none, block, or the "
         "approximate prefix/dual caches for bidirectional models",
     )
@@ -240,6 +243,19 @@ def add_cache_args(p: argparse.ArgumentParser) -> None:
         "--compile",
         action="store_true",
         help="torch.compile the per-token parts of each block (GPU; measured slower on a 2-core CPU)",
+    )
+    p.add_argument(
+        "--attention-layout",
+        default="auto",
+        choices=("auto", *LAYOUTS),
+        dest="attention_layout",
+        help="attention over a batch: per_sequence, batched (one call per layer), auto (batched on GPU)",
+    )
+    p.add_argument(
+        "--cuda-graphs",
+        action="store_true",
+        dest="cuda_graphs",
+        help="static bucketed shapes + torch.compile(mode='reduce-overhead') (GPU)",
     )
 
 

@@ -13,9 +13,10 @@ import torch
 from .errors import CheckpointError, ConfigError
 from .models.checkpoint import load_checkpoint
 from .models.config import ModelConfig
+from .models.packing import resolve_layout
 from .models.transformer import DiffusionLM
 from .sampling import Decoder, SamplerConfig
-from .sampling.decoder import RowEvent
+from .sampling.state import RowEvent
 from .tokenizer import Tokenizer
 
 Messages = list[dict[str, Any]]
@@ -105,10 +106,13 @@ class Pipeline:
         ids = self.encode_prompt(prompt, chat)
         cfg = self.sampler_config(**options)
         t0 = time.perf_counter()
-        row = self.decoder.new_row(ids, cfg)
-        while not row.done:
-            yield from self.decoder.step([row])
-        res = row.result()
+        drive = self.decoder.drive([self.decoder.new_row(ids, cfg)])
+        while True:
+            try:
+                yield from next(drive)
+            except StopIteration as stop:
+                res = stop.value[0]
+                break
         return GenerationResult(
             self.tokenizer.decode(res.tokens),
             res.tokens,
@@ -163,14 +167,21 @@ def load(
     cache: str = "auto",
     refresh_every: int = 0,
     compile: bool = False,
+    attention_layout: str = "auto",
+    cuda_graphs: bool = False,
 ) -> Pipeline:
     """Load a checkpoint directory (never touches the network). Default: CPU float32, CUDA bfloat16.
 
     cache: ``auto`` (the exact block cache for block-causal models, none for bidirectional ones),
     ``none``, ``block``, or the approximate ``prefix`` / ``dual`` caches for bidirectional models,
     refreshed at every block start and every ``refresh_every`` steps (0: block starts only).
-    compile: ``torch.compile`` the per-token parts of every block (for GPUs; slower on small CPUs)."""
+    compile: ``torch.compile`` the per-token parts of every block (for GPUs; slower on small CPUs).
+    attention_layout: ``per_sequence``, ``batched`` (one attention call per layer) or ``auto``
+    (batched on a GPU). cuda_graphs: static bucketed shapes + ``torch.compile(mode="reduce-overhead")``."""
     model, tok = load_checkpoint(path, dtype, device)
-    if compile:
+    model.set_attention_layout(resolve_layout(attention_layout, model.lm_head.weight.device))
+    if cuda_graphs:
+        model.compile_static()
+    elif compile:
         model.compile_blocks()
     return Pipeline(model, tok, path, cache=cache, refresh_every=refresh_every)

@@ -11,6 +11,11 @@ one a real checkpoint would get) it measures, at batch 1 and batch 8:
 - peak memory, and tok/s projected at the TPF values given by ``--tpf`` (committed tokens per
   forward; 1 = one token per step): per request = block_fwd_per_s x TPF, aggregate x batch.
 
+With ``--tokens-per-step`` it also runs the real decoder (forward + batched selection + the one
+event transfer per step) at forced TPF k (``low_confidence``, steps = canvas / k, no early stop) for
+every batch size, with CUDA graphs off and, with ``--cuda-graphs``, on (``compile_static``):
+``decode`` rows give tok/s per request and aggregate, ms per step and syncs per step.
+
 The weights are random, so these are speeds of the network shape only — no quality, no real TPF.
 For LLaDA and Dream (bidirectional) a KV cache is an approximation (Fast-dLLM's prefix cache); the
 timing is the same either way. ``--tiny`` runs toy shapes on CPU in seconds (CI). Ends with one
@@ -34,7 +39,10 @@ import torch
 from ..models.config import ModelConfig
 from ..models.families.common import qwen_config
 from ..models.families.llada import llada_config
+from ..models.packing import resolve_layout
 from ..models.transformer import DiffusionLM, KVCache, Rotary
+from ..sampling import Decoder, SamplerConfig
+from .syncs import SyncCounter
 
 # Published config.json files (shared/reference/model_formats.md §1.2, §2.2), the fields that shape the network.
 LLADA_8B = {
@@ -203,6 +211,16 @@ def bench_shape(
             + ", ".join(f"{t}: {block_rate * t:.0f}" for t in args.tpf),
             file=sys.stderr,
         )
+    decode = []
+    if args.tokens_per_step:
+        model.set_attention_layout(resolve_layout("auto", device))
+        decode = bench_decode(model, args, device, graphs=False)
+        if args.cuda_graphs:
+            try:
+                model.compile_static()
+                decode += bench_decode(model, args, device, graphs=True)
+            except Exception as e:  # a failed capture is a result too; the eager rows stand
+                decode.append({"cuda_graphs": True, "error": f"{type(e).__name__}: {e}"[:500]})
     out = {
         "shape": name,
         "architecture": cfg.architecture,
@@ -213,9 +231,62 @@ def bench_shape(
         "build_seconds": round(build_s, 2),
         "peak_memory_bytes": _peak_bytes(device),
         "rows": rows,
+        "decode": decode,
     }
     del model
     return out
+
+
+@torch.no_grad()
+def bench_decode(
+    model: DiffusionLM, args: argparse.Namespace, device: torch.device, graphs: bool
+) -> list[dict[str, Any]]:
+    """The real decoder at forced tokens per step, for every batch size (random prompts)."""
+    cfg = model.config
+    dec = Decoder(model, cfg.mask_token_id, [], vocab_limit=cfg.vocab_size, cache_mode=args.cache)
+    rows = []
+    for batch in args.batch:
+        gen = torch.Generator().manual_seed(batch)
+        prompts = [
+            torch.randint(3, cfg.mask_token_id, (args.context,), generator=gen).tolist()
+            for _ in range(batch)
+        ]
+        for k in args.tokens_per_step:
+            sc = SamplerConfig(
+                max_new_tokens=args.gen,
+                policy="low_confidence",
+                steps=max(1, args.gen // k),
+                block_length=args.decode_block,
+                stop_at_eos=False,
+            )
+            dec.generate(prompts, sc)  # warm-up (and graph capture)
+            _sync(device)
+            t0 = time.perf_counter()
+            res = dec.generate(prompts, sc)
+            _sync(device)
+            dt = time.perf_counter() - t0
+            fresh = [dec.new_row(p, sc) for p in prompts]
+            with SyncCounter() as syncs:
+                dec.step(fresh)
+            nfe = res[0].nfe
+            rows.append(
+                {
+                    "cuda_graphs": graphs,
+                    "batch": batch,
+                    "tokens_per_step": k,
+                    "tpf": round(res[0].tpf, 2),
+                    "tok_s_per_request": round(args.gen / dt, 1),
+                    "tok_s_aggregate": round(batch * args.gen / dt, 1),
+                    "ms_per_step": round(dt / nfe * 1e3, 3),
+                    "syncs_per_step": syncs.total,
+                }
+            )
+            print(
+                f"  decode graphs={'on' if graphs else 'off'} batch {batch} k={k}: "
+                f"{args.gen / dt:8.1f} tok/s per request, {dt / nfe * 1e3:.2f} ms/step",
+                file=sys.stderr,
+            )
+    return rows
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -240,6 +311,36 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         type=float,
         default=[1.0, 2.0, 3.0],
         help="tokens per forward to project tok/s at (1 = one token per step)",
+    )
+    p.add_argument(
+        "--tokens-per-step",
+        dest="tokens_per_step",
+        nargs="*",
+        type=int,
+        default=[],
+        help="also run the real decoder at these forced tokens per step (e.g. 1 2 5 8)",
+    )
+    p.add_argument(
+        "--gen",
+        type=int,
+        default=120,
+        help="canvas length of the decoder runs (a multiple of --decode-block)",
+    )
+    p.add_argument(
+        "--decode-block",
+        dest="decode_block",
+        type=int,
+        default=40,
+        help="block of the decoder runs: a multiple of every --tokens-per-step, so TPF is exact",
+    )
+    p.add_argument(
+        "--cache", default="dual", help="decoder cache mode (dual: Fast-dLLM's, bidirectional)"
+    )
+    p.add_argument(
+        "--cuda-graphs",
+        dest="cuda_graphs",
+        action="store_true",
+        help="decoder runs also with static shapes + torch.compile(mode='reduce-overhead')",
     )
     p.add_argument("--device", default=None, help="default: cuda if available, else cpu")
     p.add_argument(

@@ -24,7 +24,8 @@ from typing import Any
 
 from ..errors import ConfigError, QuicksilverError
 from ..sampling import Decoder, Row, SamplerConfig
-from ..sampling.decoder import Constraint, DecodeResult
+from ..sampling.hooks import Constraint
+from ..sampling.state import DecodeResult
 from .prefix_cache import PrefixCache
 
 
@@ -252,7 +253,7 @@ class Engine:
             if self.prefix_cache is not None and (row.nfe == 1 or ev.done):
                 self.prefix_cache.insert(row)
             self.totals["committed_tokens"] += len(ev.committed)
-            new = row.canvas[lv.emitted : ev.stable].tolist() if ev.stable > lv.emitted else []
+            new = row.host_tokens[lv.emitted : ev.stable] if ev.stable > lv.emitted else []
             if new:
                 lv.emitted = ev.stable
                 if lv.stats.first_token is None:

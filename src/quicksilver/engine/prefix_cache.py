@@ -10,6 +10,7 @@ no exact prefix cache (their prompt attends to the canvas), so rows in other cac
 
 from __future__ import annotations
 
+import array
 import collections
 import hashlib
 from dataclasses import dataclass
@@ -17,7 +18,7 @@ from dataclasses import dataclass
 import torch
 
 from ..models.kvcache import KVCache
-from ..sampling.decoder import Row
+from ..sampling.state import Row
 
 
 @dataclass
@@ -43,9 +44,7 @@ class PrefixCache:
         keys, h = [], b""
         for i in range(n_blocks):
             blk = tokens[i * self.block : (i + 1) * self.block]
-            h = hashlib.blake2b(
-                h + torch.tensor(blk, dtype=torch.int64).numpy().tobytes(), digest_size=16
-            ).digest()
+            h = hashlib.blake2b(h + array.array("q", blk).tobytes(), digest_size=16).digest()
             keys.append(h)
         return keys
 
@@ -56,7 +55,7 @@ class PrefixCache:
         compute, so the first pass always has a window to predict."""
         if row.cache is None or row.cache_mode != "block" or row.cache.length:
             return 0
-        prompt = row.prompt.tolist()
+        prompt = row.prompt_ids
         n_blocks = max(0, (len(prompt) - 1) // self.block)
         self.query_tokens += len(prompt)
         hits: list[_Entry] = []
@@ -85,7 +84,7 @@ class PrefixCache:
         cache = row.cache
         if cache is None or row.cache_mode != "block" or cache.length < self.block:
             return
-        tokens = row.sequence(row.P + row.end).tolist()
+        tokens = row.host_sequence()
         n_blocks = min(cache.length, len(tokens)) // self.block
         for i, key in enumerate(self._keys(tokens, n_blocks)):
             if key in self._entries:

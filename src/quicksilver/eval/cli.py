@@ -110,12 +110,12 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
         help="also score tool_call's call turns through the server's own path with this tool_choice "
         "(required: schema-constrained canvas); reported under tasks.tool_call.served",
     )
-    from ..sampling.decoder import CACHE_MODES
+    from ..sampling.caches import CACHE_CHOICES
 
     e.add_argument(
         "--cache",
         default="auto",
-        choices=CACHE_MODES,
+        choices=CACHE_CHOICES,
         help="KV cache (auto: exact block cache for block-causal models, none for bidirectional)",
     )
     e.add_argument(

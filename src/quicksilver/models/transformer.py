@@ -19,8 +19,10 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
+from ..errors import ConfigError
 from .config import ModelConfig
 from .kvcache import KVCache
+from .packing import LAYOUTS, Layout, PerSequence, plan_batched, token_bucket
 
 
 class RMSNorm(nn.Module):
@@ -64,9 +66,14 @@ class Rotary(nn.Module):
         self.register_buffer("cos_table", emb.cos(), persistent=False)
         self.register_buffer("sin_table", emb.sin(), persistent=False)
 
-    def forward(self, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        if int(positions.max()) >= self.cos_table.shape[0]:
-            self._build(int(positions.max()) + 1)
+    def forward(
+        self, positions: torch.Tensor, max_pos: int | None = None
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Tables for ``positions``; ``max_pos`` (their maximum, when the caller knows it) saves a
+        device-to-host read."""
+        top = int(positions.max()) if max_pos is None else max_pos
+        if top >= self.cos_table.shape[0]:
+            self._build(top + 1)
         return self.cos_table[positions][:, None], self.sin_table[positions][
             :, None
         ]  # (B, 1, T, hd)
@@ -88,12 +95,13 @@ def apply_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch
 class Segment:
     """One sequence's share of a packed forward pass.
 
-    ``ids``/``positions`` (T,) are the tokens after whatever ``cache`` already holds; the first
+    ``ids`` (T,) are the tokens after whatever ``cache`` already holds, at absolute positions
+    ``start .. start + T - 1`` (a host int, so building the pass never reads the device); the first
     ``append`` of them are added to the cache; logits are returned for tokens ``[lo, hi)``.
     """
 
     ids: torch.Tensor  # (T,) long
-    positions: torch.Tensor  # (T,) long
+    start: int
     lo: int
     hi: int
     cache: KVCache | None = None
@@ -101,6 +109,14 @@ class Segment:
     overwrite: bool = (
         False  # the tokens replace cached positions (dual cache) instead of following them
     )
+
+    @property
+    def length(self) -> int:
+        return int(self.ids.shape[0])
+
+    @property
+    def positions(self) -> torch.Tensor:
+        return torch.arange(self.start, self.start + self.length, device=self.ids.device)  # (T,)
 
 
 def build_attention_mask(
@@ -206,30 +222,12 @@ class Attention(nn.Module):
         return self.output(self.attend(q, k, v, mask))
 
     def forward_packed(
-        self,
-        x: torch.Tensor,
-        cos: torch.Tensor,
-        sin: torch.Tensor,
-        spans: list[tuple[int, int]],
-        caches: list[KVCache | None],
-        masks: list[torch.Tensor | None],
-        layer: int,
+        self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, layout: Layout, layer: int
     ) -> torch.Tensor:
-        """Packed sequences (1, sum T_i, C): projections batched, attention per sequence with its own cache.
-
-        Each sequence's attention sees exactly the tensors it would see alone, so a row's result does
-        not depend on its batch-mates (batch invariance).
-        """
+        """Packed sequences (1, sum T_i, C): projections batched, attention as ``layout`` says
+        (per sequence, or one call for all), each sequence with its own cache."""
         q, k, v = self.project(x, cos, sin)  # (1, H, Ttot, hd)
-        if len(spans) == 1 and caches[0] is None:
-            return self.output(self.attend(q, k, v, masks[0]))
-        ys = []
-        for (s, e), cache, m in zip(spans, caches, masks):
-            ki, vi = k[:, :, s:e], v[:, :, s:e]
-            if cache is not None:
-                ki, vi = cache.write(layer, ki, vi)  # (1, Hkv, L+T_i, hd)
-            ys.append(self.attend(q[:, :, s:e], ki, vi, m))
-        return self.output(torch.cat(ys, dim=2))
+        return self.output(layout.attend(self.attend, q, k, v, layer))
 
 
 def _fused(
@@ -288,7 +286,7 @@ class Block(nn.Module):
         if packed is None:
             a = self.self_attn(h, cos, sin, mask, cache, layer)
         else:
-            a = self.self_attn.forward_packed(h, cos, sin, *packed, layer)
+            a = self.self_attn.forward_packed(h, cos, sin, packed, layer)
         x = x + a  # (B, T, C)
         return x + self.mlp(self.post_attention_layernorm(x))
 
@@ -312,6 +310,8 @@ class DiffusionLM(nn.Module):
         if cfg.tie_embeddings:
             self.lm_head.weight = self.model.embed_tokens.weight
         self.rotary = Rotary(cfg.rotary_dim, cfg.rope_theta, cfg.max_seq_len)
+        self.attention_layout = "per_sequence"  # see models.packing
+        self.static_shapes = False  # pad packed tokens to buckets (batched layout; CUDA graphs)
         self.apply(self._init)
         for name, p in self.named_parameters():  # scaled init of residual outputs (GPT-2)
             if name.endswith("o_proj.weight") or name.endswith("down_proj.weight"):
@@ -326,14 +326,22 @@ class DiffusionLM(nn.Module):
         elif isinstance(m, nn.Embedding):
             nn.init.normal_(m.weight, std=0.02)
 
-    def compile_blocks(self) -> None:
+    def compile_blocks(self, mode: str | None = None, dynamic: bool = True) -> None:
         """torch.compile the per-token parts of every block (MLP and norms; attention stays eager
         because its shapes follow the packed batch). Measured slower on the 2-core CPU (docs/LOG.md);
         meant for GPUs."""
         for layer in self.model.layers:
             for mod in (layer.mlp, layer.input_layernorm, layer.post_attention_layernorm):
-                mod.forward = torch.compile(mod.forward, dynamic=True)  # type: ignore[method-assign]
-        self.model.norm.forward = torch.compile(self.model.norm.forward, dynamic=True)  # type: ignore[method-assign]
+                mod.forward = torch.compile(mod.forward, mode=mode, dynamic=dynamic)  # type: ignore[method-assign]
+        self.model.norm.forward = torch.compile(self.model.norm.forward, mode=mode, dynamic=dynamic)  # type: ignore[method-assign]
+
+    def compile_static(self) -> None:
+        """CUDA graphs: bucketed static shapes (the batched attention layout, packed tokens padded
+        to a power of two) and ``torch.compile(mode="reduce-overhead")`` of the per-token parts, one
+        graph per bucket. On a CPU the same code compiles without graphs (for tests)."""
+        self.set_attention_layout("batched")
+        self.static_shapes = True
+        self.compile_blocks(mode="reduce-overhead", dynamic=False)
 
     def num_params(self) -> int:
         return sum(p.numel() for p in self.parameters())
@@ -411,8 +419,8 @@ class DiffusionLM(nn.Module):
         cfg = self.config
         if cfg.attention == "bidirectional":
             return None  # a whole sequence, no padding: every key is visible
-        T = int(seg.ids.shape[0])
-        first, last = int(seg.positions[0]), int(seg.positions[-1])
+        T = seg.length
+        first, last = seg.start, seg.start + T - 1
         if cfg.attention == "causal" and T == 1:
             return None
         if cfg.attention == "block_causal" and first // cfg.block_size == last // cfg.block_size:
@@ -426,6 +434,35 @@ class DiffusionLM(nn.Module):
             cfg.attention, cfg.block_size, seg.positions[None], k_pos[None], None
         )
 
+    def set_attention_layout(self, name: str) -> None:
+        """``per_sequence`` (one attention call per sequence) or ``batched`` (one per layer)."""
+        if name not in LAYOUTS:
+            raise ConfigError(f"attention layout must be one of {LAYOUTS}, got {name!r}")
+        if self.static_shapes and name != "batched":
+            raise ConfigError("static shapes need the batched attention layout")
+        self.attention_layout = name
+
+    def _layout(
+        self, segments: list[Segment], spans: list[tuple[int, int]], n_tokens: int
+    ) -> Layout:
+        caches = [s.cache for s in segments]
+        if self.attention_layout == "per_sequence":
+            return PerSequence(spans, caches, [self._segment_mask(s) for s in segments])
+        key_lens = [  # cached keys, plus this pass's unless they overwrite cached ones (dual)
+            (0 if s.cache is None else s.cache.length) + (0 if s.overwrite else s.length)
+            for s in segments
+        ]
+        cfg = self.config
+
+        def mask(q_pos: torch.Tensor, k_pos: torch.Tensor, k_valid: torch.Tensor) -> torch.Tensor:
+            return build_attention_mask(cfg.attention, cfg.block_size, q_pos, k_pos, k_valid)
+
+        device = segments[0].ids.device
+        starts = [s.start for s in segments]
+        return plan_batched(
+            spans, starts, caches, key_lens, mask, cfg.max_seq_len, n_tokens, device
+        )
+
     def forward_segments(self, segments: list[Segment]) -> list[torch.Tensor]:
         """Packed inference forward: one pass for several sequences, each with its own KV cache.
 
@@ -437,17 +474,14 @@ class DiffusionLM(nn.Module):
             if len(segments) > 1
             else segments[0].ids[None]
         )  # (1, Ttot)
-        pos = (
-            torch.cat([s.positions for s in segments])[None]
-            if len(segments) > 1
-            else segments[0].positions[None]
-        )
+        seg_pos = [s.positions for s in segments]  # (T_i,) each
+        pos = torch.cat(seg_pos)[None] if len(segments) > 1 else seg_pos[0][None]  # (1, Ttot)
         spans, start = [], 0
         for s in segments:
-            spans.append((start, start + int(s.ids.shape[0])))
+            spans.append((start, start + s.length))
             start = spans[-1][1]
             if s.cache is not None and not s.overwrite:
-                L, T = s.cache.length, int(s.ids.shape[0])
+                L, T = s.cache.length, s.length
                 s.cache.reserve(
                     cfg.n_layers,
                     1,
@@ -457,24 +491,24 @@ class DiffusionLM(nn.Module):
                     self.lm_head.weight.dtype,
                     ids.device,
                 )
-        masks = [
-            self._segment_mask(s) for s in segments
-        ]  # before the caches see this pass's tokens
-        for s in segments:
+        for s, sp in zip(segments, seg_pos):
             if s.cache is not None:
                 if s.overwrite:
-                    assert int(s.positions[-1]) < s.cache.length, (
+                    assert s.start + s.length <= s.cache.length, (
                         "overwrite inside the cached range only"
                     )
-                    s.cache.cursor = int(s.positions[0])
+                    s.cache.cursor = s.start
                 else:
                     s.cache.cursor = None
-                    s.cache.write_meta(s.positions[None], None)
-        caches = [s.cache for s in segments]
-        cos, sin = self.rotary(pos)
+                    s.cache.write_meta(sp[None], None)
+        if self.static_shapes:  # padding tokens at position 0, in no segment: never read
+            pad = token_bucket(spans[-1][1]) - spans[-1][1]
+            ids, pos = F.pad(ids, (0, pad)), F.pad(pos, (0, pad))  # (1, Tpad)
+        layout = self._layout(segments, spans, int(ids.shape[1]))  # caches know the positions
+        cos, sin = self.rotary(pos, max(s.start + s.length for s in segments) - 1)
         x = self.model.embed_tokens(ids)  # (1, Ttot, C)
         for li, layer in enumerate(self.model.layers):
-            x = layer(x, cos, sin, None, None, li, packed=(spans, caches, masks))
+            x = layer(x, cos, sin, None, None, li, packed=layout)
         h = self.model.norm(x)[0]  # (Ttot, C)
         out = []
         for s, (a, _) in zip(segments, spans):

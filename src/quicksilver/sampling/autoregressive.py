@@ -45,14 +45,14 @@ def ar_stream(
     t0 = time.perf_counter()
     cache = KVCache()
     x = torch.tensor(list(prompt), dtype=torch.long, device=device)  # (P,)
-    pos = torch.arange(len(prompt), device=device)
+    start = 0  # absolute position of x[0]
     stops = set(stop_ids)
     out: list[int] = []
     nfe = 0
     finish = "length"
     for _ in range(max_new_tokens):
         T = int(x.shape[0])  # the same packed path as diffusion decoding: one segment, exact cache
-        logits = model.forward_segments([Segment(x, pos, T - 1, T, cache, append=T)])[
+        logits = model.forward_segments([Segment(x, start, T - 1, T, cache, append=T)])[
             0
         ]  # (1, V): the next token
         nfe += 1
@@ -62,8 +62,8 @@ def ar_stream(
             break
         out.append(tok)
         yield tok
+        start += T
         x = torch.tensor([tok], dtype=torch.long, device=device)
-        pos = pos[-1:] + 1
     return DecodeResult(out, finish, nfe, nfe, 0, time.perf_counter() - t0)
 
 

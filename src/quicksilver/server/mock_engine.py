@@ -22,7 +22,7 @@ import torch
 from ..engine import Engine, EngineConfig
 from ..errors import ConfigError
 from ..sampling import SamplerConfig
-from ..sampling.decoder import Constraint, Row, RowEvent
+from ..sampling.decoder import Constraint, Row, RowEvent, refine
 from ..sampling.policies import POLICIES
 from ..tokenizer import Tokenizer
 
@@ -162,7 +162,7 @@ class ScriptedDecoder:
             time.sleep(self.step_delay)
         self.step_count += 1
         self.forward_passes += 1
-        return [r.update(self._logits(r, *r.window()), self.step_count) for r in rows]
+        return refine(rows, [self._logits(r, *r.window()) for r in rows], self.step_count)
 
 
 class MockEngine(Engine):

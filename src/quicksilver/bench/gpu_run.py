@@ -1,0 +1,117 @@
+"""The prepared GPU run: everything a borrowed GPU should measure, in at most ``--budget`` seconds.
+
+``python -m quicksilver.bench.gpu_run --out DIR`` runs, each stage in its own process with what is
+left of the budget as its timeout (a stage that runs over is cut and recorded, the next one runs):
+
+1. ``bench families`` at the LLaDA-8B shape, then at the Dream-7B shape (random bf16 weights):
+   forward passes per second, then the real decoder at batch 1 and 16, forced 1/2/5/8 tokens per
+   step, CUDA graphs off and on (a failed graph capture is recorded, the eager rows stand);
+2. ``bench speed`` on the shipped model (4 items per task, 3 repeats, single stream), with
+   ``SPEED_RESERVE`` seconds kept for it.
+
+The first line printed and ``DIR/gpu_run.json`` name the device. ``--tiny`` runs toy shapes and one
+item on the CPU in about a minute (the test of this script).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import platform
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+
+
+def device_name() -> str:
+    if torch.cuda.is_available():
+        p = torch.cuda.get_device_properties(0)
+        return f"{p.name} ({p.total_memory / 2**30:.0f} GiB, CUDA {torch.version.cuda})"
+    return f"CPU {platform.processor() or platform.machine()} (no GPU)"
+
+
+SPEED_RESERVE = 100.0  # seconds kept for the last stage, bench speed
+
+
+def stages(args: argparse.Namespace, out: Path) -> list[tuple[str, list[str]]]:
+    py = [sys.executable, "-m"]
+    families = []
+    for shape in ("llada-8b", "dream-7b"):
+        cmd = [*py, "quicksilver.bench.gpu_families", "--shapes", shape, "--batch"]
+        cmd += ["1", "4"] if args.tiny else ["1", "16"]
+        cmd += ["--tokens-per-step", "1", "2", "5", "8", "--gen", "40" if args.tiny else "120"]
+        cmd += ["--out", str(out / f"{shape}.json")]
+        cmd += ["--tiny", "--block", "8"] if args.tiny else ["--dtype", "bfloat16", "--cuda-graphs"]
+        families.append((shape, cmd))
+    speed = [*py, "quicksilver.cli", "bench", "speed", "--skip-reference"]
+    speed += ["--limit", "1", "--repeats", "1", "--tasks", "multiply"] if args.tiny else []
+    speed += [] if args.tiny else ["--limit", "4", "--repeats", "3"]
+    speed += ["--out", str(out / "speed")]
+    return [*families, ("speed", speed)]
+
+
+def timeout_for(stage: int, n_stages: int, left: float) -> float:
+    """The families stages share what is left after the speed reserve; the last gets the rest."""
+    if stage == n_stages - 1:
+        return left
+    return max(10.0, (left - SPEED_RESERVE) / (n_stages - 1 - stage))
+
+
+def run_stage(name: str, cmd: list[str], timeout: float, out: Path) -> dict[str, Any]:
+    t0 = time.perf_counter()
+    log = out / f"{name}.log"
+    with log.open("w") as f:
+        try:
+            rc: int | str = subprocess.run(
+                cmd, stdout=f, stderr=subprocess.STDOUT, timeout=timeout
+            ).returncode
+        except subprocess.TimeoutExpired:
+            rc = "timeout"
+    lines = log.read_text().strip().splitlines()
+    last = lines[-1] if lines else ""
+    result = json.loads(last) if rc == 0 and last.startswith("{") else None
+    return {
+        "stage": name,
+        "rc": rc,
+        "seconds": round(time.perf_counter() - t0, 1),
+        "result": result,
+    }
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(
+        prog="python -m quicksilver.bench.gpu_run", description=__doc__.split("\n")[0]
+    )
+    p.add_argument("--out", default="runs/gpu_run", help="directory for the logs and JSON")
+    p.add_argument("--budget", type=float, default=540.0, help="seconds for all stages together")
+    p.add_argument("--tiny", action="store_true", help="toy shapes on the CPU (tests the script)")
+    args = p.parse_args(argv)
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    name = device_name()
+    print(f"quicksilver gpu_run on {name}, torch {torch.__version__}", flush=True)
+    t0 = time.perf_counter()
+    done = []
+    plan = stages(args, out)
+    for i, (stage, cmd) in enumerate(plan):
+        left = args.budget - (time.perf_counter() - t0)
+        if left < 10:
+            done.append(
+                {"stage": stage, "rc": "skipped: budget spent", "seconds": 0, "result": None}
+            )
+            continue
+        done.append(run_stage(stage, cmd, timeout_for(i, len(plan), left), out))
+        print(f"  {stage}: rc {done[-1]['rc']} in {done[-1]['seconds']} s", flush=True)
+    summary = {"bench": "gpu_run", "device": name, "torch": torch.__version__, "stages": done}
+    line = json.dumps(summary)
+    (out / "gpu_run.json").write_text(line + "\n")
+    print(line)
+    return 0 if all(d["rc"] == 0 for d in done) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,112 @@
+"""The step's hooks: revision (batched, on the device), stops (host), constraints (off the fast path).
+
+- ``revision_inputs`` / ``remask``: committed tokens whose confidence fell below the row's
+  ``revise_threshold`` are re-masked (at most ``max_revisions`` times per position, never a stop
+  token or a prefilled one), for every row of the batch in one expression.
+- ``apply_stop``: honest length. Once a stop token is committed the canvas ends after it: later
+  positions are dropped from the input and never returned.
+- ``Constraint`` / ``commit_constrained``: structured output. A constrained row's logits are masked
+  by its constraint and its commits are asked one by one, in score order; this reads the device
+  and is the one part of a step allowed more than one transfer.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Protocol
+
+import torch
+
+if TYPE_CHECKING:
+    from .state import Row
+
+
+class Constraint(Protocol):
+    """Restricts what a row may commit (structured output, tool arguments).
+
+    ``mask_logits`` gets the window's logits (hi - lo, V) and returns them with forbidden tokens at
+    -inf; ``allow`` is asked before each commit, in score order, with the canvas as committed so
+    far. At the leftmost masked position some token must be allowed, so decoding always progresses.
+    """
+
+    def mask_logits(self, row: Row, lo: int, logits: torch.Tensor) -> torch.Tensor: ...
+
+    def allow(self, row: Row, pos: int, token: int) -> bool: ...
+
+
+# ---- revision ---------------------------------------------------------------------------------
+def revision_inputs(row: Row, cur: torch.Tensor) -> tuple[torch.Tensor, float]:
+    """Which of the window's positions (tokens ``cur`` (n,)) may be re-masked, and the bound.
+
+    A row without revision gets no eligible position and the bound 0 (no probability is below it)."""
+    lo, hi = row.window()
+    if not row.revising:
+        return torch.zeros_like(cur, dtype=torch.bool), 0.0
+    assert row.cfg.revise_threshold is not None
+    eligible = (
+        (row.revisions[lo:hi] < row.cfg.max_revisions)
+        & ~torch.isin(cur, row.stop_tensor)
+        & ~row.fixed[lo:hi]
+    )  # (n,)
+    return eligible, float(row.cfg.revise_threshold)
+
+
+def remask(
+    probs: torch.Tensor,
+    cur: torch.Tensor,
+    masked: torch.Tensor,
+    eligible: torch.Tensor,
+    bound: torch.Tensor,
+) -> torch.Tensor:
+    """Committed, eligible positions whose current token's probability fell below the row's bound.
+
+    probs (R, W, V), cur (R, W) tokens on the canvas, masked/eligible (R, W), bound (R,) -> (R, W)."""
+    idx = cur.clamp_max(probs.shape[-1] - 1)[..., None]  # (R, W, 1)
+    p_cur = probs.gather(-1, idx).squeeze(-1)  # (R, W)
+    return eligible & ~masked & (p_cur < bound[:, None])
+
+
+# ---- stops ------------------------------------------------------------------------------------
+def apply_stop(row: Row, committed: list[tuple[int, int]]) -> list[tuple[int, int]]:
+    """End the canvas after the earliest committed stop token; return the commits that remain."""
+    if not row.cfg.stop_at_eos:
+        return committed
+    stops = [p for p, t in committed if t in row.stop_ids]
+    if not stops or (row.stop_pos is not None and min(stops) >= row.stop_pos):
+        return committed
+    row.stop_pos = min(stops)
+    row.truncate(row.stop_pos + 1)
+    return [(p, t) for p, t in committed if p < row.end]
+
+
+# ---- constraints ------------------------------------------------------------------------------
+def commit_constrained(
+    row: Row,
+    order: torch.Tensor,
+    take: list[int],
+    tokens: list[int],
+    logits: torch.Tensor,
+) -> list[tuple[int, int]]:
+    """Commit the chosen window positions (take/tokens of length n) in score order (order (n,)),
+    each only if the constraint allows it; if none is allowed, the leftmost masked position gets
+    the best allowed token (logits (n, V)). Writes the device canvas as it goes (``allow`` reads it)."""
+    assert row.constraint is not None
+    lo = row.window()[0]
+    committed: list[tuple[int, int]] = []
+    for i in order.tolist():
+        if not take[i]:
+            continue
+        pos, tok = lo + i, tokens[i]
+        if row.constraint.allow(row, pos, tok):
+            row.canvas[pos], row.committed[pos] = tok, True
+            committed.append((pos, tok))
+    now = ~row.committed[lo : lo + len(take)]  # masked now (revision may open holes)
+    if committed or not bool(now.any()):
+        return committed
+    i = int(now.nonzero()[0])  # nothing allowed: the leftmost masked position, best allowed token
+    for tok in logits[i].argsort(descending=True).tolist():
+        if logits[i, tok] == float("-inf"):
+            break
+        if row.constraint.allow(row, lo + i, tok):
+            row.canvas[lo + i], row.committed[lo + i] = tok, True
+            return [(lo + i, tok)]
+    raise RuntimeError(f"constraint allows no token at canvas position {lo + i}")

@@ -1,0 +1,97 @@
+"""Pure batched selection: what every row of a step commits, decided at once on the device.
+
+The rows' windows are padded to the widest, ``W``: logits (R, W, V), masked (R, W). Tokens are
+drawn per position (greedy, or from each row's own seeded generator over its own window, so a
+row's draws do not depend on its batch-mates), each row's policy scores its positions, and a row
+commits its ``k`` best masked positions plus, under the ``threshold`` rule, every masked position
+whose score reaches its ``tau``. Nothing here reads the device from the host.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+
+from .noise import sample_tokens
+from .policies import POLICIES
+
+
+def pad_windows(logits: Sequence[torch.Tensor]) -> torch.Tensor:
+    """Per-row window logits (n_i, V) -> (R, W, V) float32, zero past each row's width."""
+    if len(logits) == 1:
+        return logits[0].float()[None]  # (1, n, V)
+    return torch.nn.utils.rnn.pad_sequence(list(logits), batch_first=True).float()  # (R, W, V)
+
+
+def forbid(logits: torch.Tensor, mask_id: int, vocab_limit: int | None) -> torch.Tensor:
+    """The mask is never a prediction, nor an id past the tokenizer's vocabulary (in place)."""
+    logits[..., mask_id] = float("-inf")
+    if vocab_limit is not None:
+        logits[..., vocab_limit:] = float("-inf")
+    return logits
+
+
+def draw_tokens(
+    logits: torch.Tensor,
+    widths: Sequence[int],
+    temperatures: Sequence[float],
+    top_ps: Sequence[float],
+    generators: Sequence[torch.Generator | None],
+) -> torch.Tensor:
+    """x0 (R, W): argmax where a row's temperature is 0, else a categorical draw over its window."""
+    x0 = logits.argmax(-1)  # (R, W)
+    for i, (n, t) in enumerate(zip(widths, temperatures)):
+        if t > 0:
+            x0[i, :n] = sample_tokens(logits[i, :n], t, top_ps[i], generators[i])  # (n,)
+    return x0
+
+
+def draw_noise(
+    shape: tuple[int, int],
+    widths: Sequence[int],
+    policies: Sequence[str],
+    generators: Sequence[torch.Generator | None],
+    device: torch.device,
+) -> torch.Tensor | None:
+    """Uniform noise (R, W) for the rows whose policy needs it (each from its own generator)."""
+    need = [i for i, p in enumerate(policies) if POLICIES[p].needs_noise]
+    if not need:
+        return None
+    noise = torch.zeros(shape, device=device)  # (R, W)
+    for i in need:
+        noise[i, : widths[i]] = torch.rand(widths[i], generator=generators[i], device=device)
+    return noise
+
+
+def policy_scores(
+    probs: torch.Tensor, x0: torch.Tensor, noise: torch.Tensor | None, policies: Sequence[str]
+) -> torch.Tensor:
+    """Scores (R, W), each row by its own policy (higher = commit sooner)."""
+    names = sorted(set(policies))
+    if len(names) == 1:
+        return POLICIES[names[0]].score(probs, x0, noise).float()  # (R, W)
+    score = torch.empty(x0.shape, dtype=torch.float32, device=x0.device)  # (R, W)
+    for name in names:
+        rows = [i for i, p in enumerate(policies) if p == name]
+        idx = torch.tensor(rows, device=x0.device)
+        part = POLICIES[name].score(
+            probs[idx], x0[idx], None if noise is None else noise[idx]
+        )  # (r, W)
+        score[idx] = part.float()
+    return score
+
+
+def choose(
+    score: torch.Tensor, masked: torch.Tensor, k: torch.Tensor, tau: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """take (R, W): the k best masked positions of each row, plus every masked one with score >= tau.
+
+    score/masked (R, W), k (R,) long, tau (R,) float (+inf: no threshold rule). Also returns the
+    order (R, W) of positions by score, best first (ties: left first)."""
+    score = score.masked_fill(~masked, float("-inf"))  # (R, W)
+    order = score.argsort(dim=-1, descending=True, stable=True)  # (R, W)
+    ranks = torch.arange(score.shape[1], device=score.device).expand_as(order)  # (R, W)
+    rank = torch.empty_like(order).scatter_(-1, order, ranks)  # (R, W): rank of each position
+    take = (rank < k[:, None]) | (score >= tau[:, None])
+    return take & masked, order

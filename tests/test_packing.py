@@ -1,0 +1,153 @@
+"""One attention call per layer for a packed batch (the ``batched`` layout), exact batch invariance."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from quicksilver.errors import ConfigError
+from quicksilver.models import DiffusionLM, preset
+from quicksilver.models.kvcache import KVCache
+from quicksilver.models.packing import KEY_BUCKET, key_length
+from quicksilver.models.transformer import Segment
+from quicksilver.sampling import Decoder
+from test_step import _mixed, _prompt
+
+MASK, EOS = 2, 1
+
+
+def _model(attention: str, layout: str, **kw) -> DiffusionLM:  # type: ignore[no-untyped-def]
+    torch.manual_seed(0)
+    m = DiffusionLM(preset("tiny", vocab_size=96, attention=attention, block_size=8, **kw)).eval()
+    m.set_attention_layout(layout)
+    return m
+
+
+def _segments(cached: bool) -> list[Segment]:
+    """Three rows of different lengths; with caches, each first runs a prefix into its cache."""
+    torch.manual_seed(1)
+    segs = []
+    for n, pre in [(13, 8), (6, 0), (21, 16)]:
+        ids = torch.randint(3, 96, (n,))
+        if cached:
+            segs.append(Segment(ids[pre:], pre, 0, n - pre, KVCache(), append=0))
+            segs[-1].prefix = ids[:pre]  # type: ignore[attr-defined]
+        else:
+            segs.append(Segment(ids, 0, 2, n))
+    return segs
+
+
+@torch.no_grad()
+def _run(m: DiffusionLM, segs: list[Segment], cached: bool) -> list[torch.Tensor]:
+    fresh = []
+    for s in segs:
+        cache = None
+        if cached:
+            cache = KVCache()
+            pre = s.prefix  # type: ignore[attr-defined]
+            if pre.numel():
+                m.forward_segments([Segment(pre, 0, 0, 1, cache, append=int(pre.numel()))])
+        fresh.append(Segment(s.ids, s.start, s.lo, s.hi, cache, 0))
+    return m.forward_segments(fresh)
+
+
+@pytest.mark.parametrize("attention", ["bidirectional", "block_causal", "causal"])
+@pytest.mark.parametrize("cached", [False, True])
+def test_a_row_of_a_batched_call_equals_it_alone_bit_for_bit(attention: str, cached: bool) -> None:
+    if cached and attention == "bidirectional":
+        pytest.skip(
+            "bidirectional caches are refreshed, not appended (covered by the decoder test)"
+        )
+    m = _model(attention, "batched", logit_shift=attention == "bidirectional")
+    segs = _segments(cached)
+    together = _run(m, segs, cached)
+    for i, s in enumerate(segs):
+        assert torch.equal(together[i], _run(m, [s], cached)[0])
+    ref = _model(attention, "per_sequence", logit_shift=attention == "bidirectional")
+    for a, b in zip(together, _run(ref, segs, cached)):  # the same numbers as per sequence
+        assert torch.allclose(a, b, atol=1e-5)
+
+
+@pytest.mark.parametrize("batch", [1, 4, 16])
+def test_one_attention_call_per_layer_whatever_the_batch(
+    batch: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    m = _model("block_causal", "batched")
+    dec = Decoder(m, MASK, [EOS], vocab_limit=96)
+    rows = [dec.new_row(_prompt(i), _mixed(i)) for i in range(batch)]
+    calls = []
+    orig = F.scaled_dot_product_attention
+
+    def spy(*a, **kw):  # type: ignore[no-untyped-def]
+        calls.append(1)
+        return orig(*a, **kw)
+
+    monkeypatch.setattr(F, "scaled_dot_product_attention", spy)
+    for _ in range(3):
+        calls.clear()
+        dec.step(rows)
+        assert len(calls) == m.config.n_layers
+
+
+@pytest.mark.parametrize(
+    "attention,cache",
+    [("block_causal", "auto"), ("bidirectional", "none"), ("bidirectional", "dual")],
+)
+@pytest.mark.parametrize("temperature", [0.0, 0.8])
+def test_batched_layout_keeps_batch_invariance_in_decoding(
+    attention: str, cache: str, temperature: float
+) -> None:
+    dec = Decoder(_model(attention, "batched"), MASK, [EOS], vocab_limit=96, cache_mode=cache)
+    cfgs = [_mixed(i).replace(temperature=temperature) for i in range(5)]
+    prompts = [_prompt(i) for i in range(5)]
+    together = dec.generate(prompts, cfgs)
+    alone = [dec.generate([p], c)[0] for p, c in zip(prompts, cfgs)]
+    assert [r.tokens for r in together] == [r.tokens for r in alone]
+    assert [r.nfe for r in together] == [r.nfe for r in alone]
+
+
+def test_key_axis_buckets() -> None:
+    assert key_length(37, 384) == 384  # a short context: one bucket, the context
+    assert key_length(37, 4096) == KEY_BUCKET
+    assert key_length(700, 4096) == 2 * KEY_BUCKET
+    assert key_length(1000, 1000) == 1000
+    assert key_length(400, 1000) == KEY_BUCKET
+
+
+@pytest.mark.parametrize("attention", ["bidirectional", "block_causal"])
+def test_static_shapes_change_no_result(attention: str) -> None:
+    """Packed tokens padded to a bucket (what CUDA graphs need) give the same tokens and logits."""
+    plain = _model(attention, "batched")
+    static = _model(attention, "batched")
+    static.static_shapes = True
+    segs = _segments(cached=False)
+    for a, b in zip(_run(plain, segs, False), _run(static, segs, False)):
+        assert torch.equal(a, b)
+    cfgs = [_mixed(i) for i in range(4)]
+    prompts = [_prompt(i) for i in range(4)]
+    a = Decoder(plain, MASK, [EOS], vocab_limit=96).generate(prompts, cfgs)
+    b = Decoder(static, MASK, [EOS], vocab_limit=96).generate(prompts, cfgs)
+    assert [r.tokens for r in a] == [r.tokens for r in b]
+
+
+def test_static_shapes_need_the_batched_layout() -> None:
+    m = _model("block_causal", "batched")
+    m.static_shapes = True
+    with pytest.raises(ConfigError, match="batched"):
+        m.set_attention_layout("per_sequence")
+    with pytest.raises(ConfigError, match="layout"):
+        m.set_attention_layout("ragged")
+
+
+@pytest.mark.slow
+def test_cuda_graph_build_compiled_equals_eager_at_temperature_zero() -> None:
+    """``compile_static`` (reduce-overhead; on CPU it compiles without graphs): same tokens."""
+    eager = _model("block_causal", "per_sequence")
+    compiled = _model("block_causal", "per_sequence")
+    compiled.compile_static()
+    cfgs = [_mixed(i).replace(temperature=0.0) for i in range(3)]
+    prompts = [_prompt(i) for i in range(3)]
+    a = Decoder(eager, MASK, [EOS], vocab_limit=96).generate(prompts, cfgs)
+    b = Decoder(compiled, MASK, [EOS], vocab_limit=96).generate(prompts, cfgs)
+    assert [r.tokens for r in a] == [r.tokens for r in b]
