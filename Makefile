@@ -9,7 +9,7 @@ PORT    ?= 8000
 CHROMIUM := /usr/bin/chromium
 SUDO    := $(if $(filter 0,$(shell id -u)),,sudo)
 
-.PHONY: install run lint test test-llama-cpp test-slow test-all screenshots train-ar train-model train-ar-v2 train-model-v2 clean
+.PHONY: install run lint test test-fuzz test-llama-cpp test-slow test-all screenshots train-ar train-model train-ar-v2 train-model-v2 clean
 
 $(STAMP): pyproject.toml Makefile
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
@@ -38,6 +38,10 @@ lint: $(STAMP)
 
 test: lint $(CHROMIUM)
 	$(BIN)/python -m pytest
+
+# The bounded schemathesis run (fails on any 5xx; FUZZ_EXAMPLES per operation and mode, ~2 min).
+test-fuzz: $(STAMP)
+	$(BIN)/python -m pytest tests/test_fuzz.py -m fuzz -s -p no:cacheprovider
 
 # Optional: llama.cpp's Python binding (compiled from the registry's source package, minutes) and
 # the GGUF export checked against llama.cpp's own logits.

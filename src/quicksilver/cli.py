@@ -201,6 +201,10 @@ def cmd_bench(args: argparse.Namespace) -> int:
         from .bench.serve import run_serve_bench
 
         return run_serve_bench(args)
+    if args.bench == "soak":
+        from .bench.soak import run_soak_bench
+
+        return run_soak_bench(args)
     if args.bench == "families":
         from .bench.gpu_families import run as run_families_bench
 
@@ -431,6 +435,14 @@ def build_parser() -> argparse.ArgumentParser:
     serve_bench_args(
         bsub.add_parser(
             "serve", help="a live server under load, and an agent loop with/without prefix cache"
+        )
+    )
+    from .bench.soak import add_arguments as soak_bench_args
+
+    soak_bench_args(
+        bsub.add_parser(
+            "soak",
+            help="N streams for T minutes with disconnects and overload bursts: failures, RSS",
         )
     )
     from .bench.gpu_families import add_arguments as families_bench_args

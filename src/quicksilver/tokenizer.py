@@ -2,7 +2,8 @@
 
 A checkpoint carries ``tokenizer.json`` (the fast tokenizer) and ``tokenizer_config.json`` (special
 tokens by role — mask, eos, bos, pad, end-of-turn — and a Jinja chat template). Templates render
-in Jinja's immutable sandbox: a checkpoint can never run code through its template.
+in Jinja's immutable sandbox under a time and output budget (``template_guard``): a checkpoint can
+never run code through its template, nor hang the process with one.
 """
 
 from __future__ import annotations
@@ -13,11 +14,11 @@ from pathlib import Path
 from typing import Any
 
 from jinja2 import TemplateError
-from jinja2.sandbox import ImmutableSandboxedEnvironment
 from tokenizers import AddedToken, decoders, models, pre_tokenizers
 from tokenizers import Tokenizer as FastTokenizer
 
 from .errors import CheckpointError, ConfigError
+from .template_guard import render_bounded, template_env
 
 # Special tokens of quicksilver's own models, at fixed ids 0..15; byte-level BPE pieces follow.
 SPECIAL_TOKENS: list[tuple[str, bool]] = [  # (text, special: hidden when decoding for users)
@@ -70,17 +71,6 @@ DEFAULT_CHAT_TEMPLATE = """\
 {%- endif -%}"""
 
 
-def _raise(msg: str) -> None:
-    raise TemplateError(msg)
-
-
-def _template_env() -> ImmutableSandboxedEnvironment:
-    env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True)
-    env.globals["raise_exception"] = _raise
-    env.filters["tojson"] = lambda x, indent=None: json.dumps(x, ensure_ascii=False, indent=indent)
-    return env
-
-
 class Tokenizer:
     """Encode/decode plus the special-token roles a diffusion decoder needs."""
 
@@ -89,7 +79,7 @@ class Tokenizer:
         self.config = config
         self.chat_template: str | None = config.get("chat_template")
         self._compiled = (
-            _template_env().from_string(self.chat_template) if self.chat_template else None
+            template_env().from_string(self.chat_template) if self.chat_template else None
         )
 
         def tid(role: str) -> int | None:
@@ -108,7 +98,7 @@ class Tokenizer:
     def set_chat_template(self, template: str) -> None:
         """Replace the chat template (``serve --chat-template FILE``); it renders in the same sandbox."""
         try:
-            compiled = _template_env().from_string(template)
+            compiled = template_env().from_string(template)
         except TemplateError as e:
             raise ConfigError(f"the chat template does not compile ({e})") from None
         self.chat_template, self._compiled = template, compiled
@@ -233,7 +223,8 @@ class Tokenizer:
             k: (v.get("content") if isinstance(v, dict) else v) or "" for k, v in special.items()
         }
         try:
-            return self._compiled.render(
+            return render_bounded(
+                self._compiled,
                 messages=messages,
                 tools=tools,
                 add_generation_prompt=add_generation_prompt,
@@ -242,3 +233,5 @@ class Tokenizer:
             )
         except TemplateError as e:
             raise ConfigError(f"chat template failed: {e}") from None
+        except (RecursionError, TypeError, ValueError, ArithmeticError, LookupError) as e:
+            raise ConfigError(f"chat template failed: {type(e).__name__}: {e}") from None

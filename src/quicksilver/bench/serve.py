@@ -49,8 +49,11 @@ def free_port() -> int:
 
 
 @contextlib.contextmanager
-def launch_server(model: str | None, extra: list[str], timeout: float = 180.0) -> Iterator[str]:
-    """Start ``quicksilver serve`` on a free port; yield its base URL; stop it afterwards."""
+def launch_server(
+    model: str | None, extra: list[str], timeout: float = 180.0, pids: list[int] | None = None
+) -> Iterator[str]:
+    """Start ``quicksilver serve`` on a free port; yield its base URL; stop it afterwards (its pid
+    is appended to ``pids`` when given)."""
     import httpx
 
     port = free_port()
@@ -71,6 +74,8 @@ def launch_server(model: str | None, extra: list[str], timeout: float = 180.0) -
         cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, env=os.environ.copy()
     )
     url = f"http://127.0.0.1:{port}"
+    if pids is not None:
+        pids.append(proc.pid)
     try:
         t0 = time.time()
         while True:

@@ -5,6 +5,12 @@ queue commands); ``step`` runs one batched refinement step over the running requ
 batching: requests join and leave between steps, each with its own sampler settings, canvas and
 cache) and returns one ``EngineEvent`` per request touched. The server wraps it in a thread and
 asyncio; benchmarks and the CLI drive it directly. The engine speaks token ids only.
+
+Threads: the one rule is that ``_commands``, ``_queued_adds`` and ``_pending_ids`` — the only state
+other threads touch — are read and written under ``_lock``, always; the engine thread takes the
+whole command queue in one swap under the lock at the start of a step. Everything else
+(``_waiting``, ``_running``, rows, caches) belongs to the thread that calls ``step``; other threads
+only read sizes of it (``num_running``, ``num_waiting``), which is atomic.
 """
 
 from __future__ import annotations
@@ -107,7 +113,8 @@ class Engine:
         self.decoder = decoder
         self.config = config or EngineConfig()
         self._commands: collections.deque[tuple[str, Any]] = collections.deque()
-        self._lock = threading.Lock()
+        self._queued_adds = 0  # "add" commands in _commands
+        self._lock = threading.Lock()  # guards _commands, _queued_adds, _pending_ids
         self._waiting: collections.OrderedDict[str, _Live] = collections.OrderedDict()
         self._running: dict[str, _Live] = {}
         self._pending_ids: set[str] = set()
@@ -133,22 +140,23 @@ class Engine:
         with self._lock:
             if req.request_id in self._pending_ids:
                 raise ConfigError(f"duplicate request id {req.request_id!r}")
-            if (
-                len(self._waiting) + sum(1 for c, _ in self._commands if c == "add")
-                >= self.config.max_waiting
-            ):
+            if len(self._waiting) + self._queued_adds >= self.config.max_waiting:
                 raise EngineOverloaded(f"{self.config.max_waiting} requests are already waiting")
             self._pending_ids.add(req.request_id)
             self._commands.append(("add", _Live(req, row, RequestStats(req.arrival))))
+            self._queued_adds += 1
 
     def cancel(self, request_id: str) -> None:
         """Drop a request before the next step (its canvas and cache are freed)."""
-        self._commands.append(("cancel", request_id))
+        with self._lock:
+            self._commands.append(("cancel", request_id))
 
     # ---- state --------------------------------------------------------------------------------
     @property
     def has_work(self) -> bool:
-        return bool(self._commands or self._waiting or self._running)
+        with self._lock:
+            queued = bool(self._commands)
+        return bool(queued or self._waiting or self._running)
 
     @property
     def num_running(self) -> int:
@@ -156,7 +164,8 @@ class Engine:
 
     @property
     def num_waiting(self) -> int:
-        return len(self._waiting)
+        """Requests waiting for the batch, those still in the command queue included."""
+        return len(self._waiting) + self._queued_adds
 
     def cache_bytes(self) -> int:
         return sum(
@@ -166,8 +175,10 @@ class Engine:
     # ---- one step -----------------------------------------------------------------------------
     def _drain(self, now: float) -> list[EngineEvent]:
         events = []
-        while self._commands:
-            kind, arg = self._commands.popleft()
+        with self._lock:
+            commands, self._commands = self._commands, collections.deque()
+            self._queued_adds = 0
+        for kind, arg in commands:
             if kind == "add":
                 self._waiting[arg.req.request_id] = arg
             else:

@@ -1,7 +1,9 @@
 """Checkpoint directories: HF-style ``config.json`` + ``model.safetensors`` + tokenizer files.
 
 Loading dispatches on ``config.json``'s ``architectures`` through a registry of loaders (our own
-format here; the open diffusion LMs register theirs). Nothing is ever downloaded.
+format here; the open diffusion LMs register theirs). Nothing is ever downloaded. Weight files are
+checked before use (``integrity.py``: header against size, no NaN/inf); ``save`` writes
+``model.sha256``.
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ from safetensors.torch import load_file, save_file
 from ..errors import CheckpointError
 from ..tokenizer import Tokenizer
 from .config import NATIVE_ARCHITECTURE, ModelConfig
+from .integrity import check_finite, check_safetensors, write_checksums
 from .transformer import DiffusionLM, Rotary
 
 # architecture name -> function(path, config.json dict) -> (ModelConfig, state dict in our names)
@@ -73,7 +76,10 @@ def read_safetensors(path: Path) -> dict[str, torch.Tensor]:
     index = path / "model.safetensors.index.json"
     try:
         if single.is_file():
-            return load_file(str(single))
+            check_safetensors(single)
+            state = load_file(str(single))
+            check_finite(state, single)
+            return state
         if index.is_file():
             weight_map = json.loads(index.read_text())["weight_map"]
             out: dict[str, torch.Tensor] = {}
@@ -82,12 +88,14 @@ def read_safetensors(path: Path) -> dict[str, torch.Tensor]:
                     raise CheckpointError(
                         f"{path}: shard {shard} listed in model.safetensors.index.json is missing"
                     )
+                check_safetensors(path / shard)
                 out.update(load_file(str(path / shard)))
             absent = sorted(set(weight_map) - set(out))
             if absent:
                 raise CheckpointError(
                     f"{path}: tensors listed in the index are absent from the shards: {absent[:4]}"
                 )
+            check_finite(out, index)
             return out
     except (
         SafetensorError,
@@ -196,6 +204,7 @@ def save_checkpoint(
         if not (cfg.tie_embeddings and k == "lm_head.weight")
     }
     save_file(state, str(path / "model.safetensors"), metadata={"format": "pt"})
+    write_checksums(path)
     hf = cfg.to_hf_json()
     hf["torch_dtype"] = {"fp32": "float32", "bf16": "bfloat16", "fp16": "float16"}.get(dtype, dtype)
     (path / "config.json").write_text(json.dumps(hf, indent=2) + "\n")

@@ -48,6 +48,7 @@ from typing import Any
 import torch
 
 from ..errors import ConfigError
+from .layout_cache import LAYOUT_CACHE_BYTES, ByteLRU
 from .grammar import (
     MANY,
     MAX_MASK_STATES,
@@ -56,6 +57,7 @@ from .grammar import (
     Alt,
     Bounds,
     Lit,
+    LitSet,
     Machine,
     Number,
     Rep,
@@ -164,11 +166,8 @@ class _Ctx:
 
 
 def _resolve(schema: Any, ctx: _Ctx) -> dict[str, Any]:
-    if schema is True or schema == {}:
-        return {}
-    if not isinstance(schema, dict):
-        raise SchemaError(f"a schema must be an object, got {json.dumps(schema)[:60]}")
-    if "$ref" in schema:
+    seen: set[str] = set()  # a chain of $ref that only points at other $refs
+    while isinstance(schema, dict) and "$ref" in schema:
         ref = schema["$ref"]
         parts = ref.split("/") if isinstance(ref, str) else []
         if len(parts) != 3 or parts[0] != "#" or parts[1] not in ("$defs", "definitions"):
@@ -178,9 +177,14 @@ def _resolve(schema: Any, ctx: _Ctx) -> dict[str, Any]:
         target = ctx.root.get(parts[1], {}).get(parts[2])
         if target is None:
             raise SchemaError(f"$ref {ref!r} does not resolve")
-        if ref in ctx.refs:
+        if ref in ctx.refs or ref in seen:
             raise SchemaError(f"recursive $ref {ref!r} is not supported")
-        return _resolve(target, ctx)
+        seen.add(ref)
+        schema = target
+    if schema is True or schema == {}:
+        return {}
+    if not isinstance(schema, dict):
+        raise SchemaError(f"a schema must be an object, got {json.dumps(schema)[:60]}")
     if ctx.strict:
         bad = sorted(set(schema) - SUPPORTED)
         if bad:
@@ -212,7 +216,7 @@ def _dump(v: Any) -> str:
 def _choice(values: list[Any]) -> Machine:
     if not values:
         raise SchemaError("enum must list at least one value")
-    return Alt([Lit(_dump(v)) for v in values])
+    return LitSet([_dump(v) for v in values])
 
 
 def _machine(schema: Any, ctx: _Ctx) -> tuple[Machine, int]:
@@ -637,16 +641,17 @@ class AllowTokens:
         return keep
 
 
-_CACHE: OrderedDict[str, list[Piece]] = OrderedDict()
+def layout_nbytes(pieces: list[Piece]) -> int:
+    """Estimated memory of a cached layout: its slots' memoized token-level transitions."""
+    return sum(
+        g.nbytes() for p in pieces if isinstance(p, Slot) for g in list(p._grammars.values())
+    )
 
 
-def compile_cached(key: str, build: Any, size: int = 64) -> list[Piece]:
-    """A bounded LRU of compiled layouts (machines keep their memoized transitions between requests)."""
-    if key in _CACHE:
-        _CACHE.move_to_end(key)
-        return _CACHE[key]
-    pieces: list[Piece] = build()
-    _CACHE[key] = pieces
-    while len(_CACHE) > size:
-        _CACHE.popitem(last=False)
-    return pieces
+_CACHE: ByteLRU[list[Piece]] = ByteLRU(LAYOUT_CACHE_BYTES, layout_nbytes)
+
+
+def compile_cached(key: str, build: Any) -> list[Piece]:
+    """Compiled layouts in an LRU bounded by their estimated bytes (machines keep their memoized
+    transitions between requests, which is what makes the bound grow)."""
+    return _CACHE.get_or_build(key, build)

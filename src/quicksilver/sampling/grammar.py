@@ -282,6 +282,37 @@ class Number(Machine):
         return False
 
 
+class LitSet(Machine):
+    """One of several literals as a byte trie: a state is a trie node, so shared prefixes share
+    states and a step is one lookup (an ``Alt`` of ``Lit``s keeps one live state per literal, which
+    makes a large enum cost every decoding step time proportional to its size)."""
+
+    def __init__(self, words: Sequence[str | bytes]) -> None:
+        self.edges: list[dict[int, int]] = [{}]
+        self.final: set[int] = set()
+        for w in words:
+            node = 0
+            for b in w.encode() if isinstance(w, str) else w:
+                nxt = self.edges[node].get(b)
+                if nxt is None:
+                    nxt = len(self.edges)
+                    self.edges.append({})
+                    self.edges[node][b] = nxt
+                node = nxt
+            self.final.add(node)
+
+    def starts(self) -> tuple[State, ...]:
+        return (0,)
+
+    def step(self, s: State, b: int) -> tuple[State, ...]:
+        assert isinstance(s, int)
+        nxt = self.edges[s].get(b)
+        return () if nxt is None else (nxt,)
+
+    def accepts(self, s: State) -> bool:
+        return s in self.final
+
+
 class Seq(Machine):
     def __init__(self, parts: Sequence[Machine]) -> None:
         self.parts = list(parts)
@@ -462,6 +493,14 @@ class SlotGrammar:
 
     def starts(self) -> frozenset[State]:
         return frozenset(self.m.starts())
+
+    def nbytes(self) -> int:
+        """Estimated memory of the memoized tables (~96 bytes per entry: key, value, set slot)."""
+        entries = sum(len(t) for t in list(self._trans.values()))
+        entries += sum(len(v) for v in list(self._bot.values()))
+        entries += sum(len(ids) for g in list(self._groups.values()) for _, ids in g)
+        entries += sum(len(v) for v in list(self._free.values())) + len(self._dist)
+        return 96 * entries
 
     def accepts(self, s: State) -> bool:
         return s == PAD_STATE or self.m.accepts(s)

@@ -1,5 +1,5 @@
-"""The FastAPI app: the guard middleware (request id, API key, body size, open-request bound), the
-serving state the routes use (the served models: the default one and its twins, picked by a request's
+"""The FastAPI app: the guard middleware (request id, API key), the request lifecycle
+(``lifecycle.Lifecycle``: body, admission, deadline, drain, catch-all), the serving state the routes use (the served models: the default one and its twins, picked by a request's
 ``model``), and the error handlers that put every failure in the OpenAI envelope with its status —
 never a traceback. The routes are in ``routes.py``, the playground's in ``playground.py``."""
 
@@ -19,8 +19,9 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from .config import ServerConfig
-from .errors import APIError, error_body, error_response, internal_error, overloaded, too_many
+from .errors import REJECTED, APIError, error_body, error_response, overloaded
 from .generation import Backend
+from .lifecycle import Drain, Lifecycle
 from .metrics import Metrics
 from .playground import install_browser_rules, is_public
 from .playground import router as playground_router
@@ -42,7 +43,8 @@ def request_id(given: str | None) -> str:
 
 
 class Guard:
-    """Pure ASGI middleware (streaming and disconnects pass through untouched)."""
+    """The request id and the API key, as pure ASGI middleware (streaming and disconnects pass
+    through untouched)."""
 
     def __init__(self, app: ASGIApp, config: ServerConfig, state: ServerState) -> None:
         self.app, self.cfg, self.state = app, config, state
@@ -80,52 +82,7 @@ class Guard:
                     )
                 )(scope, receive, tagged)
                 return
-        limit = self.cfg.max_body_bytes
-        try:
-            declared = int(headers.get("content-length", "0") or 0)
-        except ValueError:
-            declared = 0
-        if declared > limit:
-            await error_response(_too_large(limit))(scope, receive, tagged)
-            return
-        seen = 0
-
-        async def counted() -> Message:
-            nonlocal seen
-            msg = await receive()
-            if msg["type"] == "http.request":
-                seen += len(msg.get("body", b""))
-                if seen > limit:
-                    raise _too_large(limit)
-            return msg
-
-        generating = scope["method"] == "POST" and path.startswith("/v1/")
-        if generating:
-            if self.state.open >= self.cfg.max_concurrent:
-                self.state.metrics.inc("requests_rejected_total", reason="too_many")
-                await error_response(
-                    too_many(
-                        f"{self.state.open} requests are open; the limit is "
-                        f"{self.cfg.max_concurrent}"
-                    )
-                )(scope, receive, tagged)
-                return
-            self.state.open += 1
-        try:
-            await self.app(scope, counted, tagged)
-        finally:
-            if generating:
-                self.state.open -= 1
-
-
-def _too_large(limit: int) -> APIError:
-    return APIError(
-        413,
-        f"the request body is larger than {limit} bytes",
-        "invalid_request_error",
-        None,
-        "request_too_large",
-    )
+        await self.app(scope, receive, tagged)
 
 
 class ServerState:
@@ -134,7 +91,10 @@ class ServerState:
     ) -> None:
         self.backend, self.config = backend, config
         self.backends = [backend, *twins]  # the served models; requests pick one by `model`
-        self.metrics = m = Metrics(backend.name, backend.engine.engine, lambda: self.open)
+        self.drain = Drain()  # in-flight requests; set draining on SIGTERM/SIGINT
+        self.metrics = m = Metrics(
+            backend.name, backend.engine.engine, lambda: len(self.drain.inflight)
+        )
         chats = {b.name: OpenAIServingChat(b, config, m) for b in self.backends}
         self.chat = ByModel(chats[backend.name], {t.name: chats[t.name] for t in twins})
         self.completion = ByModel(
@@ -145,7 +105,6 @@ class ServerState:
             OpenAIServingResponses(chats[backend.name]),
             {t.name: OpenAIServingResponses(chats[t.name]) for t in twins},
         )
-        self.open = 0
 
     def cards(self) -> list[ModelCard]:
         return [
@@ -155,8 +114,7 @@ class ServerState:
 
     def check_capacity(self) -> None:
         eng = self.backend.engine.engine
-        if eng.num_waiting >= self.config.max_waiting:
-            self.metrics.inc("requests_rejected_total", reason="overloaded")
+        if eng.num_waiting >= self.config.max_waiting:  # counted by the APIError handler
             raise overloaded(f"{eng.num_waiting} requests are waiting; try again shortly")
 
 
@@ -192,14 +150,15 @@ def build_app(backend: Backend, config: ServerConfig, twins: Sequence[Backend] =
         description="OpenAI-compatible server for diffusion language models.",
     )
     app.state.qs = state
-    app.add_middleware(Guard, config=config, state=state)
+    app.add_middleware(Lifecycle, config=config, state=state)
+    app.add_middleware(Guard, config=config, state=state)  # outside the lifecycle: no key, no work
     install_browser_rules(app, config.allowed_origins)  # outermost: foreign origins answered first
     app.include_router(playground_router)
 
     @app.exception_handler(APIError)
     async def _api_error(request: Request, exc: APIError) -> Response:
-        if exc.status == 400:
-            state.metrics.inc("requests_rejected_total", reason="invalid")
+        if exc.status in REJECTED:
+            state.metrics.inc("requests_rejected_total", reason=REJECTED[exc.status])
         return error_response(exc)
 
     @app.exception_handler(RequestValidationError)
@@ -216,12 +175,9 @@ def build_app(backend: Backend, config: ServerConfig, twins: Sequence[Backend] =
             if exc.status_code in (404, 405)
             else str(exc.detail)
         )
-        return JSONResponse(error_body(msg, kind, None, None), status_code=exc.status_code)
-
-    @app.exception_handler(Exception)
-    async def _internal(request: Request, exc: Exception) -> Response:
-        log.exception("unhandled error on %s", request.url.path)
-        return error_response(internal_error(exc))
+        return JSONResponse(
+            error_body(msg, kind, None, None), status_code=exc.status_code, headers=exc.headers
+        )  # 405 keeps its Allow header
 
     app.include_router(router)
     return app

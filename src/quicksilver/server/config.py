@@ -24,6 +24,9 @@ MAX_WAITING = 256  # engine queue before 503
 MAX_REASONING_TOKENS = 1024  # the reasoning phase's budget never exceeds this
 MAX_TOOL_CALLS = 8  # calls in one turn with parallel_tool_calls
 MAX_TOP_LOGPROBS = 20
+BODY_TIMEOUT = 10.0  # seconds to receive a request body once its headers are in (408 after)
+REQUEST_TIMEOUT = 600.0  # seconds a generating request may run (0: no limit)
+DRAIN_TIMEOUT = 30.0  # on SIGTERM/SIGINT: seconds in-flight requests get to finish
 API_KEY_ENV = "QUICKSILVER_API_KEY"
 
 
@@ -69,6 +72,10 @@ class ServerConfig:
     json_string_tokens: int = 24  # structured output: token budget of a free string value
     json_number_tokens: int = 12  # ... of a number (integers get this minus 2)
     json_object_tokens: int = 64  # ... of a free-form object nested in a schema
+    body_timeout: float = BODY_TIMEOUT
+    request_timeout: float = REQUEST_TIMEOUT
+    drain_timeout: float = DRAIN_TIMEOUT
+    verify_checksum: bool = False  # check the weights against model.sha256 before serving
     log_level: str = "warning"
 
     def resolved_api_key(self) -> str | None:
@@ -96,4 +103,8 @@ SERVER_HELP = {
     "max_reasoning_tokens": "cap of the reasoning phase's own budget",
     "max_tool_calls": "most tool calls in one turn (parallel_tool_calls)",
     "chat_template": "a Jinja chat template file to use instead of the checkpoint's (sandboxed)",
+    "body_timeout": "seconds to receive a request body after its headers (408 after)",
+    "request_timeout": "seconds a generating request may run before it is cancelled (0: no limit)",
+    "drain_timeout": "on SIGTERM/SIGINT, seconds in-flight requests get to finish (then error + [DONE])",
+    "verify_checksum": "refuse to serve weights that do not match the checkpoint's model.sha256",
 }

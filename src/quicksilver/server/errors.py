@@ -7,6 +7,7 @@ from typing import Any
 
 from fastapi.responses import JSONResponse
 
+REJECTED = {400: "invalid", 429: "too_many", 503: "overloaded"}  # APIError status -> reason counted
 _ADDR = re.compile(r" at 0x[0-9a-fA-F]+")
 
 

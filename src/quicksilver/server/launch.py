@@ -1,4 +1,5 @@
-"""``quicksilver serve``: load the model (or the mock engine), build the app, run uvicorn."""
+"""``quicksilver serve``: load the model (or the mock engine), build the app, run uvicorn (with a
+graceful drain on SIGTERM/SIGINT, ``drain.py``)."""
 
 from __future__ import annotations
 
@@ -53,6 +54,10 @@ def _backend(cfg: ServerConfig, mock_step_delay: float) -> Backend:
     path = resolve_model(cfg.model)
     if not (path / "config.json").is_file():
         raise QuicksilverError(f"{path}: no such checkpoint (config.json missing)")
+    if cfg.verify_checksum:
+        from ..models.integrity import verify_checksums
+
+        verify_checksums(path)
     if cfg.threads:
         torch.set_num_threads(cfg.threads)
     if cfg.dtype not in (None, "float32", "bfloat16", "float16"):
@@ -88,6 +93,7 @@ def serve(cfg: ServerConfig, mock_step_delay: float = 0.0) -> int:
     import uvicorn
 
     from .app import build_app
+    from .drain import DrainingServer
 
     logging.basicConfig(
         level=cfg.log_level.upper(), format="%(asctime)s %(name)s %(levelname)s %(message)s"
@@ -103,7 +109,8 @@ def serve(cfg: ServerConfig, mock_step_delay: float = 0.0) -> int:
         file=sys.stderr,
         flush=True,
     )
-    uvicorn.run(
+    config = uvicorn.Config(
         app, host=cfg.host, port=cfg.port, log_level=cfg.log_level, timeout_graceful_shutdown=5
     )
+    DrainingServer(config, app.state.qs.drain, cfg.drain_timeout).run()
     return 0

@@ -4,8 +4,9 @@ models), the vLLM-style extras (``/tokenize``, ``/detokenize``), ``/health`` (GE
 
 from __future__ import annotations
 
+import asyncio
 import time
-from collections.abc import AsyncGenerator, Awaitable
+from collections.abc import AsyncGenerator, Awaitable, Callable
 from typing import Any
 
 from fastapi import APIRouter, Request
@@ -19,11 +20,11 @@ from .protocol_completion import CompletionRequest, CompletionResponse, FimCompl
 from .protocol_responses import ResponsesRequest
 from .protocol_tokenize import DetokenizeRequest, TokenizeRequest
 from .serving_engine import until_disconnect
-from .sse import SSEResponse, sse_guard
+from .sse import SSEResponse
 from .tools import template_messages, tool_dicts
 
 ERRORS: dict[int | str, dict[str, Any]] = {
-    c: {"model": ErrorResponse} for c in (400, 401, 404, 413, 429, 503)
+    c: {"model": ErrorResponse} for c in (400, 401, 404, 408, 413, 429, 500, 503, 504)
 }
 router = APIRouter()
 
@@ -32,12 +33,11 @@ def _state(request: Request) -> Any:
     return request.app.state.qs
 
 
-def _sse(request: Request, gen: AsyncGenerator[str, None], kind: str = "chat") -> StreamingResponse:
-    return SSEResponse(
-        sse_guard(gen, _state(request).metrics, kind),
-        media_type="text/event-stream",
-        headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"},
-    )
+async def _sse(
+    request: Request, start: Callable[[], AsyncGenerator[str, None]], kind: str = "chat"
+) -> StreamingResponse:
+    """A stream planned off the event loop (templates, tokenizing, schema compiling)."""
+    return SSEResponse(await asyncio.to_thread(start), _state(request).metrics, kind)
 
 
 async def _json(request: Request, work: Awaitable[dict[str, Any]]) -> JSONResponse:
@@ -56,7 +56,7 @@ async def chat(req: ChatCompletionRequest, request: Request) -> Any:
     arrival = _admit(request, "chat")
     serving = _state(request).chat
     if req.stream:
-        return _sse(request, serving.stream(req, arrival))
+        return await _sse(request, lambda: serving.stream(req, arrival))
     return await _json(request, serving.create(req, arrival))
 
 
@@ -65,7 +65,7 @@ async def responses(req: ResponsesRequest, request: Request) -> Any:
     arrival = _admit(request, "responses")
     serving = _state(request).responses
     if req.stream:
-        return _sse(request, serving.stream(req, arrival), "responses")
+        return await _sse(request, lambda: serving.stream(req, arrival), "responses")
     return await _json(request, serving.create(req, arrival))
 
 
@@ -73,7 +73,7 @@ async def _completion(req: CompletionRequest, request: Request, fim: bool) -> An
     arrival = _admit(request, "fim" if fim else "completions")
     serving = _state(request).completion
     if req.stream:
-        return _sse(request, serving.stream(req, arrival, fim))
+        return await _sse(request, lambda: serving.stream(req, arrival, fim))
     return await _json(request, serving.create(req, arrival, fim))
 
 
@@ -152,6 +152,8 @@ def _healthy(request: Request) -> bool:
 
 @router.get("/health")
 async def health(request: Request) -> Response:
+    if _state(request).drain.draining:
+        return JSONResponse({"status": "draining"}, status_code=503)
     ok = _healthy(request)
     return JSONResponse(
         {"status": "ok" if ok else "engine stopped"}, status_code=200 if ok else 503
@@ -160,7 +162,8 @@ async def health(request: Request) -> Response:
 
 @router.head("/health", include_in_schema=False)
 async def health_head(request: Request) -> Response:
-    return Response(status_code=200 if _healthy(request) else 503)
+    ok = _healthy(request) and not _state(request).drain.draining
+    return Response(status_code=200 if ok else 503)
 
 
 @router.get("/metrics")

@@ -11,6 +11,7 @@ choice has an empty delta and a ``canvas`` object (see docs/SERVER.md).
 
 from __future__ import annotations
 
+import asyncio
 import json
 import time
 import uuid
@@ -22,6 +23,7 @@ from ..sampling.constrained import (
     Budgets,
     Piece,
     SchemaError,
+    Slot,
     build_canvas,
     compile_cached,
     schema_pieces,
@@ -29,6 +31,7 @@ from ..sampling.constrained import (
 from .budgets import check_explicit, split
 from .errors import APIError, bad_request
 from .generation import CallPlan, ChoiceResult, Delta, Plan
+from .limits import check_schema, check_states, check_strings
 from .logprobs import chat_logprobs
 from .protocol_chat import ChatCompletionRequest, NamedToolChoice, Tool
 from .serving_engine import GenerationServing, usage_chunk, usage_extras
@@ -88,6 +91,7 @@ class OpenAIServingChat(GenerationServing):
         """The request as a plan: prompt, sampler settings, budgets, structured layout, tool calls."""
         c = self.cfg
         self.check_model(req.model)
+        check_strings(req.model_dump(exclude_none=True, by_alias=True))
         if len(req.messages) > c.max_messages:
             raise bad_request(
                 f"at most {c.max_messages} messages are accepted, got {len(req.messages)}",
@@ -143,6 +147,10 @@ class OpenAIServingChat(GenerationServing):
         limit = min(max_tokens or room, room)
         pieces, calls = None, None
         if mode != "none" and not structured:
+            for i, t in enumerate(tools):  # cost bounds before anything is compiled
+                if t.function.parameters is not None:
+                    where = f"tools[{i}].function.parameters"
+                    check_schema(t.function.parameters, where, limit, param)
             calls = self._calls(
                 req, tools, choice, mode == "forced", limit, room, param, max_tokens
             )
@@ -162,6 +170,8 @@ class OpenAIServingChat(GenerationServing):
             js = fmt.json_schema
             assert js is not None
             strict = bool(js.strict)
+            if js.schema_ is not None:
+                check_schema(js.schema_, "response_format.json_schema.schema", limit, param)
 
             def layout(b: Budgets) -> list[Piece]:
                 key = json.dumps([js.schema_, strict, b.__dict__, id(tok)], sort_keys=True)
@@ -176,8 +186,10 @@ class OpenAIServingChat(GenerationServing):
         fixed = max_tokens
         reserved = 0
         if pieces is not None:
+            check_states([p.machine for p in pieces if isinstance(p, Slot)], "response_format")
             fixed = self._length(pieces)
         elif calls is not None:
+            check_states([p.machine for p in calls.pieces if isinstance(p, Slot)], "tools")
             call_len = self._length(calls.pieces)
             fixed = call_len if calls.forced else fixed
             reserved = 0 if calls.forced else min(call_len, room - 1)
@@ -261,7 +273,7 @@ class OpenAIServingChat(GenerationServing):
         return msg
 
     async def create(self, req: ChatCompletionRequest, arrival: float) -> dict[str, Any]:
-        plan = self.plan(req)
+        plan = await asyncio.to_thread(self.plan, req)  # off the event loop
         results = await self.collect(self.runners([plan], req.n or 1, req.seed, arrival))
         choices = [
             {
@@ -306,13 +318,20 @@ class OpenAIServingChat(GenerationServing):
                 cid, "chat.completion.chunk", created, self.b.name, choice, include_usage
             )
 
-        for r in runners:
-            yield chunk(r.result.index, {"role": "assistant", "content": ""})
         calls = {r.result.index: 0 for r in runners}
         results = []
+        started = False
         async for i, item in self.merged(runners):
             if isinstance(item, BaseException):
                 raise item
+            if not started:  # nothing is sent before the engine has taken every choice
+                started = True
+                for r in runners:
+                    yield chunk(r.result.index, {"role": "assistant", "content": ""})
+            if not started:  # nothing is sent before the engine has taken every choice
+                started = True
+                for r in runners:
+                    yield chunk(r.result.index, {"role": "assistant", "content": ""})
             if isinstance(item, Delta):
                 if item.kind == "reasoning":
                     yield chunk(i, {"reasoning_content": item.text, "reasoning": item.text})

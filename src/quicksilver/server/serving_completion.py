@@ -8,6 +8,7 @@ prompt format ``<|fim_prefix|>{prompt}<|fim_suffix|>{suffix}<|fim_middle|>`` and
 
 from __future__ import annotations
 
+import asyncio
 import time
 import uuid
 from collections.abc import AsyncGenerator
@@ -16,6 +17,7 @@ from typing import Any
 from .budgets import check_explicit, split
 from .errors import bad_request
 from .generation import EFFORTS, ChoiceResult, Delta, Plan
+from .limits import check_strings
 from .logprobs import completion_logprobs
 from .protocol_completion import CompletionRequest
 from .serving_engine import GenerationServing, usage_chunk, usage_extras
@@ -43,6 +45,7 @@ class OpenAIServingCompletion(GenerationServing):
 
     def plans(self, req: CompletionRequest, fim: bool) -> list[Plan]:
         self.check_model(req.model)
+        check_strings(req.model_dump(exclude_none=True))
         stops = self.check_common(
             req.n,
             req.stop,
@@ -115,7 +118,7 @@ class OpenAIServingCompletion(GenerationServing):
         return None if r.logprobs is None else completion_logprobs(self.b.tokenizer, r.logprobs)
 
     async def create(self, req: CompletionRequest, arrival: float, fim: bool) -> dict[str, Any]:
-        plans = self.plans(req, fim)
+        plans = await asyncio.to_thread(self.plans, req, fim)  # off the event loop
         results = await self.collect(self.runners(plans, req.n or 1, req.seed, arrival))
         n = req.n or 1
         choices = []

@@ -1,6 +1,6 @@
 """Server-sent events: one event's framing, chat/completion chunks, the guard that turns an error
 mid-stream into one error event (the same envelope as an HTTP error), and the response class that
-notices a client going away."""
+decides admission before its first byte and notices a client going away."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ import anyio
 from fastapi.responses import StreamingResponse
 from starlette.types import Receive, Scope, Send
 
-from .errors import APIError, internal_error
+from .errors import REJECTED, APIError, error_response, internal_error
 from .metrics import Metrics
 
 
@@ -65,6 +65,8 @@ async def sse_guard(
         finished = True
     except Exception as e:  # an APIError keeps its message; anything else never shows a traceback
         finished = True
+        if isinstance(e, APIError) and e.status in (429, 503):  # refused after the stream began
+            metrics.inc("requests_rejected_total", reason="overloaded")
         for ev in error_events(e if isinstance(e, APIError) else internal_error(e), kind):
             yield ev
     finally:
@@ -76,12 +78,38 @@ class SSEResponse(StreamingResponse):
     """A streaming response that always listens for the client going away (Starlette only does so
     for ASGI < 2.4; otherwise it notices on the next failed send, which may be many steps later when
     steps commit no final text). On disconnect the body iterator is cancelled, which cancels the
-    engine requests."""
+    engine requests.
+
+    Admission is decided before the first byte: the stream's first chunk is awaited before the
+    status line, and the streams yield nothing until every choice has been submitted to the engine
+    — so a refusal (a full engine queue) is a real 503/429 with ``Retry-After``, not a 200 whose
+    first event is an error."""
+
+    def __init__(
+        self, gen: AsyncGenerator[str, None], metrics: Metrics, kind: str = "chat"
+    ) -> None:
+        super().__init__(
+            gen,
+            media_type="text/event-stream",
+            headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"},
+        )
+        self.raw, self.metrics, self.kind = gen, metrics, kind
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         async with anyio.create_task_group() as tg:
 
             async def stream() -> None:
+                try:
+                    first: str | None = await self.raw.__anext__()
+                except StopAsyncIteration:
+                    first = None
+                except APIError as e:
+                    if e.status in REJECTED:
+                        self.metrics.inc("requests_rejected_total", reason=REJECTED[e.status])
+                    await error_response(e)(scope, receive, send)
+                    tg.cancel_scope.cancel()
+                    return
+                self.body_iterator = sse_guard(_resume(first, self.raw), self.metrics, self.kind)
                 try:
                     await self.stream_response(send)
                 except OSError:
@@ -91,3 +119,12 @@ class SSEResponse(StreamingResponse):
             tg.start_soon(stream)
             await self.listen_for_disconnect(receive)
             tg.cancel_scope.cancel()
+
+
+async def _resume(first: str | None, rest: AsyncGenerator[str, None]) -> AsyncGenerator[str, None]:
+    """The stream again, its first chunk (already awaited) included."""
+    async with contextlib.aclosing(rest) as inner:
+        if first is not None:
+            yield first
+            async for chunk in inner:
+                yield chunk

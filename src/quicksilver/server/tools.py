@@ -11,6 +11,7 @@ from typing import Any
 from ..sampling.constrained import Budgets, Piece, SchemaError, compile_cached, schema_pieces
 from ..tokenizer import Tokenizer
 from .errors import bad_request
+from .limits import parse_json_bounded
 from .protocol_chat import ChatMessage, Tool
 
 CALL_RE = re.compile(r"<tool_call>(.*?)</tool_call>", re.S)
@@ -44,12 +45,12 @@ def template_messages(messages: list[ChatMessage]) -> list[dict[str, Any]]:
                 d["reasoning_content"] = m.reasoning_content or m.reasoning
             calls = []
             for j, c in enumerate(m.tool_calls or []):
+                where = f"messages[{i}].tool_calls[{j}].function.arguments"
                 try:
-                    args = json.loads(c.function.arguments or "{}")
+                    args = parse_json_bounded(c.function.arguments or "{}", where)
                 except json.JSONDecodeError:
                     raise bad_request(
-                        "tool call arguments must be a JSON object string",
-                        f"messages[{i}].tool_calls[{j}].function.arguments",
+                        "tool call arguments must be a JSON object string", where
                     ) from None
                 calls.append(
                     {
