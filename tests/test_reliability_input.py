@@ -13,8 +13,8 @@ import pytest
 from fastapi.testclient import TestClient
 
 from quicksilver.errors import ConfigError
-from quicksilver.sampling.layout_cache import ByteLRU
 from quicksilver.sampling.grammar import LitSet
+from quicksilver.sampling.layout_cache import ByteLRU
 from quicksilver.server import ServerConfig, build_app, build_backend
 from quicksilver.server.limits import SchemaLimits, check_schema
 from quicksilver.server.mock_engine import MockEngine

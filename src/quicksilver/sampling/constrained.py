@@ -48,7 +48,6 @@ from typing import Any
 import torch
 
 from ..errors import ConfigError
-from .layout_cache import LAYOUT_CACHE_BYTES, ByteLRU
 from .grammar import (
     MANY,
     MAX_MASK_STATES,
@@ -71,6 +70,7 @@ from .grammar import (
     opt,
     token_trie,
 )
+from .layout_cache import LAYOUT_CACHE_BYTES, ByteLRU
 from .pattern import PatternError, pattern_body
 
 ANNOTATIONS = frozenset(
