@@ -78,7 +78,16 @@ def test_bench_speed_reports_all_four_methods_and_ratios(
 
 def test_bench_speed_vs_llama_cpp(pair: tuple[Path, Path], tmp_path: Path) -> None:
     pytest.importorskip("llama_cpp", reason="optional: make test-llama-cpp")
-    diff, ar = pair
+    from quicksilver.assets import embedded_ar_model_path
+    from quicksilver.models.init import init_model
+    from quicksilver.tokenizer import Tokenizer
+
+    diff, _ = pair
+    shipped = embedded_ar_model_path()
+    assert shipped is not None  # a real BPE vocabulary (llama.cpp needs merges)
+    ar = init_model(
+        tmp_path / "ar", "tiny", seed=1, attention="causal", tokenizer=Tokenizer.from_dir(shipped)
+    )
     args = ["--model", str(diff), "--ar-model", str(ar), "--tasks", "sudoku4", "--limit", "1"]
     r = qs(
         "bench",

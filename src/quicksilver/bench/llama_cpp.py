@@ -35,6 +35,8 @@ class LlamaCppRunner:
             n_threads=threads,
             n_threads_batch=threads,
             n_batch=n_ctx,
+            type_k=0,  # f32 KV cache (GGML type 0): the same arithmetic as quicksilver's
+            type_v=0,
             verbose=False,
         )
         self.version = getattr(llama_cpp, "__version__", "unknown")

@@ -117,6 +117,10 @@ def vocabulary(
         tokens.append(by_id.get(i, f"[PAD{i}]"))
         types.append(3 if i in special else 1 if i in by_id else 5)  # control / normal / unused
     merges = [m if isinstance(m, str) else " ".join(m) for m in model.get("merges", [])]
+    if not merges:
+        raise ConfigError(
+            "cannot export to GGUF: the tokenizer has no BPE merges (llama.cpp needs them)"
+        )
     return tokens, types, merges
 
 

@@ -147,13 +147,11 @@ class OpenAIServingChat(GenerationServing):
         limit = min(max_tokens or room, room)
         pieces, calls = None, None
         if mode != "none" and not structured:
-            for i, t in enumerate(tools):  # cost bounds before anything is compiled
-                if t.function.parameters is not None:
-                    where = f"tools[{i}].function.parameters"
-                    check_schema(t.function.parameters, where, limit, param)
-            calls = self._calls(
-                req, tools, choice, mode == "forced", limit, room, param, max_tokens
-            )
+            forced = mode == "forced"
+            # a forced call's fit is _fit's to report; here only what no budget could hold
+            canvas = self.b.max_context if forced else room - 1
+            if self._tools_fit(tools, forced, canvas, param):
+                calls = self._calls(req, tools, choice, forced, limit, room, param, max_tokens)
         elif fmt is not None and fmt.type == "json_object":
             budget = min(max_tokens or c.default_max_tokens, limit)
             pieces = self._fit(
@@ -214,6 +212,24 @@ class OpenAIServingChat(GenerationServing):
             calls=calls,
             logprobs=(req.top_logprobs or 0) if req.logprobs else None,
         )
+
+    @staticmethod
+    def _tools_fit(tools: list[Tool], forced: bool, canvas: int, param: str) -> bool:
+        """Cost bounds of the tools' schemas before anything is compiled (hostile ones are 400s).
+        Under ``auto`` a call too long for the room left is not offered (the turn answers in text);
+        a forced call that cannot fit is the client's error."""
+        for i, t in enumerate(tools):
+            if t.function.parameters is None:
+                continue
+            try:
+                check_schema(
+                    t.function.parameters, f"tools[{i}].function.parameters", canvas, param
+                )
+            except APIError as e:
+                if forced or e.code != "context_length_exceeded":
+                    raise
+                return False
+        return True
 
     def _length(self, pieces: list[Piece]) -> int:
         return build_canvas(pieces, self.b.tokenizer, self.b.pad_id).length
