@@ -11,15 +11,8 @@ import pytest
 
 import quicksilver
 from quicksilver.sampling import SamplerConfig
-from quicksilver.sampling.constrained import (
-    BanTokens,
-    Budgets,
-    SchemaError,
-    Slot,
-    build_canvas,
-    schema_pieces,
-    token_trie,
-)
+from quicksilver.sampling.canvas import BanTokens, build_canvas
+from quicksilver.sampling.constrained import Budgets, SchemaError, Slot, schema_pieces
 from quicksilver.sampling.grammar import (
     SEP_COMMA,
     Alt,
@@ -30,6 +23,7 @@ from quicksilver.sampling.grammar import (
     SlotGrammar,
     StrBody,
     any_json,
+    token_trie,
 )
 from quicksilver.tokenizer import Tokenizer
 

@@ -19,7 +19,7 @@ from quicksilver.engine import EngineRequest
 from quicksilver.errors import ConfigError
 from quicksilver.sampling import SamplerConfig
 from quicksilver.sampling.autoregressive import ar_generate
-from quicksilver.sampling.constrained import BanTokens
+from quicksilver.sampling.canvas import BanTokens
 from quicksilver.server import ServerConfig, build_app, build_backend
 from quicksilver.server.generation import MASK_GLYPH
 from quicksilver.server.playground import STATIC, parse_origins

@@ -12,7 +12,7 @@ from quicksilver.errors import ConfigError
 from quicksilver.models import DiffusionLM, preset
 from quicksilver.sampling import POLICIES, Decoder, SamplerConfig
 from quicksilver.sampling.caches import CACHE_MODES, resolve_cache_mode
-from quicksilver.sampling.constrained import BanTokens
+from quicksilver.sampling.canvas import BanTokens
 from quicksilver.sampling.hooks import apply_stop, commit_constrained, remask
 from quicksilver.sampling.select import choose, policy_scores
 

@@ -38,7 +38,8 @@ from typing import Any, Literal
 
 from ..engine import EngineEvent, EngineRequest, IncrementalDetokenizer
 from ..sampling import SamplerConfig
-from ..sampling.constrained import AllowTokens, BanTokens, Piece, build_canvas
+from ..sampling.canvas import AllowTokens, BanTokens, build_canvas
+from ..sampling.constrained import Piece
 from ..tokenizer import Tokenizer
 from .async_engine import AsyncEngine
 from .errors import APIError

@@ -19,15 +19,8 @@ from collections.abc import AsyncGenerator, Callable
 from typing import Any
 
 from ..errors import ConfigError
-from ..sampling.constrained import (
-    Budgets,
-    Piece,
-    SchemaError,
-    Slot,
-    build_canvas,
-    compile_cached,
-    schema_pieces,
-)
+from ..sampling.canvas import build_canvas
+from ..sampling.constrained import Budgets, Piece, SchemaError, Slot, compile_cached, schema_pieces
 from .budgets import check_explicit, split
 from .errors import APIError, bad_request
 from .generation import CallPlan, ChoiceResult, Delta, Plan
