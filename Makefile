@@ -9,7 +9,7 @@ PORT    ?= 8000
 CHROMIUM := /usr/bin/chromium
 SUDO    := $(if $(filter 0,$(shell id -u)),,sudo)
 
-.PHONY: install run lint test test-fuzz test-llama-cpp test-slow test-all screenshots train-ar train-model train-ar-v2 train-model-v2 clean
+.PHONY: install run lint test test-fuzz test-llama-cpp test-slow test-all screenshots train-ar train-model train-ar-v2 train-model-v2 train-ar-v2-twin clean
 
 $(STAMP): pyproject.toml Makefile
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
@@ -83,6 +83,11 @@ train-ar-v2: $(STAMP)
 train-model-v2: $(STAMP)
 	test -f runs/small-ar-v2/final/config.json || $(BIN)/quicksilver train --recipe small-ar-v2
 	$(BIN)/quicksilver train --recipe small-ar2d-v2
+
+# The v2 AR twin: stage 1 continued on stage 2's data stream for as many steps (equal tokens).
+train-ar-v2-twin: $(STAMP)
+	test -f runs/small-ar-v2/final/config.json || $(BIN)/quicksilver train --recipe small-ar-v2
+	$(BIN)/quicksilver train --recipe small-ar-v2-twin
 
 clean:
 	rm -rf $(VENV) build *.egg-info src/*.egg-info .pytest_cache

@@ -164,8 +164,22 @@ RECIPES: dict[str, TrainConfig] = {
         max_len=1000,
         tasks=V2_MIX,
         seed=4,
-        steps=4000,
-        lr=5e-4,
+        steps=2000,
+        lr=2e-4,
+        eval_every=500,
+    ),
+    # v2, the AR twin for the honest comparison: stage 1 continued on stage 2's data stream (same
+    # seed, same steps), so it has seen as many tokens as the diffusion model and its parent
+    "small-ar-v2-twin": TrainConfig(
+        out="runs/small-ar-v2-twin",
+        objective="ar",
+        init_from="runs/small-ar-v2/final",
+        max_seq_len=1024,
+        max_len=1000,
+        tasks=V2_MIX,
+        seed=4,
+        steps=2000,
+        lr=1e-4,
         eval_every=500,
     ),
     # ablation: no substitution noise
