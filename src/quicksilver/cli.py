@@ -67,6 +67,7 @@ def load_pipeline(args: argparse.Namespace) -> Any:
         compile=getattr(args, "compile", False),
         attention_layout=getattr(args, "attention_layout", "auto"),
         cuda_graphs=getattr(args, "cuda_graphs", False),
+        quantize=getattr(args, "quantize", "none"),
     )
 
 
@@ -205,6 +206,10 @@ def cmd_bench(args: argparse.Namespace) -> int:
         from .bench.soak import run_soak_bench
 
         return run_soak_bench(args)
+    if args.bench == "shapes":
+        from .bench.shapes import run as run_shapes_bench
+
+        return run_shapes_bench(args)
     if args.bench == "families":
         from .bench.gpu_families import run as run_families_bench
 
@@ -213,6 +218,17 @@ def cmd_bench(args: argparse.Namespace) -> int:
 
 
 DTYPES = {"float32": None, "bfloat16": "bfloat16", "float16": "float16"}
+
+
+def add_quantize_arg(p: argparse.ArgumentParser) -> None:
+    from .models.quantize import QUANTIZE_CHOICES
+
+    p.add_argument(
+        "--quantize",
+        default="none",
+        choices=QUANTIZE_CHOICES,
+        help="int8: dynamic int8 linear layers on the CPU (fbgemm; ~4x less weight memory)",
+    )
 
 
 def add_cache_args(p: argparse.ArgumentParser) -> None:
@@ -225,6 +241,7 @@ def add_cache_args(p: argparse.ArgumentParser) -> None:
         choices=sorted(DTYPES),
         help="compute dtype (bfloat16 uses AMX on recent x86 CPUs and is the GPU default)",
     )
+    add_quantize_arg(p)
     p.add_argument(
         "--cache",
         default="auto",
@@ -405,6 +422,7 @@ def build_parser() -> argparse.ArgumentParser:
         help="compute dtype of the AR baseline (default: --dtype); on AMX CPUs bf16 speeds up "
         "32-token blocks but slows 1-token AR steps, so each can run at its best",
     )
+    add_quantize_arg(bs)  # both models
     bs.add_argument(
         "--compile", action="store_true", help="torch.compile both models' blocks (GPU)"
     )
@@ -443,6 +461,15 @@ def build_parser() -> argparse.ArgumentParser:
         bsub.add_parser(
             "soak",
             help="N streams for T minutes with disconnects and overload bursts: failures, RSS",
+        )
+    )
+    from .bench.shapes import add_arguments as shapes_bench_args
+
+    shapes_bench_args(
+        bsub.add_parser(
+            "shapes",
+            help="CPU cost of a step per window vs an AR token step at published shapes "
+            "(random weights; float32, bfloat16, int8)",
         )
     )
     from .bench.gpu_families import add_arguments as families_bench_args

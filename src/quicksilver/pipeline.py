@@ -169,6 +169,7 @@ def load(
     compile: bool = False,
     attention_layout: str = "auto",
     cuda_graphs: bool = False,
+    quantize: str = "none",
 ) -> Pipeline:
     """Load a checkpoint directory (never touches the network). Default: CPU float32, CUDA bfloat16.
 
@@ -177,9 +178,15 @@ def load(
     refreshed at every block start and every ``refresh_every`` steps (0: block starts only).
     compile: ``torch.compile`` the per-token parts of every block (for GPUs; slower on small CPUs).
     attention_layout: ``per_sequence``, ``batched`` (one attention call per layer) or ``auto``
-    (batched on a GPU). cuda_graphs: static bucketed shapes + ``torch.compile(mode="reduce-overhead")``."""
+    (batched on a GPU). cuda_graphs: static bucketed shapes + ``torch.compile(mode="reduce-overhead")``.
+    quantize: ``none`` or ``int8`` (dynamic int8 linear layers on the CPU; models/quantize.py)."""
+    from .models.quantize import quantize_model
+
     model, tok = load_checkpoint(path, dtype, device)
-    model.set_attention_layout(resolve_layout(attention_layout, model.lm_head.weight.device))
+    quantize_model(model, quantize)
+    model.set_attention_layout(
+        resolve_layout(attention_layout, model.model.embed_tokens.weight.device)
+    )
     if cuda_graphs:
         model.compile_static()
     elif compile:

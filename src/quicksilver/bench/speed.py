@@ -135,8 +135,9 @@ def run_speed_bench(args: argparse.Namespace) -> int:
     dtype_name = getattr(args, "dtype", "float32")
     ar_dtype_name = getattr(args, "ar_dtype", None) or dtype_name
     compile_ = bool(getattr(args, "compile", False))
-    pipe = load(model_path, dtype=getattr(torch, dtype_name), compile=compile_)
-    ar = load(ar_path, dtype=getattr(torch, ar_dtype_name), compile=compile_)
+    quantize = getattr(args, "quantize", "none")
+    pipe = load(model_path, dtype=getattr(torch, dtype_name), compile=compile_, quantize=quantize)
+    ar = load(ar_path, dtype=getattr(torch, ar_dtype_name), compile=compile_, quantize=quantize)
     if ar.config.attention != "causal":
         raise QuicksilverError(f"{ar_path} is not a causal (AR) model")
     tok = pipe.tokenizer
@@ -250,6 +251,7 @@ def run_speed_bench(args: argparse.Namespace) -> int:
                 "dtype": dtype_name,
                 "ar_dtype": ar_dtype_name,
                 "compile": compile_,
+                "quantize": quantize,
             },
             "plot": str(png),
             "hardware": hardware(),

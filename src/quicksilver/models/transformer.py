@@ -157,15 +157,22 @@ class Attention(nn.Module):
         self.k_proj = nn.Linear(cfg.d_model, cfg.n_kv_heads * hd, bias=cfg.qkv_bias)
         self.v_proj = nn.Linear(cfg.d_model, cfg.n_kv_heads * hd, bias=cfg.qkv_bias)
         self.o_proj = nn.Linear(cfg.n_heads * hd, cfg.d_model, bias=cfg.o_bias)
+        self.qkv_int8: nn.Module | None = None  # q, k, v as one int8 linear (models/quantize.py)
         self.clip = cfg.clip_qkv
         self.q_norm = RMSNorm(hd, cfg.norm_eps) if cfg.qk_norm else None
         self.k_norm = RMSNorm(hd, cfg.norm_eps) if cfg.qk_norm else None
 
+    def _qkv_fused(self, x: torch.Tensor) -> torch.Tensor:
+        """q, k and v of ``x`` (B, T, C) in one matmul (inference): (B, T, (H + 2Hkv) hd)."""
+        if self.qkv_int8 is not None:
+            return self.qkv_int8(x)
+        w, b = _fused(self, (self.q_proj, self.k_proj, self.v_proj))
+        return F.linear(x, w, b)
+
     def _qkv(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         if self.training or torch.is_grad_enabled():
             return self.q_proj(x), self.k_proj(x), self.v_proj(x)
-        w, b = _fused(self, (self.q_proj, self.k_proj, self.v_proj))  # one matmul at inference
-        qkv = F.linear(x, w, b)
+        qkv = self._qkv_fused(x)
         nq, nk = self.n_heads * self.hd, self.n_kv * self.hd
         return qkv[..., :nq], qkv[..., nq : nq + nk], qkv[..., nq + nk :]
 
@@ -179,9 +186,8 @@ class Attention(nn.Module):
             and self.clip is None
         ):
             # inference: one matmul for q, k and v, and one rotation for q and k together
-            w, b = _fused(self, (self.q_proj, self.k_proj, self.v_proj))
             H, Hkv = self.n_heads, self.n_kv
-            qkv = F.linear(x, w, b).view(B, T, H + 2 * Hkv, self.hd)  # (B, T, H+2Hkv, hd)
+            qkv = self._qkv_fused(x).view(B, T, H + 2 * Hkv, self.hd)  # (B, T, H+2Hkv, hd)
             qk = apply_rotary(qkv[:, :, : H + Hkv].transpose(1, 2), cos, sin)  # (B, H+Hkv, T, hd)
             return qk[:, :H], qk[:, H:], qkv[:, :, H + Hkv :].transpose(1, 2)
         q_, k_, v_ = self._qkv(x)
@@ -259,12 +265,17 @@ class MLP(nn.Module):
         self.gate_proj = nn.Linear(cfg.d_model, cfg.mlp_hidden, bias=False)
         self.up_proj = nn.Linear(cfg.d_model, cfg.mlp_hidden, bias=False)
         self.down_proj = nn.Linear(cfg.mlp_hidden, cfg.d_model, bias=False)
+        self.gate_up_int8: nn.Module | None = None  # gate and up as one int8 linear (quantize.py)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self.training or torch.is_grad_enabled():
             return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))  # (B, T, C)
-        w, _ = _fused(self, (self.gate_proj, self.up_proj))
-        gate, up = F.linear(x, w).chunk(2, dim=-1)  # (B, T, F) each
+        if self.gate_up_int8 is not None:
+            gate_up = self.gate_up_int8(x)
+        else:
+            w, _ = _fused(self, (self.gate_proj, self.up_proj))
+            gate_up = F.linear(x, w)
+        gate, up = gate_up.chunk(2, dim=-1)  # (B, T, F) each
         return self.down_proj(F.silu(gate) * up)
 
 
@@ -381,7 +392,7 @@ class DiffusionLM(nn.Module):
                 cfg.n_kv_heads,
                 hd,
                 L + T,
-                self.lm_head.weight.dtype,
+                self.model.embed_tokens.weight.dtype,
                 input_ids.device,
             )
             cache.write_meta(positions, valid)
@@ -488,7 +499,7 @@ class DiffusionLM(nn.Module):
                     cfg.n_kv_heads,
                     cfg.dim_head,
                     L + T,
-                    self.lm_head.weight.dtype,
+                    self.model.embed_tokens.weight.dtype,
                     ids.device,
                 )
         for s, sp in zip(segments, seg_pos):
@@ -533,5 +544,7 @@ class DiffusionLM(nn.Module):
             if s.append and s.cache is not None:
                 s.cache.commit(s.append)
                 if cfg.logit_shift:
-                    s.cache.last_logits = self.lm_head(h[a + s.append - 1])[None]  # (1, V) raw
+                    s.cache.last_logits = self.lm_head(
+                        h[a + s.append - 1 : a + s.append]
+                    )  # (1, V) raw
         return out

@@ -46,6 +46,7 @@ class ServerConfig:
     dtype: str | None = (
         None  # float32 | bfloat16 | float16 (default: float32 on CPU, bfloat16 on CUDA)
     )
+    quantize: str = "none"  # none | int8 (dynamic int8 linear layers, CPU only)
     cache: str = "auto"  # KV cache mode: auto | none | block | prefix | dual (see quicksilver generate --help)
     refresh_every: int = (
         0  # approximate caches: full recompute every N steps (0: at block starts only)
@@ -91,6 +92,7 @@ SERVER_HELP = {
     "other cross-origin requests get 403",
     "mock": "serve the scripted mock engine instead of a model (no weights)",
     "dtype": "compute dtype: float32, bfloat16 or float16 (default: float32 on CPU, bfloat16 on CUDA)",
+    "quantize": "none or int8 (dynamic int8 linear layers on the CPU: less memory, faster at 0.5B+)",
     "cache": "KV cache: auto, none, block, prefix or dual",
     "prefix_cache_mb": "cross-request prefix cache for block-causal models, in MiB (0: off)",
     "max_body_bytes": "largest request body accepted (413 above)",

@@ -238,7 +238,9 @@ def ar_backend(path: Path, name: str, cfg: ServerConfig) -> Backend:
     import quicksilver
 
     dtype = getattr(torch, cfg.dtype) if cfg.dtype else None
-    pipe = quicksilver.load(path, dtype=dtype, device=cfg.device, cache="none")
+    pipe = quicksilver.load(
+        path, dtype=dtype, device=cfg.device, cache="none", quantize=cfg.quantize
+    )
     if pipe.config.attention != "causal":
         raise ConfigError(
             f"{path}: the AR twin must be a causal model, not {pipe.config.attention}"

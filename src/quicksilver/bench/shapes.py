@@ -1,0 +1,281 @@
+"""``quicksilver bench shapes``: what one decode step costs on this CPU at the published shapes of the
+families we serve, with RANDOM weights (speed of the network shape only: no quality, no real TPF).
+
+Shapes (the fields of the published config.json that shape the network, mapped through the family
+loaders' config functions): Fast-dLLM v2 1.5B (Qwen2.5-1.5B body: hidden 1536, 28 layers, 12 heads /
+2 KV heads, MLP 8960, vocabulary 151,936, tied embeddings, q/k/v bias), SDAR 1.7B (Qwen3-1.7B body:
+hidden 2048, 28 layers, 16 / 8 heads of 128, MLP 6144, QK-norm, tied) and a 4-layer slice of
+LLaDA-8B (hidden 4096, 32 heads, MLP 12288, vocabulary 126,464; the slice keeps the embedding and
+head, so per-layer cost x 32 + head gives the whole model). Sources: the Qwen2.5-1.5B / Qwen3-1.7B
+configs as published (e.g. web-llm's qwen2 1.5B model_config; THUDM slime's qwen3-1.7B model
+arguments), LLaDA-8B from shared/reference/model_formats.md.
+
+For each shape and weight format (float32, bfloat16, int8 dynamic) it prefills a realistic prompt
+into an exact KV cache, then times, against that cache:
+
+- one AR token step: 1 position through the network (what an AR decoder pays per token);
+- one diffusion step over a window of w positions (w = 1, 4, 8, 16, 32): the positions a step
+  recomputes, the rest of the block served from the cache;
+- tok/s at forced commit rates: k tokens committed per step of the default window (k = 1..8).
+
+Ends with one JSON line whose top level holds ``step_vs_ar_token``: the default window's step over
+an AR token step at the 1.5B shape in the default CPU dtype (float32).
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import gc
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from ..errors import ConfigError
+from ..models.config import ModelConfig
+from ..models.families.common import qwen_config
+from ..models.families.llada import llada_config
+from ..models.kvcache import KVCache
+from ..models.quantize import quantize_model
+from ..models.transformer import DiffusionLM
+from .common import emit_json, hardware, median, print_table, save_figure
+from .gpu_families import LLADA_8B, random_model
+
+QWEN25_1_5B = {
+    "architectures": ["Fast_dLLM_QwenForCausalLM"],
+    "hidden_size": 1536,
+    "intermediate_size": 8960,
+    "num_hidden_layers": 28,
+    "num_attention_heads": 12,
+    "num_key_value_heads": 2,
+    "vocab_size": 151936,
+    "rms_norm_eps": 1e-06,
+    "rope_theta": 1000000.0,
+    "max_position_embeddings": 32768,
+    "tie_word_embeddings": True,
+    "eos_token_id": 151645,
+    "pad_token_id": 151645,
+}
+QWEN3_1_7B = {
+    "architectures": ["SDARForCausalLM"],
+    "hidden_size": 2048,
+    "intermediate_size": 6144,
+    "num_hidden_layers": 28,
+    "num_attention_heads": 16,
+    "num_key_value_heads": 8,
+    "head_dim": 128,
+    "vocab_size": 151936,
+    "rms_norm_eps": 1e-06,
+    "rope_theta": 1000000.0,
+    "max_position_embeddings": 32768,
+    "tie_word_embeddings": True,
+    "eos_token_id": 151645,
+    "pad_token_id": 151645,
+}
+LLADA_SLICE_LAYERS = 4
+SHAPES = ("fast-dllm-v2-1.5b", "sdar-1.7b", "llada-8b-slice")
+FORMATS = ("float32", "bfloat16", "int8")
+TINY = {"hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 2, "vocab_size": 512}
+TINY_QWEN = {**TINY, "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 16}
+TINY_LLADA = {
+    "d_model": 64,
+    "n_heads": 4,
+    "n_kv_heads": 4,
+    "mlp_hidden_size": 128,
+    "embedding_size": 512,
+    "vocab_size": 512,
+    "mask_token_id": 500,
+    "eos_token_id": 1,
+    "pad_token_id": 1,
+}
+
+
+def shape_config(name: str, tiny: bool) -> ModelConfig:
+    """The ModelConfig a real checkpoint of ``name`` would get (``tiny``: toy sizes for tests)."""
+    where = Path(f"<{name} config.json>")
+    if name == "llada-8b-slice":
+        cj = {**LLADA_8B, "n_layers": LLADA_SLICE_LAYERS, **(TINY_LLADA if tiny else {})}
+        return llada_config(where, cj)
+    if name == "fast-dllm-v2-1.5b":
+        cj = {**QWEN25_1_5B, **(TINY_QWEN if tiny else {})}
+        fixed: dict[str, Any] = dict(qkv_bias=True, block_size=32, logit_shift=True)
+    elif name == "sdar-1.7b":
+        cj = {**QWEN3_1_7B, **(TINY_QWEN if tiny else {})}
+        fixed = dict(qk_norm=True, block_size=32)
+    else:
+        raise ConfigError(f"unknown shape {name!r}; choose from {', '.join(SHAPES)}")
+    mask = cj["vocab_size"] - 1
+    return qwen_config(
+        where, cj, name, attention="block_causal", max_seq_len=4096, mask_token_id=mask, **fixed
+    )
+
+
+def build(cfg: ModelConfig, fmt: str) -> torch.nn.Module:
+    """A random-weight network in one weight format (float32, bfloat16 or int8 dynamic)."""
+    if fmt not in FORMATS:
+        raise ConfigError(f"unknown format {fmt!r}; choose from {', '.join(FORMATS)}")
+    dtype = torch.bfloat16 if fmt == "bfloat16" else torch.float32
+    model = random_model(cfg, torch.device("cpu"), dtype)
+    return quantize_model(model, "int8") if fmt == "int8" else model
+
+
+def time_ms(fn: Any, iters: int) -> float:
+    """Median wall time of ``fn()`` in ms over ``iters`` calls after one warm-up call."""
+    fn()
+    times = []
+    for _ in range(iters):
+        t0 = time.perf_counter()
+        fn()
+        times.append((time.perf_counter() - t0) * 1e3)
+    return median(times)
+
+
+@torch.no_grad()
+def bench_format(cfg: ModelConfig, fmt: str, args: argparse.Namespace) -> dict[str, Any]:
+    """One shape in one format: prefill, then the AR token step and every window's step."""
+    t0 = time.perf_counter()
+    model = build(cfg, fmt)
+    build_s = time.perf_counter() - t0
+    gen = torch.Generator().manual_seed(0)
+    prompt = torch.randint(0, cfg.vocab_size, (1, args.context), generator=gen)  # (1, P)
+    cache = KVCache()
+    t0 = time.perf_counter()
+    model(prompt, cache=cache, append=True)  # the exact cache of the prompt
+    prefill_ms = (time.perf_counter() - t0) * 1e3
+
+    def step(w: int) -> Any:
+        ids = torch.full((1, w), cfg.mask_token_id, dtype=torch.long)  # (1, w)
+        return lambda: model(ids, cache=cache)  # nothing committed: the cache stays the prompt's
+
+    ar_ms = time_ms(step(1), args.iters)
+    windows = {str(w): round(time_ms(step(w), args.iters), 3) for w in args.windows}
+    default_ms = windows[str(args.window)]
+    rates = {str(k): round(1e3 * k / default_ms, 2) for k in range(1, min(8, args.window) + 1)}
+    out = {
+        "format": fmt,
+        "build_seconds": round(build_s, 1),
+        "prefill_ms": round(prefill_ms, 1),
+        "ar_token_ms": round(ar_ms, 3),
+        "ar_tok_s": round(1e3 / ar_ms, 2),
+        "step_ms": windows,
+        "step_vs_ar_token": {w: round(ms / ar_ms, 3) for w, ms in windows.items()},
+        "tok_s_at_k": rates,
+        "cache_bytes": cache.nbytes(),
+    }
+    return out
+
+
+def peak_rss_bytes() -> int:
+    import resource
+
+    return int(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss) * 1024  # Linux: KiB
+
+
+def plot(results: list[dict[str, Any]], windows: list[int], path: Path) -> Path:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1, 2, figsize=(11, 4))
+    for shape in results:
+        for r in shape["formats"]:
+            label = f"{shape['shape']} {r['format']}"
+            axes[0].plot(
+                windows, [r["step_vs_ar_token"][str(w)] for w in windows], "o-", label=label
+            )
+            ks = [int(k) for k in r["tok_s_at_k"]]
+            line = axes[1].plot(ks, list(r["tok_s_at_k"].values()), "o-", label=label)
+            axes[1].axhline(r["ar_tok_s"], color=line[0].get_color(), ls=":", lw=1)
+    axes[0].set(xlabel="window (positions per step)", ylabel="step / AR token step", xscale="log")
+    axes[0].set_xticks(windows, [str(w) for w in windows])
+    axes[0].axhline(1.0, color="grey", lw=0.8)
+    axes[1].set(xlabel="tokens committed per step (k)", ylabel="tok/s (dotted: AR)", yscale="log")
+    axes[0].legend(fontsize=6)
+    fig.suptitle("random weights, this CPU: cost of a step against an AR token step")
+    return save_figure(fig, path)
+
+
+def run(args: argparse.Namespace) -> int:
+    if args.window not in args.windows:
+        raise ConfigError(f"--window {args.window} must be one of --windows {args.windows}")
+    if not 1 <= args.context <= 2048 or not 1 <= args.iters <= 50:
+        raise ConfigError("--context must be in [1, 2048] and --iters in [1, 50]")
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    shapes = [s for s in args.shapes.split(",") if s]
+    formats = [f for f in args.formats.split(",") if f]
+    results = []
+    for name in shapes:
+        cfg = shape_config(name, args.tiny)
+        rows = []
+        for fmt in formats:
+            rows.append(bench_format(cfg, fmt, args))
+            gc.collect()  # the last format's weights go before the next are built
+        for r in rows:
+            print(
+                f"{name} {r['format']}: AR token {r['ar_token_ms']:.1f} ms, steps "
+                + ", ".join(f"w{w} {ms:.1f}" for w, ms in r["step_ms"].items()),
+                file=sys.stderr,
+            )
+        with torch.device("meta"):
+            params = DiffusionLM(cfg).num_params()
+        results.append({"shape": name, "parameters": params, "formats": rows})
+    print_table(
+        f"one step vs one AR token step (random weights, context {args.context})",
+        ["config", "AR ms", *[f"w{w}/AR" for w in args.windows], f"tok/s k=8 (w{args.window})"],
+        [
+            [f"{s['shape']} {r['format']}", r["ar_token_ms"]]
+            + [r["step_vs_ar_token"][str(w)] for w in args.windows]
+            + [r["tok_s_at_k"].get(str(min(8, args.window)), float("nan"))]
+            for s in results
+            for r in s["formats"]
+        ],
+    )
+    png = plot(results, args.windows, Path(args.out) / "shapes.png")
+    headline = next(
+        (
+            r["step_vs_ar_token"][str(args.window)]
+            for s in results
+            if s["shape"] == "fast-dllm-v2-1.5b"
+            for r in s["formats"]
+            if r["format"] == "float32"
+        ),
+        None,
+    )
+    emit_json(
+        {
+            "bench": "shapes",
+            "random_weights": True,
+            "step_vs_ar_token": headline,
+            "window": args.window,
+            "context": args.context,
+            "shapes": results,
+            "peak_rss_bytes": peak_rss_bytes(),
+            "tiny": args.tiny,
+            "plot": str(png),
+            "hardware": hardware(),
+            "date": datetime.date.today().isoformat(),
+        }
+    )
+    return 0
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--shapes", default=",".join(SHAPES), help=f"comma-separated: {', '.join(SHAPES)}"
+    )
+    p.add_argument("--formats", default=",".join(FORMATS), help="comma-separated weight formats")
+    p.add_argument("--windows", type=int, nargs="+", default=[1, 4, 8, 16, 32])
+    p.add_argument(
+        "--window", type=int, default=8, help="the default window (headline, tok/s at k)"
+    )
+    p.add_argument("--context", type=int, default=256, help="prompt positions in the KV cache")
+    p.add_argument("--iters", type=int, default=3, help="timed calls per measurement (median)")
+    p.add_argument("--threads", type=int, default=0, help="torch threads (0: the default)")
+    p.add_argument("--tiny", action="store_true", help="toy sizes (tests; seconds)")
+    p.add_argument("--out", default="runs/bench_shapes", help="directory for the PNG plot")
+    p.add_argument("--json", action="store_true", help="(the JSON line is always printed last)")
