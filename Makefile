@@ -79,9 +79,11 @@ train-model: $(STAMP)
 train-ar-v2: $(STAMP)
 	$(BIN)/quicksilver train --recipe small-ar-v2
 
-# Stage 2: that finished AR model adapted to block diffusion.
+# Stage 2: that finished AR model adapted to block diffusion (lr 2e-4; its first 200 steps ran on a
+# 2000-step schedule, then the schedule was cut to 1200 to fit the sitting).
 train-model-v2: $(STAMP)
 	test -f runs/small-ar-v2/final/config.json || $(BIN)/quicksilver train --recipe small-ar-v2
+	$(BIN)/quicksilver train --recipe small-ar2d-v2 --steps 2000 --stop-at 200
 	$(BIN)/quicksilver train --recipe small-ar2d-v2
 
 # The v2 AR twin: stage 1 continued on stage 2's data stream for as many steps (equal tokens).

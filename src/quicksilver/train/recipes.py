@@ -164,9 +164,9 @@ RECIPES: dict[str, TrainConfig] = {
         max_len=1000,
         tasks=V2_MIX,
         seed=4,
-        steps=2000,
+        steps=1200,
         lr=2e-4,
-        eval_every=500,
+        eval_every=600,
     ),
     # v2, the AR twin for the honest comparison: stage 1 continued on stage 2's data stream (same
     # seed, same steps), so it has seen as many tokens as the diffusion model and its parent
@@ -178,9 +178,9 @@ RECIPES: dict[str, TrainConfig] = {
         max_len=1000,
         tasks=V2_MIX,
         seed=4,
-        steps=2000,
+        steps=1200,
         lr=1e-4,
-        eval_every=500,
+        eval_every=600,
     ),
     # ablation: no substitution noise
     "small-nosub": TrainConfig(out="runs/small-nosub", sub_prob=0.0),
