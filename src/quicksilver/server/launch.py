@@ -90,6 +90,10 @@ def _backend(cfg: ServerConfig, mock_step_delay: float) -> Backend:
 
 
 def serve(cfg: ServerConfig, mock_step_delay: float = 0.0) -> int:
+    if cfg.replicas or cfg.max_replicas or cfg.ray_address:
+        from .ray_serve import serve_ray
+
+        return serve_ray(cfg)
     import uvicorn
 
     from .app import build_app
