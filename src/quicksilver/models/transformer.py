@@ -149,6 +149,8 @@ def build_attention_mask(
 
 
 class Attention(nn.Module):
+    fused = True  # one q/k/v matmul at inference (off when tensor_parallel.py shards the linears)
+
     def __init__(self, cfg: ModelConfig) -> None:
         super().__init__()
         hd = cfg.dim_head
@@ -162,7 +164,7 @@ class Attention(nn.Module):
         self.k_norm = RMSNorm(hd, cfg.norm_eps) if cfg.qk_norm else None
 
     def _qkv(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        if self.training or torch.is_grad_enabled():
+        if self.training or torch.is_grad_enabled() or not self.fused:
             return self.q_proj(x), self.k_proj(x), self.v_proj(x)
         w, b = _fused(self, (self.q_proj, self.k_proj, self.v_proj))  # one matmul at inference
         qkv = F.linear(x, w, b)
@@ -175,6 +177,7 @@ class Attention(nn.Module):
         B, T, _ = x.shape  # (B, T, C)
         if (
             not (self.training or torch.is_grad_enabled())
+            and self.fused
             and self.q_norm is None
             and self.clip is None
         ):
@@ -254,6 +257,8 @@ def _fused(
 
 
 class MLP(nn.Module):
+    fused = True  # one gate/up matmul at inference (off when tensor_parallel.py shards the linears)
+
     def __init__(self, cfg: ModelConfig) -> None:
         super().__init__()
         self.gate_proj = nn.Linear(cfg.d_model, cfg.mlp_hidden, bias=False)
@@ -261,7 +266,7 @@ class MLP(nn.Module):
         self.down_proj = nn.Linear(cfg.mlp_hidden, cfg.d_model, bias=False)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if self.training or torch.is_grad_enabled():
+        if self.training or torch.is_grad_enabled() or not self.fused:
             return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))  # (B, T, C)
         w, _ = _fused(self, (self.gate_proj, self.up_proj))
         gate, up = F.linear(x, w).chunk(2, dim=-1)  # (B, T, F) each
@@ -311,6 +316,9 @@ class DiffusionLM(nn.Module):
             self.lm_head.weight = self.model.embed_tokens.weight
         self.rotary = Rotary(cfg.rotary_dim, cfg.rope_theta, cfg.max_seq_len)
         self.attention_layout = "per_sequence"  # see models.packing
+        self.kv_heads = (
+            cfg.n_kv_heads
+        )  # key/value heads held here (per rank under tensor parallelism)
         self.static_shapes = False  # pad packed tokens to buckets (batched layout; CUDA graphs)
         self.apply(self._init)
         for name, p in self.named_parameters():  # scaled init of residual outputs (GPT-2)
@@ -378,7 +386,7 @@ class DiffusionLM(nn.Module):
             cache.reserve(
                 cfg.n_layers,
                 B,
-                cfg.n_kv_heads,
+                self.kv_heads,
                 hd,
                 L + T,
                 self.lm_head.weight.dtype,
@@ -485,7 +493,7 @@ class DiffusionLM(nn.Module):
                 s.cache.reserve(
                     cfg.n_layers,
                     1,
-                    cfg.n_kv_heads,
+                    self.kv_heads,
                     cfg.dim_head,
                     L + T,
                     self.lm_head.weight.dtype,
