@@ -99,3 +99,48 @@ def test_indivisible_shapes_are_refused(tmp_path: Path) -> None:
     check_divisible(pipe.model, 2)
     with pytest.raises(ConfigError, match="does not divide n_heads=4"):
         check_divisible(pipe.model, 3)
+
+
+@pytest.mark.slow  # two ranks and a server in subprocesses: ~30 s on 2 cores
+def test_serve_tensor_parallel_matches_one_process(tmp_path: Path) -> None:
+    import signal
+    import subprocess
+    import sys
+    import time
+    from concurrent.futures import ThreadPoolExecutor
+
+    import httpx
+
+    from inprocess import serving
+    from quicksilver.server import ServerConfig
+
+    path = write_tiny("sdar", tmp_path / "sdar")
+    port = _port()
+    cmd = [sys.executable, "-m", "quicksilver.cli", "serve", "--model", str(path)]
+    cmd += ["--tensor-parallel", "2", "--threads", "1", "--port", str(port)]
+    proc = subprocess.Popen(cmd, stderr=subprocess.PIPE, text=True)
+    url = f"http://127.0.0.1:{port}"
+    bodies = [{"prompt": p, "max_tokens": 24, "temperature": 0} for p in ("hello", "two words")]
+    try:
+        deadline = time.time() + 90
+        while True:
+            try:
+                if httpx.get(url + "/health", timeout=2).status_code == 200:
+                    break
+            except httpx.HTTPError:
+                assert time.time() < deadline and proc.poll() is None, "TP server did not start"
+                time.sleep(0.5)
+
+        def ask(base: str) -> list[str]:
+            with ThreadPoolExecutor(2) as pool:  # concurrent: batched steps in lockstep
+                replies = pool.map(
+                    lambda b: httpx.post(base + "/v1/completions", json=b, timeout=60), bodies
+                )
+                return [r.json()["choices"][0]["text"] for r in replies]
+
+        parallel = ask(url)
+        with serving(ServerConfig(model=str(path), threads=1)) as one:
+            assert ask(one) == parallel
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(60) == 0, proc.stderr.read() if proc.stderr else ""
