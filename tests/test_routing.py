@@ -100,3 +100,20 @@ def test_the_table_is_bounded() -> None:
     table = PrefixTable(capacity=5)
     table.record([f"k{i}" for i in range(8)], "r0")
     assert len(table) == 5 and table.longest(["k0"], {"r0"}) == (None, 0)
+
+
+def test_bench_routing_summary() -> None:
+    from quicksilver.bench.serve import Result
+    from quicksilver.bench.serve_replicas import routing_summary
+
+    def res(replica: str, cached: int) -> Result:
+        return Result(ok=True, prompt_tokens=100, cached_tokens=cached, replica=replica)
+
+    runs = [
+        ([1.0, 2.0], [res("a", 0), res("a", 80)]),
+        ([3.0, 4.0], [res("a", 0), res("b", 0), Result(ok=False)]),
+    ]
+    s = routing_summary(runs)
+    assert s["seconds_per_turn"] == [2.0, 3.0] and s["total_s"] == 5.0
+    assert s["hit_rate"] == 0.2 and s["failed"] == 1
+    assert s["replicas_per_conversation"] == 1.5
