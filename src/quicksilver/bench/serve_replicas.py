@@ -70,6 +70,7 @@ def routing_summary(runs: list[tuple[list[float], list[Result]]]) -> dict[str, A
             [float(len({r.replica for r in rs if r.ok})) for _, rs in runs]
         ),
         "failed": sum(1 for _, rs in runs for r in rs if not r.ok),
+        "errors": sorted({r.error for _, rs in runs for r in rs if not r.ok})[:3],
     }
 
 

@@ -151,7 +151,12 @@ class Ingress:
         gen = self.replicas.handle.remote(
             portable_scope(dict(request.scope)), body, route_key=route_key(request.url.path, body)
         )
-        start = await gen.__anext__()
+        try:
+            start = await gen.__anext__()
+        except Exception as e:  # noqa: BLE001 - a replica that died or refused: an envelope, 503
+            log.warning("replica call failed: %s: %s", type(e).__name__, e)
+            msg = f"no replica could serve the request ({type(e).__name__}); try again shortly"
+            return JSONResponse(error_body(msg, "server_error", None, "unavailable"), 503)
         resp = StreamingResponse(_bodies(gen), status_code=int(start["status"]))
         resp.raw_headers = [(bytes(k), bytes(v)) for k, v in start.get("headers", [])]
         return resp
