@@ -145,3 +145,16 @@ def test_cancelled_stream_frees_its_replica_and_key_holds(ray_url: str) -> None:
             break
         assert time.time() < deadline, "the cancelled request still holds its replica"
         time.sleep(0.5)
+
+
+def test_bad_scale_out_flags_are_one_line_errors() -> None:
+    from quicksilver.errors import QuicksilverError
+
+    with pytest.raises(QuicksilverError, match="--routing must be one of"):
+        ray_serve.build_ray_app(_cfg(replicas=2, routing="nearest"))
+    with pytest.raises(QuicksilverError, match="does not combine with --replicas"):
+        ray_serve.build_ray_app(_cfg(replicas=2, tensor_parallel=2))
+    with pytest.raises(QuicksilverError, match="--min-replicas"):
+        ray_serve.build_ray_app(_cfg(replicas=2, min_replicas=5, max_replicas=3))
+    auto = ray_serve._scaling(_cfg(replicas=2, min_replicas=1, max_replicas=8))
+    assert auto["autoscaling_config"]["initial_replicas"] == 2

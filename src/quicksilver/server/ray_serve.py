@@ -83,8 +83,7 @@ class Replica:
         twin = build_twin_backend(cfg, backend.name)
         self.app = build_app(backend, cfg, [twin] if twin else [])
         self.state = self.app.state.qs
-        ctx = serve.get_replica_context()
-        self.tag = ctx.replica_tag if hasattr(ctx, "replica_tag") else ctx.replica_id.unique_id
+        self.tag = serve.get_replica_context().replica_id.unique_id
 
     def check_health(self) -> None:
         """Ray Serve's health check: a replica whose engine thread died is replaced."""
@@ -189,14 +188,19 @@ def _scaling(cfg: ServerConfig) -> dict[str, Any]:
 
 
 def replica_resources(cfg: ServerConfig) -> dict[str, float]:
-    """Ray resources of one replica: its GPUs (one per tensor-parallel rank) or its CPU threads."""
+    """Ray resources of one replica: a GPU, or its CPU threads."""
     if (cfg.device or "").startswith("cuda"):
-        return {"num_cpus": 1, "num_gpus": max(1, cfg.tensor_parallel)}
+        return {"num_cpus": 1, "num_gpus": 1}
     return {"num_cpus": max(1, cfg.threads)}
 
 
 def build_ray_app(cfg: ServerConfig) -> Any:
     """The Ray Serve application: the ingress bound to the replicas."""
+    if cfg.tensor_parallel > 1:
+        raise QuicksilverError(
+            "--tensor-parallel runs one server over several ranks; it does not combine with "
+            "--replicas yet (docs/SCALING.md)"
+        )
     if cfg.routing not in ROUTERS:
         raise QuicksilverError(f"--routing must be one of {sorted(ROUTERS)}, got {cfg.routing!r}")
     router = RequestRouterConfig(request_router_class=ROUTERS[cfg.routing])  # type: ignore[arg-type]
@@ -241,7 +245,7 @@ def serve_ray(cfg: ServerConfig) -> int:
     """The blocking ``serve --replicas`` entry point: run until SIGTERM/SIGINT, then drain."""
     start(cfg)
     print(
-        f"quicksilver: {cfg.replicas or cfg.max_replicas} replica(s) on Ray Serve "
+        f"quicksilver: {max(1, cfg.replicas)} replica(s) on Ray Serve "
         f"({cfg.routing} routing) at http://{cfg.host}:{cfg.port}",
         file=sys.stderr,
         flush=True,
