@@ -17,11 +17,9 @@ import httpx
 import openai
 import pytest
 
+from inprocess import serving
+from quicksilver.server import ray_serve  # ray[serve] is in [dev]: `make test` installs it
 from quicksilver.server.config import ServerConfig
-
-pytest.importorskip("ray.serve")  # in [dev]: installed by `make test`
-from inprocess import serving  # noqa: E402
-from quicksilver.server import ray_serve  # noqa: E402
 
 KEY = "ray-key"
 SYSTEM = "You are a careful assistant. Answer briefly and use the tools when they help. " * 3
