@@ -124,7 +124,9 @@ def test_cancelled_stream_frees_its_replica_and_key_holds(ray_url: str) -> None:
     body = {
         "model": "quicksilver",
         "messages": [{"role": "user", "content": "Write a long story about a lighthouse."}],
-        "max_tokens": 300,
+        "max_tokens": 320,
+        "ignore_eos": True,  # runs until cancelled (seconds), never ends early on its own
+        "temperature": 0,
         "stream": True,
     }
     headers = {"Authorization": f"Bearer {KEY}"}
@@ -141,7 +143,8 @@ def test_cancelled_stream_frees_its_replica_and_key_holds(ray_url: str) -> None:
             and _value(text, "num_requests_running") == 0
         ):
             break
-        assert time.time() < deadline, "the cancelled request still holds its replica"
+        held = [ln for ln in text.splitlines() if "aborted" in ln or "running" in ln]
+        assert time.time() < deadline, f"the cancelled request still holds its replica: {held}"
         time.sleep(0.5)
 
 
