@@ -95,7 +95,7 @@ def launch_server(
     finally:
         proc.terminate()
         try:
-            proc.wait(10)
+            proc.wait(30)  # a Ray Serve server drains its replicas and leaves Ray first
         except subprocess.TimeoutExpired:
             proc.kill()
 
@@ -107,6 +107,9 @@ class Result:
     e2e: float = float("nan")
     itl: list[float] = field(default_factory=list)
     out_tokens: int = 0
+    prompt_tokens: int = 0
+    cached_tokens: int = 0  # prompt tokens the server's prefix cache served
+    replica: str = ""  # x-quicksilver-replica (serve --replicas)
     content: str = ""
     tool_calls: list[dict[str, Any]] = field(default_factory=list)
     error: str = ""
@@ -127,6 +130,7 @@ async def stream_chat(client: Any, url: str, body: dict[str, Any], api_key: str 
             if r.status_code != 200:
                 res.error = f"HTTP {r.status_code}: {(await r.aread())[:200]!r}"
                 return res
+            res.replica = r.headers.get("x-quicksilver-replica", "")
             async for line in r.aiter_lines():
                 if not line.startswith("data: "):
                     continue
@@ -134,8 +138,11 @@ async def stream_chat(client: Any, url: str, body: dict[str, Any], api_key: str 
                 if data == "[DONE]":
                     break
                 chunk = json.loads(data)
-                if chunk.get("usage"):
-                    res.out_tokens = int(chunk["usage"].get("completion_tokens", 0))
+                if usage := chunk.get("usage"):
+                    res.out_tokens = int(usage.get("completion_tokens", 0))
+                    res.prompt_tokens = int(usage.get("prompt_tokens", 0))
+                    details = usage.get("prompt_tokens_details") or {}
+                    res.cached_tokens = int(details.get("cached_tokens", 0))
                 for ch in chunk.get("choices", []):
                     delta = ch.get("delta") or {}
                     text = (delta.get("content") or "") + (delta.get("reasoning_content") or "")
@@ -269,10 +276,10 @@ def chat_bodies(n: int, seed: int, max_tokens: int) -> list[dict[str, Any]]:
 
 
 async def agent_loop(
-    url: str, turns: int, seed: int, max_tokens: int
+    url: str, turns: int, seed: int, max_tokens: int, served: list[Result] | None = None
 ) -> tuple[list[float], list[str]]:
     """A tool-calling conversation resent in full every turn: seconds per turn (NaN for a failed turn)
-    and the errors. Kept compact (short system prompt and tool results) so that five turns fit the
+    and the errors (each turn's ``Result`` is appended to ``served`` when given). Kept compact (short system prompt and tool results) so that five turns fit the
     embedded model's 384-token context."""
     import httpx
 
@@ -307,6 +314,8 @@ async def agent_loop(
             )
             times.append(r.e2e if r.ok else float("nan"))
             errors += [r.error] if not r.ok else []
+            if served is not None:
+                served.append(r)
             if r.tool_calls and len(times) < turns:
                 call = r.tool_calls[0]
                 messages.append(
@@ -346,6 +355,8 @@ async def agent_loop(
                 )
                 times.append(r2.e2e if r2.ok else float("nan"))
                 errors += [r2.error] if not r2.ok else []
+                if served is not None:
+                    served.append(r2)
                 messages.append({"role": "assistant", "content": r2.content})
             else:
                 messages.append({"role": "assistant", "content": r.content})
@@ -353,6 +364,10 @@ async def agent_loop(
 
 
 def run_serve_bench(args: argparse.Namespace) -> int:
+    if args.replicas:
+        from .serve_replicas import run_replicas_bench
+
+        return run_replicas_bench(args)
     levels = [int(x) for x in args.concurrency.split(",") if x]
     rate = float(args.rate)
     extra = [f"--max-batch={max(levels)}"] if not args.url else []
@@ -507,6 +522,17 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         default=3,
         dest="agent_repeats",
         help="times the agent conversation is replayed (median per turn)",
+    )
+    p.add_argument(
+        "--replicas",
+        help="comma-separated replica counts (e.g. 1,2): each level on `serve --replicas N` "
+        "(Ray Serve), and the agent loop on the largest with prefix vs random routing",
+    )
+    p.add_argument(
+        "--conversations",
+        type=int,
+        default=4,
+        help="agent conversations run at once in the routing comparison (--replicas)",
     )
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--out", default="runs/bench_serve")

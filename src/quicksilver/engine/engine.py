@@ -173,12 +173,16 @@ class Engine:
         )
 
     # ---- one step -----------------------------------------------------------------------------
-    def _drain(self, now: float) -> list[EngineEvent]:
-        events = []
+    def _take_commands(self) -> list[tuple[str, Any]]:
+        """The adds and cancels queued since the last step (lockstep.py shares them with peers)."""
         with self._lock:
             commands, self._commands = self._commands, collections.deque()
             self._queued_adds = 0
-        for kind, arg in commands:
+        return list(commands)
+
+    def _drain(self, now: float) -> list[EngineEvent]:
+        events = []
+        for kind, arg in self._take_commands():
             if kind == "add":
                 self._waiting[arg.req.request_id] = arg
             else:

@@ -149,6 +149,8 @@ def build_attention_mask(
 
 
 class Attention(nn.Module):
+    fused = True  # one q/k/v matmul at inference (off when tensor_parallel.py shards the linears)
+
     def __init__(self, cfg: ModelConfig) -> None:
         super().__init__()
         hd = cfg.dim_head
@@ -170,7 +172,7 @@ class Attention(nn.Module):
         return F.linear(x, w, b)
 
     def _qkv(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        if self.training or torch.is_grad_enabled():
+        if self.training or torch.is_grad_enabled() or not self.fused:
             return self.q_proj(x), self.k_proj(x), self.v_proj(x)
         qkv = self._qkv_fused(x)
         nq, nk = self.n_heads * self.hd, self.n_kv * self.hd
@@ -182,6 +184,7 @@ class Attention(nn.Module):
         B, T, _ = x.shape  # (B, T, C)
         if (
             not (self.training or torch.is_grad_enabled())
+            and self.fused
             and self.q_norm is None
             and self.clip is None
         ):
@@ -260,6 +263,8 @@ def _fused(
 
 
 class MLP(nn.Module):
+    fused = True  # one gate/up matmul at inference (off when tensor_parallel.py shards the linears)
+
     def __init__(self, cfg: ModelConfig) -> None:
         super().__init__()
         self.gate_proj = nn.Linear(cfg.d_model, cfg.mlp_hidden, bias=False)
@@ -268,7 +273,7 @@ class MLP(nn.Module):
         self.gate_up_int8: nn.Module | None = None  # gate and up as one int8 linear (quantize.py)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if self.training or torch.is_grad_enabled():
+        if self.training or torch.is_grad_enabled() or not self.fused:
             return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))  # (B, T, C)
         if self.gate_up_int8 is not None:
             gate_up = self.gate_up_int8(x)
@@ -322,6 +327,9 @@ class DiffusionLM(nn.Module):
             self.lm_head.weight = self.model.embed_tokens.weight
         self.rotary = Rotary(cfg.rotary_dim, cfg.rope_theta, cfg.max_seq_len)
         self.attention_layout = "per_sequence"  # see models.packing
+        self.kv_heads = (
+            cfg.n_kv_heads
+        )  # key/value heads held here (per rank under tensor parallelism)
         self.static_shapes = False  # pad packed tokens to buckets (batched layout; CUDA graphs)
         self.apply(self._init)
         for name, p in self.named_parameters():  # scaled init of residual outputs (GPT-2)
@@ -389,7 +397,7 @@ class DiffusionLM(nn.Module):
             cache.reserve(
                 cfg.n_layers,
                 B,
-                cfg.n_kv_heads,
+                self.kv_heads,
                 hd,
                 L + T,
                 self.model.embed_tokens.weight.dtype,
@@ -496,7 +504,7 @@ class DiffusionLM(nn.Module):
                 s.cache.reserve(
                     cfg.n_layers,
                     1,
-                    cfg.n_kv_heads,
+                    self.kv_heads,
                     cfg.dim_head,
                     L + T,
                     self.model.embed_tokens.weight.dtype,

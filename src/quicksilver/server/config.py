@@ -78,6 +78,14 @@ class ServerConfig:
     drain_timeout: float = DRAIN_TIMEOUT
     verify_checksum: bool = False  # check the weights against model.sha256 before serving
     log_level: str = "warning"
+    # scale-out (docs/SCALING.md): Ray Serve replicas, routing, autoscaling, tensor parallelism
+    replicas: int = 0  # Ray Serve replicas of the app behind one endpoint (0: one process, no Ray)
+    ray_address: str | None = None  # join this Ray cluster (e.g. auto, or HOST:6379)
+    routing: str = "prefix"  # prefix (the replica holding the prompt's prefix) | random
+    min_replicas: int = 0  # autoscaling lower bound (with --max-replicas)
+    max_replicas: int = 0  # autoscaling upper bound (0: a fixed --replicas count)
+    target_ongoing_requests: float = 2.0  # autoscaling: ongoing requests per replica to aim for
+    tensor_parallel: int = 1  # processes (GPUs) one model is split over (torch.distributed)
 
     def resolved_api_key(self) -> str | None:
         return self.api_key or os.environ.get(API_KEY_ENV) or None
@@ -108,5 +116,12 @@ SERVER_HELP = {
     "body_timeout": "seconds to receive a request body after its headers (408 after)",
     "request_timeout": "seconds a generating request may run before it is cancelled (0: no limit)",
     "drain_timeout": "on SIGTERM/SIGINT, seconds in-flight requests get to finish (then error + [DONE])",
+    "replicas": "run N replicas on Ray Serve behind one endpoint (0: one process, no Ray)",
+    "ray_address": "join a running Ray cluster (auto, or HOST:PORT) instead of starting one",
+    "routing": "how the Ray ingress picks a replica: prefix (cache-aware) or random",
+    "min_replicas": "autoscaling: fewest replicas (with --max-replicas)",
+    "max_replicas": "autoscaling: most replicas (0: a fixed --replicas count)",
+    "target_ongoing_requests": "autoscaling: ongoing requests per replica Ray Serve aims for",
+    "tensor_parallel": "split the model over N processes/GPUs (torch.distributed tensor parallelism)",
     "verify_checksum": "refuse to serve weights that do not match the checkpoint's model.sha256",
 }

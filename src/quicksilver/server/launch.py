@@ -6,6 +6,7 @@ from __future__ import annotations
 import logging
 import sys
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from ..engine import Engine, EngineConfig
 from ..errors import QuicksilverError
@@ -13,6 +14,9 @@ from .async_engine import AsyncEngine
 from .config import ServerConfig
 from .generation import Backend
 from .twin import build_twin_backend
+
+if TYPE_CHECKING:
+    from ..pipeline import Pipeline
 
 
 def build_backend(cfg: ServerConfig, mock_step_delay: float = 0.0) -> Backend:
@@ -26,10 +30,14 @@ def build_backend(cfg: ServerConfig, mock_step_delay: float = 0.0) -> Backend:
     return backend
 
 
-def _backend(cfg: ServerConfig, mock_step_delay: float) -> Backend:
-    ecfg = EngineConfig(
+def engine_config(cfg: ServerConfig) -> EngineConfig:
+    return EngineConfig(
         max_batch=cfg.max_batch, max_waiting=cfg.max_waiting, prefix_cache_mb=cfg.prefix_cache_mb
     )
+
+
+def _backend(cfg: ServerConfig, mock_step_delay: float) -> Backend:
+    ecfg = engine_config(cfg)
     if cfg.mock:
         from .mock_engine import MockEngine
 
@@ -45,6 +53,12 @@ def _backend(cfg: ServerConfig, mock_step_delay: float) -> Backend:
             list(tok.stop_ids),
             tok.mask_id,
         )
+    pipe = load_pipeline(cfg)
+    return pipeline_backend(cfg, pipe, Engine(pipe.decoder, ecfg))
+
+
+def load_pipeline(cfg: ServerConfig, device: str | None = None) -> Pipeline:
+    """The checkpoint ``cfg`` names, loaded on ``device`` (default: ``cfg.device``)."""
     import torch
 
     import quicksilver
@@ -66,22 +80,29 @@ def _backend(cfg: ServerConfig, mock_step_delay: float) -> Backend:
     pipe = quicksilver.load(
         path,
         dtype=dtype,
-        device=cfg.device,
+        device=device or cfg.device,
         cache=cfg.cache,
         refresh_every=cfg.refresh_every,
         compile=cfg.compile,
         quantize=cfg.quantize,
     )
     pipe.model.eval()
-    from ..assets import embedded_model_path
+    return pipe
 
+
+def pipeline_backend(cfg: ServerConfig, pipe: Pipeline, engine: Engine) -> Backend:
+    """The served model: ``pipe`` stepped by ``engine`` (on the engine thread)."""
+    from ..assets import embedded_model_path
+    from ..cli import resolve_model
+
+    path = resolve_model(cfg.model)
     name = cfg.served_model_name or (
         "quicksilver" if path == embedded_model_path() else Path(path).name
     )
     return Backend(
         name,
         pipe.tokenizer,
-        AsyncEngine(Engine(pipe.decoder, ecfg)),
+        AsyncEngine(engine),
         pipe.config.max_seq_len,
         pipe.config.attention,
         list(pipe.stop_ids),
@@ -91,22 +112,35 @@ def _backend(cfg: ServerConfig, mock_step_delay: float) -> Backend:
 
 
 def serve(cfg: ServerConfig, mock_step_delay: float = 0.0) -> int:
-    import uvicorn
+    if cfg.replicas or cfg.max_replicas or cfg.ray_address:
+        from .ray_serve import serve_ray
 
-    from .app import build_app
-    from .drain import DrainingServer
+        return serve_ray(cfg)
+    if cfg.tensor_parallel > 1:
+        from .tp_launch import serve_tensor_parallel
 
+        return serve_tensor_parallel(cfg)
     logging.basicConfig(
         level=cfg.log_level.upper(), format="%(asctime)s %(name)s %(levelname)s %(message)s"
     )
     backend = build_backend(cfg, mock_step_delay)
     twin = build_twin_backend(cfg, backend.name)
-    app = build_app(backend, cfg, [twin] if twin else [])
+    return run_server(cfg, backend, [twin] if twin else [])
+
+
+def run_server(cfg: ServerConfig, backend: Backend, twins: list[Backend], note: str = "") -> int:
+    """Serve ``backend`` (and ``twins``) over HTTP until SIGTERM/SIGINT, then drain."""
+    import uvicorn
+
+    from .app import build_app
+    from .drain import DrainingServer
+
+    app = build_app(backend, cfg, twins)
     key = "on" if cfg.resolved_api_key() else "off"
-    also = f" and its AR twin {twin.name!r}" if twin else ""
+    also = "".join(f" and its AR twin {t.name!r}" for t in twins)
     print(
         f"quicksilver: serving {backend.name!r} ({backend.attention}, context {backend.max_context})"
-        f"{also} on http://{cfg.host}:{cfg.port} (API key {key}; playground at /)",
+        f"{also}{note} on http://{cfg.host}:{cfg.port} (API key {key}; playground at /)",
         file=sys.stderr,
         flush=True,
     )
