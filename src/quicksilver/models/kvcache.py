@@ -3,7 +3,8 @@
 A forward pass writes the keys/values of its tokens right after the committed part and attends
 over ``[0, length + T)`` of the buffer, so no concatenation happens per step; ``commit`` then keeps
 the first ``append`` of them (finished blocks, or every token for AR decoding) and the rest is
-overwritten by the next pass. Buffers grow by doubling. One cache serves a padded batch of B rows
+overwritten by the next pass. Buffers grow by doubling and their capacity is always a power of two
+(at least 64), so exported static-shape steps see few cache shapes. One cache serves a padded batch of B rows
 or a single packed sequence (B = 1).
 """
 
@@ -41,7 +42,9 @@ class KVCache:
         """Make room for ``need`` positions (keeps what is committed)."""
         if need <= self.capacity:
             return
-        cap = max(need, 2 * self.capacity, 64)
+        cap = max(2 * self.capacity, 64)
+        while cap < need:
+            cap *= 2
         L = self.length
 
         ks, vs = [], []

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from typing import Protocol
 
 import torch
 import torch.nn as nn
@@ -117,6 +118,14 @@ class Segment:
     @property
     def positions(self) -> torch.Tensor:
         return torch.arange(self.start, self.start + self.length, device=self.ids.device)  # (T,)
+
+
+class StepBackend(Protocol):
+    """Serves single-segment passes in another runtime (models/cpu_backends.py); None = not covered."""
+
+    name: str
+
+    def forward_segment(self, seg: Segment) -> torch.Tensor | None: ...
 
 
 def build_attention_mask(
@@ -312,6 +321,7 @@ class DiffusionLM(nn.Module):
         self.rotary = Rotary(cfg.rotary_dim, cfg.rope_theta, cfg.max_seq_len)
         self.attention_layout = "per_sequence"  # see models.packing
         self.static_shapes = False  # pad packed tokens to buckets (batched layout; CUDA graphs)
+        self.step_backend: StepBackend | None = None  # e.g. ONNX Runtime for batch-1 CPU steps
         self.apply(self._init)
         for name, p in self.named_parameters():  # scaled init of residual outputs (GPT-2)
             if name.endswith("o_proj.weight") or name.endswith("down_proj.weight"):
@@ -467,7 +477,12 @@ class DiffusionLM(nn.Module):
         """Packed inference forward: one pass for several sequences, each with its own KV cache.
 
         Returns per segment the logits (hi - lo, V) of its tokens [lo, hi), aligned (shift applied).
+        A single segment goes to the step backend first, when one is attached and covers it.
         """
+        if self.step_backend is not None and len(segments) == 1:
+            logits = self.step_backend.forward_segment(segments[0])
+            if logits is not None:
+                return [logits]
         cfg = self.config
         ids = (
             torch.cat([s.ids for s in segments])[None]
