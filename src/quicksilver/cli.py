@@ -67,6 +67,7 @@ def load_pipeline(args: argparse.Namespace) -> Any:
         compile=getattr(args, "compile", False),
         attention_layout=getattr(args, "attention_layout", "auto"),
         cuda_graphs=getattr(args, "cuda_graphs", False),
+        backend=getattr(args, "backend", "torch"),
     )
 
 
@@ -215,6 +216,18 @@ def cmd_bench(args: argparse.Namespace) -> int:
 DTYPES = {"float32": None, "bfloat16": "bfloat16", "float16": "float16"}
 
 
+def add_backend_arg(p: argparse.ArgumentParser, default: str = "auto") -> None:
+    from .models.cpu_backends import BACKEND_CHOICES
+
+    p.add_argument(
+        "--backend",
+        default=default,
+        choices=BACKEND_CHOICES,
+        help="runtime of single-sequence steps: torch (eager reference), onnx (ONNX Runtime), "
+        "openvino, auto (the measured winner on a float32 CPU model, else torch)",
+    )
+
+
 def add_cache_args(p: argparse.ArgumentParser) -> None:
     from .models.packing import LAYOUTS
     from .sampling.caches import CACHE_CHOICES
@@ -251,6 +264,7 @@ def add_cache_args(p: argparse.ArgumentParser) -> None:
         dest="attention_layout",
         help="attention over a batch: per_sequence, batched (one call per layer), auto (batched on GPU)",
     )
+    add_backend_arg(p)
     p.add_argument(
         "--cuda-graphs",
         action="store_true",
@@ -408,6 +422,7 @@ def build_parser() -> argparse.ArgumentParser:
     bs.add_argument(
         "--compile", action="store_true", help="torch.compile both models' blocks (GPU)"
     )
+    add_backend_arg(bs)
     bs.add_argument(
         "--skip-reference",
         action="store_true",

@@ -120,6 +120,10 @@ def reference_run(pipe: Pipeline, ids: list[int], n: int, block: int) -> Run:
     return Run(out, res.nfe, dt, dt)
 
 
+def _backend_name(p: Pipeline) -> str:
+    return p.model.step_backend.name if p.model.step_backend is not None else "torch"
+
+
 def run_speed_bench(args: argparse.Namespace) -> int:
     from ..assets import embedded_ar_model_path, embedded_model_path
     from ..train.data import prompt_text
@@ -135,8 +139,9 @@ def run_speed_bench(args: argparse.Namespace) -> int:
     dtype_name = getattr(args, "dtype", "float32")
     ar_dtype_name = getattr(args, "ar_dtype", None) or dtype_name
     compile_ = bool(getattr(args, "compile", False))
-    pipe = load(model_path, dtype=getattr(torch, dtype_name), compile=compile_)
-    ar = load(ar_path, dtype=getattr(torch, ar_dtype_name), compile=compile_)
+    backend = getattr(args, "backend", "torch")
+    pipe = load(model_path, dtype=getattr(torch, dtype_name), compile=compile_, backend=backend)
+    ar = load(ar_path, dtype=getattr(torch, ar_dtype_name), compile=compile_, backend=backend)
     if ar.config.attention != "causal":
         raise QuicksilverError(f"{ar_path} is not a causal (AR) model")
     tok = pipe.tokenizer
@@ -250,6 +255,8 @@ def run_speed_bench(args: argparse.Namespace) -> int:
                 "dtype": dtype_name,
                 "ar_dtype": ar_dtype_name,
                 "compile": compile_,
+                "backend": _backend_name(pipe),
+                "ar_backend": _backend_name(ar),
             },
             "plot": str(png),
             "hardware": hardware(),

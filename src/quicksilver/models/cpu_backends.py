@@ -87,7 +87,7 @@ RUNNERS: dict[str, tuple[str, Callable[[str, int], Any]]] = {
     "openvino": ("openvino", OvRunner),
 }
 BACKEND_CHOICES = ("auto", "torch", *RUNNERS)
-AUTO_ORDER = ("openvino", "onnx")  # fastest first, as measured on the 2-vCPU EPYC (docs/LOG.md)
+AUTO_ORDER = ("onnx", "openvino")  # fastest first, as measured on the 2-vCPU EPYC (docs/LOG.md)
 
 
 def _bucket(n: int) -> int | None:
@@ -152,10 +152,10 @@ class ExportedStep:
         feeds: Feeds = {"ids": ids, "pos": pos, "mask": self._mask(seg, Tb, C, past_end)}
         n = cfg.n_layers
         for i in range(n):
-            feeds[f"past_k{i}"] = cache.k[i].numpy()  # (1, Hkv, C, hd), shared memory
-            feeds[f"past_v{i}"] = cache.v[i].numpy()
+            feeds[f"past_k{i}"] = cache.k[i].detach().numpy()  # (1, Hkv, C, hd), shared memory
+            feeds[f"past_v{i}"] = cache.v[i].detach().numpy()
         out = self.run(feeds)
-        raw = torch.from_numpy(np.array(out[0][0, :T]))  # (T, V)
+        raw = torch.from_numpy(out[0][0, :T].copy())  # (T, V)
         _write_new(cache, at, T, out[1 : 1 + n], out[1 + n :])
         return _aligned(seg, raw, cache, cfg.logit_shift)
 
@@ -163,9 +163,9 @@ class ExportedStep:
 def _write_new(
     cache: KVCache, at: int, T: int, ks: list[np.ndarray], vs: list[np.ndarray]
 ) -> None:
-    for i, (k, v) in enumerate(zip(ks, vs)):
-        cache.k[i][:, :, at : at + T] = torch.from_numpy(k[:, :, :T])  # (1, Hkv, T, hd)
-        cache.v[i][:, :, at : at + T] = torch.from_numpy(v[:, :, :T])
+    for i, (k, v) in enumerate(zip(ks, vs)):  # numpy views of the cache: no torch dispatch
+        cache.k[i].detach().numpy()[:, :, at : at + T] = k[:, :, :T]  # (1, Hkv, T, hd)
+        cache.v[i].detach().numpy()[:, :, at : at + T] = v[:, :, :T]
 
 
 def _aligned(seg: Segment, raw: torch.Tensor, cache: KVCache, shift: bool) -> torch.Tensor:

@@ -80,13 +80,15 @@ class StepGraph(nn.Module):
             v = qkv[:, :, H + Hkv :].transpose(1, 2)  # (1, Hkv, T, hd)
             new_k.append(k)
             new_v.append(v)
-            keys = torch.cat((past[i], k), dim=2)  # (1, Hkv, C+T, hd)
-            vals = torch.cat((past[n + i], v), dim=2)
+            pk, pv = past[i], past[n + i]  # (1, Hkv, C, hd)
             if Hkv != H:
-                keys = keys.repeat_interleave(H // Hkv, dim=1)  # (1, H, C+T, hd)
-                vals = vals.repeat_interleave(H // Hkv, dim=1)
-            s = q @ keys.transpose(-1, -2) * (1.0 / math.sqrt(hd)) + mask  # (1, H, T, C+T)
-            y = (s.softmax(-1) @ vals).transpose(1, 2).reshape(1, T, H * hd)  # (1, T, H*hd)
+                pk, pv, k, v = (t.repeat_interleave(H // Hkv, dim=1) for t in (pk, pv, k, v))
+            # scores against the cache buffer and the new keys apart: no copy of the cache
+            s = torch.cat((q @ pk.transpose(-1, -2), q @ k.transpose(-1, -2)), dim=-1)
+            p = (s * (1.0 / math.sqrt(hd)) + mask).softmax(-1)  # (1, H, T, C+T)
+            C = pk.shape[2]
+            y = p[..., :C] @ pv + p[..., C:] @ v  # (1, H, T, hd)
+            y = y.transpose(1, 2).reshape(1, T, H * hd)  # (1, T, H*hd)
             x = x + att.o_proj(y)  # (1, T, C)
             x = x + layer.mlp(_rms(layer.post_attention_layernorm, x))
         logits = self.m.lm_head(_rms(self.m.model.norm, x))  # (1, T, V)

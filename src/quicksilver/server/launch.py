@@ -70,6 +70,7 @@ def _backend(cfg: ServerConfig, mock_step_delay: float) -> Backend:
         cache=cfg.cache,
         refresh_every=cfg.refresh_every,
         compile=cfg.compile,
+        backend=cfg.backend,
     )
     pipe.model.eval()
     from ..assets import embedded_model_path
