@@ -26,7 +26,9 @@ from .kvcache import KVCache
 from .step_graph import check_supported, export_to_temp
 from .transformer import DiffusionLM, Segment
 
-TOKEN_BUCKETS = (1, 8, 16, 32, 64)  # new tokens per pass: AR step, windows, a block, two blocks
+# new tokens per pass: the AR step, windows (w, or w + 1 with the predictor on the left), a block,
+# two blocks (a finished one appended with the next)
+TOKEN_BUCKETS = (1, 8, 9, 16, 17, 32, 64)
 NEG = np.float32(-np.inf)
 Feeds = dict[str, np.ndarray]
 
@@ -160,9 +162,7 @@ class ExportedStep:
         return _aligned(seg, raw, cache, cfg.logit_shift)
 
 
-def _write_new(
-    cache: KVCache, at: int, T: int, ks: list[np.ndarray], vs: list[np.ndarray]
-) -> None:
+def _write_new(cache: KVCache, at: int, T: int, ks: list[np.ndarray], vs: list[np.ndarray]) -> None:
     for i, (k, v) in enumerate(zip(ks, vs)):  # numpy views of the cache: no torch dispatch
         cache.k[i].detach().numpy()[:, :, at : at + T] = k[:, :, :T]  # (1, Hkv, T, hd)
         cache.v[i].detach().numpy()[:, :, at : at + T] = v[:, :, :T]
@@ -181,8 +181,9 @@ def _aligned(seg: Segment, raw: torch.Tensor, cache: KVCache, shift: bool) -> to
     cache.cursor = None
     if seg.append:
         cache.commit(seg.append)
-        if shift:
-            cache.last_logits = raw[seg.append - 1][None]  # (1, V) raw
+        kept = seg.kept()
+        if shift and kept is not None:
+            cache.last_logits = raw[kept][None]  # (1, V) raw
     return logits
 
 

@@ -107,7 +107,9 @@ def export_onnx(model: DiffusionLM, directory: Path) -> Path:
     names = [f"past_k{i}" for i in range(n)] + [f"past_v{i}" for i in range(n)]
     outs = ["logits"] + [f"new_k{i}" for i in range(n)] + [f"new_v{i}" for i in range(n)]
     dyn = {"ids": {1: "T"}, "pos": {1: "T"}, "mask": {2: "T", 3: "CT"}}
-    dyn |= {nm: {2: "C"} for nm in names} | {o: {1: "T"} if o == "logits" else {2: "T"} for o in outs}
+    dyn |= {nm: {2: "C"} for nm in names} | {
+        o: {1: "T"} if o == "logits" else {2: "T"} for o in outs
+    }
     path = directory / "step.onnx"
     graph = StepGraph(model).eval()
     with torch.no_grad():

@@ -110,6 +110,13 @@ class Segment:
     overwrite: bool = (
         False  # the tokens replace cached positions (dual cache) instead of following them
     )
+    keep: int | None = None  # logit shift: which token's raw output becomes cache.last_logits
+    # (default: the last appended one; negative: leave last_logits as it is)
+
+    def kept(self) -> int | None:
+        """Index of the token whose raw output the cache keeps after this pass, if any."""
+        idx = self.append - 1 if self.keep is None else self.keep
+        return idx if self.append and idx >= 0 else None
 
     @property
     def length(self) -> int:
@@ -547,6 +554,7 @@ class DiffusionLM(nn.Module):
                 s.cache.cursor = None
             if s.append and s.cache is not None:
                 s.cache.commit(s.append)
-                if cfg.logit_shift:
-                    s.cache.last_logits = self.lm_head(h[a + s.append - 1])[None]  # (1, V) raw
+                kept = s.kept()
+                if cfg.logit_shift and kept is not None:
+                    s.cache.last_logits = self.lm_head(h[a + kept])[None]  # (1, V) raw
         return out
