@@ -424,6 +424,11 @@ def build_parser() -> argparse.ArgumentParser:
     )
     add_backend_arg(bs)
     bs.add_argument(
+        "--window",
+        type=int,
+        help="decode window of the default configuration (default: the device's, see README)",
+    )
+    bs.add_argument(
         "--skip-reference",
         action="store_true",
         dest="skip_reference",

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import math
 import tempfile
+import warnings
 from pathlib import Path
 
 import torch
@@ -112,7 +113,8 @@ def export_onnx(model: DiffusionLM, directory: Path) -> Path:
     }
     path = directory / "step.onnx"
     graph = StepGraph(model).eval()
-    with torch.no_grad():
+    with torch.no_grad(), warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # tracer notes about shape-dependent Python branches
         torch.onnx.export(
             graph,
             (ids, pos, mask, *past),

@@ -138,10 +138,14 @@ def resolve_window(requested: int | None, model_block: int | None, mode: str, de
         if requested is not None:
             raise ConfigError("a decode window needs a block-causal model with the block cache")
         return 0
-    w = requested if requested is not None else WINDOW_DEFAULTS.get(device) or model_block
-    if model_block % w:
-        raise ConfigError(f"window must divide the model's block size {model_block}, got {w}")
-    return w
+    if requested is None:  # the device default where it fits this model's block, else the block
+        w = WINDOW_DEFAULTS.get(device) or model_block
+        return w if model_block % w == 0 else model_block
+    if model_block % requested:
+        raise ConfigError(
+            f"window must divide the model's block size {model_block}, got {requested}"
+        )
+    return requested
 
 
 def resolve_cache_mode(attention: str, requested: str, use_cache: bool = True) -> str:
