@@ -2,8 +2,8 @@
 
 A backend serves the single-segment passes of ``DiffusionLM.forward_segments`` — the AR token
 step, the diffusion block step and window step of one sequence — when their new tokens fit the
-largest token bucket; anything else (packed batches, long prefills, no cache) returns None and the
-eager torch path runs it. Shapes are static per bucket: the new tokens are padded to a bucket of
+largest token bucket; anything else (packed batches, no cache) returns None and the eager torch
+path runs it. Shapes are static per bucket: the new tokens are padded to a bucket of
 ``TOKEN_BUCKETS`` and the cache is fed whole (its capacity is a power of two, see ``KVCache``),
 unused slots masked. The caller (here) writes the returned keys/values into the ``KVCache``, so
 torch and the backend share one cache and can take turns.
@@ -27,8 +27,8 @@ from .step_graph import check_supported, export_to_temp
 from .transformer import DiffusionLM, Segment
 
 # new tokens per pass: the AR step, windows (w, or w + 1 with the predictor on the left), a block,
-# two blocks (a finished one appended with the next)
-TOKEN_BUCKETS = (1, 8, 9, 16, 17, 32, 64)
+# two blocks (a finished one appended with the next), prefills (padded: compute-bound anyway)
+TOKEN_BUCKETS = (1, 8, 9, 16, 17, 32, 64, 128, 256, 384)
 NEG = np.float32(-np.inf)
 Feeds = dict[str, np.ndarray]
 

@@ -22,10 +22,10 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from ..errors import ConfigError
-from .transformer import DiffusionLM, apply_rotary
+from .transformer import DiffusionLM, RMSNorm, apply_rotary
 
 
-def _rms(norm: nn.Module, x: torch.Tensor) -> torch.Tensor:
+def _rms(norm: RMSNorm, x: torch.Tensor) -> torch.Tensor:
     """RMSNorm spelled in elementary ops (the exporter has no ``aten::rms_norm``)."""
     return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + norm.eps) * norm.weight  # (1, T, C)
 
