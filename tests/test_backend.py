@@ -154,3 +154,15 @@ def test_cache_capacity_is_a_power_of_two() -> None:
         cache.reserve(1, 1, 1, 4, need, torch.float32, torch.device("cpu"))
         cap = cache.capacity
         assert cap >= need and cap & (cap - 1) == 0
+
+
+def test_bench_steps_reports_every_backend_and_shape(capsys) -> None:  # type: ignore[no-untyped-def]
+    import json
+
+    from quicksilver.cli import main
+
+    argv = ["bench", "steps", "--backends", "torch,onnx", "--threads", "1", "--rounds", "1"]
+    assert main([*argv, "--repeats", "1", "--context", "64"]) == 0
+    out = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert set(out["ms"]) == {"torch", "onnx"}
+    assert set(out["ms"]["onnx"]["1"]) == {"ar_token", "step_8", "step_9", "step_32", "step_64"}

@@ -206,6 +206,10 @@ def cmd_bench(args: argparse.Namespace) -> int:
         from .bench.soak import run_soak_bench
 
         return run_soak_bench(args)
+    if args.bench == "steps":
+        from .bench.steps import run_steps_bench
+
+        return run_steps_bench(args)
     if args.bench == "families":
         from .bench.gpu_families import run as run_families_bench
 
@@ -464,6 +468,11 @@ def build_parser() -> argparse.ArgumentParser:
             "soak",
             help="N streams for T minutes with disconnects and overload bursts: failures, RSS",
         )
+    )
+    from .bench.steps import add_arguments as steps_bench_args
+
+    steps_bench_args(
+        bsub.add_parser("steps", help="ms per step of each CPU backend (torch, onnx, openvino)")
     )
     from .bench.gpu_families import add_arguments as families_bench_args
 
