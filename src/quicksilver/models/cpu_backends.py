@@ -104,6 +104,8 @@ class ExportedStep:
         self.name, self.model, self.cfg = name, model, model.config
         self._tmp, path = export_to_temp(model)
         self.run = RUNNERS[name][1](str(path), threads)
+        n = model.config.n_layers
+        self.past_names = [f"past_k{i}" for i in range(n)] + [f"past_v{i}" for i in range(n)]
 
     def covers(self, seg: Segment) -> bool:
         return seg.cache is not None and _bucket(seg.length) is not None
@@ -113,6 +115,9 @@ class ExportedStep:
         T, cfg = seg.length, self.cfg
         m = np.full((Tb, C + Tb), NEG, dtype=np.float32)  # (Tb, C+Tb)
         m[:T, :past_end] = 0.0
+        if T == 1 and Tb == 1:  # the AR step: the cache and itself
+            m[0, C] = 0.0
+            return m[None, None]
         if seg.overwrite:  # the new tokens replace these cached slots
             m[:T, seg.start : seg.start + T] = NEG
         q = np.arange(seg.start, seg.start + T)  # absolute positions of the new tokens
@@ -152,20 +157,13 @@ class ExportedStep:
         pos = np.full((1, Tb), seg.start + T - 1, dtype=np.int64)
         pos[0, :T] = np.arange(seg.start, seg.start + T)
         feeds: Feeds = {"ids": ids, "pos": pos, "mask": self._mask(seg, Tb, C, past_end)}
-        n = cfg.n_layers
-        for i in range(n):
-            feeds[f"past_k{i}"] = cache.k[i].detach().numpy()  # (1, Hkv, C, hd), shared memory
-            feeds[f"past_v{i}"] = cache.v[i].detach().numpy()
+        ks, vs = cache.numpy_views()  # (1, Hkv, C, hd) each, sharing the cache's memory
+        feeds.update(zip(self.past_names, ks + vs))
         out = self.run(feeds)
         raw = torch.from_numpy(out[0][0, :T].copy())  # (T, V)
-        _write_new(cache, at, T, out[1 : 1 + n], out[1 + n :])
+        for buf, new in zip(ks + vs, out[1:]):  # numpy writes: no torch dispatch
+            buf[:, :, at : at + T] = new[:, :, :T]  # (1, Hkv, T, hd)
         return _aligned(seg, raw, cache, cfg.logit_shift)
-
-
-def _write_new(cache: KVCache, at: int, T: int, ks: list[np.ndarray], vs: list[np.ndarray]) -> None:
-    for i, (k, v) in enumerate(zip(ks, vs)):  # numpy views of the cache: no torch dispatch
-        cache.k[i].detach().numpy()[:, :, at : at + T] = k[:, :, :T]  # (1, Hkv, T, hd)
-        cache.v[i].detach().numpy()[:, :, at : at + T] = v[:, :, :T]
 
 
 def _aligned(seg: Segment, raw: torch.Tensor, cache: KVCache, shift: bool) -> torch.Tensor:

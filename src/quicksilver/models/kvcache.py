@@ -10,6 +10,7 @@ or a single packed sequence (B = 1).
 
 from __future__ import annotations
 
+import numpy as np
 import torch
 
 
@@ -19,6 +20,7 @@ class KVCache:
         self.v: list[torch.Tensor] = []
         self.positions: torch.Tensor | None = None  # (B, capacity) long
         self.valid: torch.Tensor | None = None  # (B, capacity) bool
+        self._numpy: tuple[list[np.ndarray], list[np.ndarray]] | None = None
         self.length = 0  # committed positions
         self.cursor: int | None = None  # where the next pass writes (None: right after ``length``)
         self.last_logits: torch.Tensor | None = (
@@ -63,6 +65,17 @@ class KVCache:
             pos[:, :L] = self.positions[:, :L]
             val[:, :L] = self.valid[:, :L]
         self.k, self.v, self.positions, self.valid = ks, vs, pos, val
+        self._numpy: tuple[list[np.ndarray], list[np.ndarray]] | None = None
+
+    def numpy_views(self) -> tuple[list[np.ndarray], list[np.ndarray]]:
+        """The key and value buffers as numpy arrays sharing their memory (CPU; for the exported
+        step backends), made once per allocation."""
+        if self._numpy is None:
+            self._numpy = (
+                [k.detach().numpy() for k in self.k],
+                [v.detach().numpy() for v in self.v],
+            )
+        return self._numpy
 
     def write_meta(self, positions: torch.Tensor, valid: torch.Tensor | None) -> None:
         """Positions (B, T) (and validity) of the tokens about to be written after ``length``."""
