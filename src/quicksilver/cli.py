@@ -20,6 +20,8 @@ SAMPLER_HELP = {
     "threshold": "confidence bound of the threshold policy, in (0, 1]",
     "steps": "refinement steps in all (schedule policies; a cap for threshold)",
     "block_length": "semi-autoregressive block length",
+    "window": "decode window of a block-causal model: positions a step computes inside its block "
+    "(default: 8 on a CPU, the whole block on a GPU)",
     "revise_threshold": "re-mask committed tokens whose confidence falls below this (revision; off if unset)",
     "max_revisions": "how often one position may be re-masked",
     "stop_at_eos": "stop once a stop token and everything before it are committed",
