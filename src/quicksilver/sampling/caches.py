@@ -74,7 +74,8 @@ class WindowCache:
         a, b, mb = row.P + lo, row.P + hi, row.model_block
         block_start = a // mb * mb
         shift = row.shift
-        if row.stale or (row.block_steps == 0 and a == block_start):  # refresh: exact prefix
+        # a new model block (or a truncated canvas): recompute from the exact prefix
+        if row.stale or row.exact != block_start:
             row.cache.truncate(row.exact)
             start, row.exact, row.stale = row.exact, block_start, False
             keep = None
