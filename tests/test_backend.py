@@ -166,3 +166,22 @@ def test_bench_steps_reports_every_backend_and_shape(capsys) -> None:  # type: i
     out = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
     assert set(out["ms"]) == {"torch", "onnx"}
     assert set(out["ms"]["onnx"]["1"]) == {"ar_token", "step_8", "step_9", "step_32", "step_64"}
+
+
+def test_window_rows_skip_prefilled_sub_blocks(dlm_pipes) -> None:  # type: ignore[no-untyped-def]
+    """Prefilled sub-blocks (structured output's skeleton) may make a row skip a block's start."""
+    dec = dlm_pipes["torch"].decoder
+    ids = _items(dlm_pipes["torch"], 1)[0]
+    first = 32 - len(ids) % 32  # canvas offset of the second model block
+    prefill = {p: 5 for p in range(first, first + 8)}  # its whole first sub-block
+    row = dec.new_row(
+        ids, SamplerConfig(max_new_tokens=64, window=8, stop_at_eos=False), prefill=prefill
+    )
+    gen = dec.drive([row])
+    while True:
+        try:
+            next(gen)
+        except StopIteration as stop:
+            (res,) = stop.value
+            break
+    assert len(res.tokens) == 64 and all(res.tokens[p] == 5 for p in prefill)
