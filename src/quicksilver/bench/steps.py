@@ -59,16 +59,17 @@ def run_steps_bench(args: argparse.Namespace) -> int:
     if not 1 <= args.context <= min(ar.config.max_seq_len, dlm.config.max_seq_len) - longest:
         raise QuicksilverError(f"--context must leave room for a {longest}-token step")
     runners = {}
-    for b in backends:  # one export per backend and model, reused by every round
-        attach_backend(ar, b)
-        attach_backend(dlm, b)
-        runners[b] = (ar.step_backend, dlm.step_backend)
+    for b in backends:  # a runtime's thread pool is fixed when it is made: one per thread count
+        for n_threads in threads:
+            attach_backend(ar, b, n_threads)
+            attach_backend(dlm, b, n_threads)
+            runners[b, n_threads] = (ar.step_backend, dlm.step_backend)
     samples: dict[tuple[str, int, str], list[float]] = {}
     for _ in range(args.rounds):
         for n_threads in threads:
             torch.set_num_threads(n_threads)
             for b in backends:
-                ar.step_backend, dlm.step_backend = runners[b]
+                ar.step_backend, dlm.step_backend = runners[b, n_threads]
                 for shape, T in SHAPES.items():
                     model = ar if shape == "ar_token" else dlm
                     ms = _time_step(model, args.context, T, args.repeats)
