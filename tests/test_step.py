@@ -187,7 +187,7 @@ def test_a_constraint_that_refuses_everything_chosen_gets_the_best_allowed_token
 
 # ---- cache modes ----------------------------------------------------------------------------
 def test_cache_modes_are_chosen_once_from_the_registry() -> None:
-    assert set(CACHE_MODES) == {"none", "block", "prefix", "dual"}
+    assert set(CACHE_MODES) == {"none", "block", "window", "prefix", "dual"}
     assert resolve_cache_mode("block_causal", "auto") == "block"
     assert resolve_cache_mode("bidirectional", "auto") == "none"
     assert resolve_cache_mode("block_causal", "dual") == "block"  # exact beats approximate

@@ -20,6 +20,8 @@ SAMPLER_HELP = {
     "threshold": "confidence bound of the threshold policy, in (0, 1]",
     "steps": "refinement steps in all (schedule policies; a cap for threshold)",
     "block_length": "semi-autoregressive block length",
+    "window": "decode window of a block-causal model: positions a step computes inside its block "
+    "(default: 8 on a CPU, the whole block on a GPU)",
     "revise_threshold": "re-mask committed tokens whose confidence falls below this (revision; off if unset)",
     "max_revisions": "how often one position may be re-masked",
     "stop_at_eos": "stop once a stop token and everything before it are committed",
@@ -68,6 +70,7 @@ def load_pipeline(args: argparse.Namespace) -> Any:
         attention_layout=getattr(args, "attention_layout", "auto"),
         cuda_graphs=getattr(args, "cuda_graphs", False),
         quantize=getattr(args, "quantize", "none"),
+        backend=getattr(args, "backend", "torch"),
     )
 
 
@@ -210,6 +213,10 @@ def cmd_bench(args: argparse.Namespace) -> int:
         from .bench.shapes import run as run_shapes_bench
 
         return run_shapes_bench(args)
+    if args.bench == "steps":
+        from .bench.steps import run_steps_bench
+
+        return run_steps_bench(args)
     if args.bench == "families":
         from .bench.gpu_families import run as run_families_bench
 
@@ -228,6 +235,18 @@ def add_quantize_arg(p: argparse.ArgumentParser) -> None:
         default="none",
         choices=QUANTIZE_CHOICES,
         help="int8: dynamic int8 linear layers on the CPU (fbgemm; ~4x less weight memory)",
+    )
+
+
+def add_backend_arg(p: argparse.ArgumentParser, default: str = "auto") -> None:
+    from .models.cpu_backends import BACKEND_CHOICES
+
+    p.add_argument(
+        "--backend",
+        default=default,
+        choices=BACKEND_CHOICES,
+        help="runtime of single-sequence steps: torch (eager reference), onnx (ONNX Runtime), "
+        "openvino, auto (the measured winner on a float32 CPU model, else torch)",
     )
 
 
@@ -268,6 +287,7 @@ def add_cache_args(p: argparse.ArgumentParser) -> None:
         dest="attention_layout",
         help="attention over a batch: per_sequence, batched (one call per layer), auto (batched on GPU)",
     )
+    add_backend_arg(p)
     p.add_argument(
         "--cuda-graphs",
         action="store_true",
@@ -426,6 +446,12 @@ def build_parser() -> argparse.ArgumentParser:
     bs.add_argument(
         "--compile", action="store_true", help="torch.compile both models' blocks (GPU)"
     )
+    add_backend_arg(bs)
+    bs.add_argument(
+        "--window",
+        type=int,
+        help="decode window of the default configuration (default: the device's, see README)",
+    )
     bs.add_argument(
         "--skip-reference",
         action="store_true",
@@ -471,6 +497,11 @@ def build_parser() -> argparse.ArgumentParser:
             help="CPU cost of a step per window vs an AR token step at published shapes "
             "(random weights; float32, bfloat16, int8)",
         )
+    )
+    from .bench.steps import add_arguments as steps_bench_args
+
+    steps_bench_args(
+        bsub.add_parser("steps", help="ms per step of each CPU backend (torch, onnx, openvino)")
     )
     from .bench.gpu_families import add_arguments as families_bench_args
 

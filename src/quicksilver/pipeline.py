@@ -13,6 +13,7 @@ import torch
 from .errors import CheckpointError, ConfigError
 from .models.checkpoint import load_checkpoint
 from .models.config import ModelConfig
+from .models.cpu_backends import attach_backend
 from .models.packing import resolve_layout
 from .models.transformer import DiffusionLM
 from .sampling import Decoder, SamplerConfig
@@ -170,6 +171,7 @@ def load(
     attention_layout: str = "auto",
     cuda_graphs: bool = False,
     quantize: str = "none",
+    backend: str = "torch",
 ) -> Pipeline:
     """Load a checkpoint directory (never touches the network). Default: CPU float32, CUDA bfloat16.
 
@@ -179,6 +181,9 @@ def load(
     compile: ``torch.compile`` the per-token parts of every block (for GPUs; slower on small CPUs).
     attention_layout: ``per_sequence``, ``batched`` (one attention call per layer) or ``auto``
     (batched on a GPU). cuda_graphs: static bucketed shapes + ``torch.compile(mode="reduce-overhead")``.
+    backend: the runtime of single-sequence steps: ``torch`` (eager, the reference), ``onnx`` (ONNX
+    Runtime), ``openvino`` or ``auto`` (the measured winner on a CPU float32 model, else torch);
+    see models/cpu_backends.py. Packed batches always run in torch.
     quantize: ``none`` or ``int8`` (dynamic int8 linear layers on the CPU; models/quantize.py)."""
     from .models.quantize import quantize_model
 
@@ -191,4 +196,5 @@ def load(
         model.compile_static()
     elif compile:
         model.compile_blocks()
+    attach_backend(model, backend)
     return Pipeline(model, tok, path, cache=cache, refresh_every=refresh_every)

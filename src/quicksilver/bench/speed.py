@@ -10,6 +10,8 @@ accuracy by the task verifiers; ratios to (a) and (b); a PNG; the last line is J
 holds the default configuration's numbers, ``step_vs_ar_token`` (the default's ms per forward ÷ the
 AR baseline's) and ``ar_ms_per_token``. With ``--vs-llama-cpp`` the AR twin also runs in llama.cpp
 (bench/llama_cpp.py) on the same token ids, and the top level gains ``ratio_vs_llama_cpp``.
+``--backend`` picks the step runtime of both models (default auto: ONNX Runtime on a CPU, see
+models/cpu_backends.py) and ``--window`` the default's decode window; both are in ``settings``.
 """
 
 from __future__ import annotations
@@ -29,6 +31,7 @@ from ..errors import QuicksilverError
 from ..pipeline import Pipeline, load
 from ..sampling import SamplerConfig, reference_generate
 from ..sampling.autoregressive import ar_stream
+from ..sampling.caches import resolve_window
 from .common import bar_plot, emit_json, hardware, median, print_table
 
 DEFAULT_TASKS = "chat,tool_call,sudoku4,countdown3,path_star,multiply"
@@ -120,6 +123,10 @@ def reference_run(pipe: Pipeline, ids: list[int], n: int, block: int) -> Run:
     return Run(out, res.nfe, dt, dt)
 
 
+def _backend_name(p: Pipeline) -> str:
+    return p.model.step_backend.name if p.model.step_backend is not None else "torch"
+
+
 def run_speed_bench(args: argparse.Namespace) -> int:
     from ..assets import embedded_ar_model_path, embedded_model_path
     from ..train.data import prompt_text
@@ -136,15 +143,23 @@ def run_speed_bench(args: argparse.Namespace) -> int:
     ar_dtype_name = getattr(args, "ar_dtype", None) or dtype_name
     compile_ = bool(getattr(args, "compile", False))
     quantize = getattr(args, "quantize", "none")
-    pipe = load(model_path, dtype=getattr(torch, dtype_name), compile=compile_, quantize=quantize)
-    ar = load(ar_path, dtype=getattr(torch, ar_dtype_name), compile=compile_, quantize=quantize)
+    backend = getattr(args, "backend", "torch")
+    opts = dict(compile=compile_, quantize=quantize, backend=backend)
+    pipe = load(model_path, dtype=getattr(torch, dtype_name), **opts)
+    ar = load(ar_path, dtype=getattr(torch, ar_dtype_name), **opts)
     if ar.config.attention != "causal":
         raise QuicksilverError(f"{ar_path} is not a causal (AR) model")
     tok = pipe.tokenizer
     block = pipe.config.block_size if pipe.config.attention == "block_causal" else 32
     tasks = [t for t in args.tasks.split(",") if t]
     items = [it for name in tasks for it in get_task(name).test_items(args.limit, args.seed)]
-    default = SamplerConfig(threshold=args.threshold)
+    default = SamplerConfig(threshold=args.threshold, window=getattr(args, "window", None))
+    window = resolve_window(
+        default.window,
+        block if pipe.config.attention == "block_causal" else None,
+        pipe.decoder.resolve_cache_mode(),
+        pipe.decoder.device.type,
+    )
 
     methods: dict[str, Callable[[Pipeline, Pipeline, list[int], int], Run]] = {
         "ar_kv_cache": lambda p, a, ids, n: ar_run(a, ids, n),
@@ -248,10 +263,13 @@ def run_speed_bench(args: argparse.Namespace) -> int:
                 "policy": default.policy,
                 "threshold": default.threshold,
                 "block": block,
+                "window": window or None,
                 "dtype": dtype_name,
                 "ar_dtype": ar_dtype_name,
                 "compile": compile_,
                 "quantize": quantize,
+                "backend": _backend_name(pipe),
+                "ar_backend": _backend_name(ar),
             },
             "plot": str(png),
             "hardware": hardware(),

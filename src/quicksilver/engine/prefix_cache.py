@@ -20,6 +20,8 @@ import torch
 from ..models.kvcache import KVCache
 from ..sampling.state import Row
 
+CACHED_MODES = ("block", "window")  # cache modes whose finished blocks are exact
+
 
 @dataclass
 class _Entry:
@@ -53,7 +55,7 @@ class PrefixCache:
 
         Returns the number of prompt tokens served. At least the prompt's last token is left to
         compute, so the first pass always has a window to predict."""
-        if row.cache is None or row.cache_mode != "block" or row.cache.length:
+        if row.cache is None or row.cache_mode not in CACHED_MODES or row.cache.length:
             return 0
         prompt = row.prompt_ids
         n_blocks = max(0, (len(prompt) - 1) // self.block)
@@ -76,16 +78,20 @@ class PrefixCache:
             cache.v[li][0, :, :n] = kv[li, 1]
         cache.write_meta(torch.arange(n, device=kv.device)[None], None)
         cache.commit(n)
+        row.exact = n  # the window cache recomputes from here
         self.hit_tokens += n
         return n
 
     def insert(self, row: Row) -> None:
         """Remember the complete blocks a row has in its cache (prompt and finished answer blocks)."""
         cache = row.cache
-        if cache is None or row.cache_mode != "block" or cache.length < self.block:
+        if cache is None or row.cache_mode not in CACHED_MODES:
             return
+        final = (
+            row.exact if row.cache_mode == "window" else cache.length
+        )  # keys/values that are final
         tokens = row.host_sequence()
-        n_blocks = min(cache.length, len(tokens)) // self.block
+        n_blocks = min(final, len(tokens)) // self.block
         for i, key in enumerate(self._keys(tokens, n_blocks)):
             if key in self._entries:
                 self._entries.move_to_end(key)

@@ -193,6 +193,7 @@ def evaluate(
                 "threshold",
                 "steps",
                 "block_length",
+                "window",
                 "temperature",
                 "revise_threshold",
                 "max_revisions",

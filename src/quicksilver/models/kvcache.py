@@ -3,12 +3,14 @@
 A forward pass writes the keys/values of its tokens right after the committed part and attends
 over ``[0, length + T)`` of the buffer, so no concatenation happens per step; ``commit`` then keeps
 the first ``append`` of them (finished blocks, or every token for AR decoding) and the rest is
-overwritten by the next pass. Buffers grow by doubling. One cache serves a padded batch of B rows
+overwritten by the next pass. Buffers grow by doubling and their capacity is always a power of two
+(at least 64), so exported static-shape steps see few cache shapes. One cache serves a padded batch of B rows
 or a single packed sequence (B = 1).
 """
 
 from __future__ import annotations
 
+import numpy as np
 import torch
 
 
@@ -18,6 +20,7 @@ class KVCache:
         self.v: list[torch.Tensor] = []
         self.positions: torch.Tensor | None = None  # (B, capacity) long
         self.valid: torch.Tensor | None = None  # (B, capacity) bool
+        self._numpy: tuple[list[np.ndarray], list[np.ndarray]] | None = None
         self.length = 0  # committed positions
         self.cursor: int | None = None  # where the next pass writes (None: right after ``length``)
         self.last_logits: torch.Tensor | None = (
@@ -41,7 +44,9 @@ class KVCache:
         """Make room for ``need`` positions (keeps what is committed)."""
         if need <= self.capacity:
             return
-        cap = max(need, 2 * self.capacity, 64)
+        cap = max(2 * self.capacity, 64)
+        while cap < need:
+            cap *= 2
         L = self.length
 
         ks, vs = [], []
@@ -60,6 +65,17 @@ class KVCache:
             pos[:, :L] = self.positions[:, :L]
             val[:, :L] = self.valid[:, :L]
         self.k, self.v, self.positions, self.valid = ks, vs, pos, val
+        self._numpy: tuple[list[np.ndarray], list[np.ndarray]] | None = None
+
+    def numpy_views(self) -> tuple[list[np.ndarray], list[np.ndarray]]:
+        """The key and value buffers as numpy arrays sharing their memory (CPU; for the exported
+        step backends), made once per allocation."""
+        if self._numpy is None:
+            self._numpy = (
+                [k.detach().numpy() for k in self.k],
+                [v.detach().numpy() for v in self.v],
+            )
+        return self._numpy
 
     def write_meta(self, positions: torch.Tensor, valid: torch.Tensor | None) -> None:
         """Positions (B, T) (and validity) of the tokens about to be written after ``length``."""

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from typing import Protocol
 
 import torch
 import torch.nn as nn
@@ -109,6 +110,13 @@ class Segment:
     overwrite: bool = (
         False  # the tokens replace cached positions (dual cache) instead of following them
     )
+    keep: int | None = None  # logit shift: which token's raw output becomes cache.last_logits
+    # (default: the last appended one; negative: leave last_logits as it is)
+
+    def kept(self) -> int | None:
+        """Index of the token whose raw output the cache keeps after this pass, if any."""
+        idx = self.append - 1 if self.keep is None else self.keep
+        return idx if self.append and idx >= 0 else None
 
     @property
     def length(self) -> int:
@@ -117,6 +125,14 @@ class Segment:
     @property
     def positions(self) -> torch.Tensor:
         return torch.arange(self.start, self.start + self.length, device=self.ids.device)  # (T,)
+
+
+class StepBackend(Protocol):
+    """Serves single-segment passes in another runtime (models/cpu_backends.py); None = not covered."""
+
+    name: str
+
+    def forward_segment(self, seg: Segment) -> torch.Tensor | None: ...
 
 
 def build_attention_mask(
@@ -330,7 +346,9 @@ class DiffusionLM(nn.Module):
         self.kv_heads = (
             cfg.n_kv_heads
         )  # key/value heads held here (per rank under tensor parallelism)
+        self.quantized = "none"  # weight format of the linears (models/quantize.py)
         self.static_shapes = False  # pad packed tokens to buckets (batched layout; CUDA graphs)
+        self.step_backend: StepBackend | None = None  # e.g. ONNX Runtime for batch-1 CPU steps
         self.apply(self._init)
         for name, p in self.named_parameters():  # scaled init of residual outputs (GPT-2)
             if name.endswith("o_proj.weight") or name.endswith("down_proj.weight"):
@@ -486,7 +504,12 @@ class DiffusionLM(nn.Module):
         """Packed inference forward: one pass for several sequences, each with its own KV cache.
 
         Returns per segment the logits (hi - lo, V) of its tokens [lo, hi), aligned (shift applied).
+        A single segment goes to the step backend first, when one is attached and covers it.
         """
+        if self.step_backend is not None and len(segments) == 1:
+            logits = self.step_backend.forward_segment(segments[0])
+            if logits is not None:
+                return [logits]
         cfg = self.config
         ids = (
             torch.cat([s.ids for s in segments])[None]
@@ -551,8 +574,7 @@ class DiffusionLM(nn.Module):
                 s.cache.cursor = None
             if s.append and s.cache is not None:
                 s.cache.commit(s.append)
-                if cfg.logit_shift:
-                    s.cache.last_logits = self.lm_head(
-                        h[a + s.append - 1 : a + s.append]
-                    )  # (1, V) raw
+                kept = s.kept()
+                if cfg.logit_shift and kept is not None:
+                    s.cache.last_logits = self.lm_head(h[a + kept : a + kept + 1])  # (1, V) raw
         return out

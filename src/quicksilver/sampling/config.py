@@ -16,6 +16,9 @@ class SamplerConfig:
     threshold: float = 0.9  # confidence bound of the `threshold` policy, in (0, 1]
     steps: int | None = None  # total refinement steps (schedule policies; a cap for `threshold`)
     block_length: int | None = None  # semi-AR block; default: the model's block size or 32
+    # decode window (block-causal models, block cache): positions a step computes inside the model
+    # block, the rest served from cached keys/values; None: the device's default (WINDOW_DEFAULTS)
+    window: int | None = None
     temperature: float = 0.0
     top_p: float = 1.0
     seed: int | None = None
@@ -41,6 +44,8 @@ class SamplerConfig:
             raise ConfigError(f"steps must be positive, got {self.steps}")
         if self.block_length is not None and self.block_length <= 0:
             raise ConfigError(f"block_length must be positive, got {self.block_length}")
+        if self.window is not None and (not isinstance(self.window, int) or self.window <= 0):
+            raise ConfigError(f"window must be a positive integer, got {self.window}")
         if not (0.0 <= float(self.temperature) <= 100.0):
             raise ConfigError(f"temperature must be in [0, 100], got {self.temperature}")
         if not (0.0 < float(self.top_p) <= 1.0):

@@ -21,7 +21,7 @@ import torch
 from ..errors import ConfigError
 from ..models.kvcache import KVCache
 from ..models.transformer import DiffusionLM
-from .caches import CACHE_CHOICES, resolve_cache_mode
+from .caches import CACHE_CHOICES, resolve_cache_mode, resolve_window
 from .config import SamplerConfig
 from .hooks import Constraint, apply_stop, commit_constrained, remask, revision_inputs
 from .policies import POLICIES
@@ -210,6 +210,11 @@ class Decoder:
                 cfg.seed if cfg.seed is not None else int(torch.randint(0, 2**62, ()).item())
             )
         mode = self.resolve_cache_mode()
+        w = resolve_window(
+            cfg.window, mcfg.block_size if block_causal else None, mode, self.device.type
+        )
+        if w and w < mcfg.block_size:  # decode sub-blocks of w, computing only their positions
+            bl, mode = min(bl, w), "window"
         prompt = torch.tensor(list(prompt_ids), dtype=torch.long, device=self.device)
         sfx = torch.tensor(list(suffix), dtype=torch.long, device=self.device) if suffix else None
         stops = self.stop_ids | frozenset(int(t) for t in extra_stops or ())
@@ -230,6 +235,7 @@ class Decoder:
             cache=KVCache() if mode != "none" else None,
             cache_mode=mode,
             refresh_every=self.refresh_every,
+            shift=mcfg.logit_shift,
         )
 
     @torch.no_grad()

@@ -69,6 +69,8 @@ class Row:
     cache: KVCache | None = None
     cache_mode: str = "none"  # a name from sampling.caches.CACHE_MODES
     refresh_every: int = 0  # approximate caches: full recompute every k steps in a block (0: off)
+    exact: int = 0  # window cache: the cached prefix whose keys/values are final
+    shift: bool = False  # the model's logit shift (token j predicted from position j - 1)
     generator: torch.Generator | None = None
     prefill: dict[int, int] | None = None  # canvas position -> token fixed before decoding
     suffix: torch.Tensor | None = None  # (S,) tokens after the canvas (infilling)

@@ -85,6 +85,7 @@ def load_pipeline(cfg: ServerConfig, device: str | None = None) -> Pipeline:
         refresh_every=cfg.refresh_every,
         compile=cfg.compile,
         quantize=cfg.quantize,
+        backend=cfg.backend,
     )
     pipe.model.eval()
     return pipe

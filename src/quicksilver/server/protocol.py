@@ -66,6 +66,12 @@ class DiffusionExtras(OpenAIBaseModel):
     block_length: int | None = Field(
         default=None, ge=1, le=4096, description="semi-autoregressive block length"
     )
+    window: int | None = Field(
+        default=None,
+        ge=1,
+        le=4096,
+        description="decode window: positions a step computes inside a block-causal model's block",
+    )
     threshold: float | None = Field(
         default=None, gt=0.0, le=1.0, description="confidence bound of `threshold`"
     )

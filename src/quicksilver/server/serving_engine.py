@@ -114,6 +114,7 @@ class GenerationServing:
             "threshold": extras.threshold,
             "steps": extras.steps,
             "block_length": extras.block_length or (8 if extras.realtime else None),
+            "window": extras.window,
             "temperature": temperature,
             "top_p": top_p,
             "seed": seed,

@@ -115,6 +115,7 @@ def to_chat(req: ResponsesRequest) -> ChatCompletionRequest:
     for k in (
         "steps",
         "block_length",
+        "window",
         "threshold",
         "policy",
         "diffusing",

@@ -1,0 +1,111 @@
+"""``quicksilver bench steps``: ms per step of each CPU step backend, at 1 and 2 threads.
+
+On the shipped models (or ``--model`` / ``--ar-model``): one AR token step of the AR twin and one
+diffusion step of 8, 9 (a window of 8 with its predictor), 32 and 64 positions against a cache of
+``--context`` committed positions, for every backend named in ``--backends`` and every thread count
+in ``--threads``. Backends and thread counts are interleaved round by round (``--rounds``) and each
+figure is the median over rounds of the mean over ``--repeats`` steps, so a noisy machine hurts
+every candidate alike. The last line is JSON: ``ms[backend][threads][shape]``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import time
+from typing import Any
+
+import torch
+
+from ..errors import QuicksilverError
+from ..models.cpu_backends import BACKEND_CHOICES, attach_backend
+from ..models.kvcache import KVCache
+from ..models.transformer import DiffusionLM, Segment
+from ..pipeline import load
+from .common import emit_json, hardware, median, print_table
+
+SHAPES = {"ar_token": 1, "step_8": 8, "step_9": 9, "step_32": 32, "step_64": 64}
+
+
+def _filled_cache(model: DiffusionLM, n: int) -> KVCache:
+    cache = KVCache()
+    ids = torch.randint(5, model.config.vocab_size, (n,))  # (n,)
+    model.forward_segments([Segment(ids, 0, n - 1, n, cache, append=n)])
+    return cache
+
+
+def _time_step(model: DiffusionLM, context: int, T: int, repeats: int) -> float:
+    """Mean ms of ``repeats`` passes of T new tokens after ``context`` cached ones (not appended)."""
+    cache = _filled_cache(model, context)
+    ids = torch.randint(5, model.config.vocab_size, (T,))  # (T,)
+    seg = Segment(ids, context, 0, T, cache, append=0)
+    for _ in range(3):
+        model.forward_segments([seg])
+    t0 = time.perf_counter()
+    for _ in range(repeats):
+        model.forward_segments([seg])
+    return 1000 * (time.perf_counter() - t0) / repeats
+
+
+@torch.no_grad()
+def run_steps_bench(args: argparse.Namespace) -> int:
+    from ..assets import embedded_ar_model_path, embedded_model_path
+
+    ar = load(args.ar_model or embedded_ar_model_path()).model
+    dlm = load(args.model or embedded_model_path()).model
+    backends = [b for b in args.backends.split(",") if b]
+    threads = [int(t) for t in args.threads.split(",") if t]
+    longest = max(SHAPES.values())
+    if not 1 <= args.context <= min(ar.config.max_seq_len, dlm.config.max_seq_len) - longest:
+        raise QuicksilverError(f"--context must leave room for a {longest}-token step")
+    runners = {}
+    for b in backends:  # a runtime's thread pool is fixed when it is made: one per thread count
+        for n_threads in threads:
+            attach_backend(ar, b, n_threads)
+            attach_backend(dlm, b, n_threads)
+            runners[b, n_threads] = (ar.step_backend, dlm.step_backend)
+    samples: dict[tuple[str, int, str], list[float]] = {}
+    for _ in range(args.rounds):
+        for n_threads in threads:
+            torch.set_num_threads(n_threads)
+            for b in backends:
+                ar.step_backend, dlm.step_backend = runners[b, n_threads]
+                for shape, T in SHAPES.items():
+                    model = ar if shape == "ar_token" else dlm
+                    ms = _time_step(model, args.context, T, args.repeats)
+                    samples.setdefault((b, n_threads, shape), []).append(ms)
+    ms: dict[str, Any] = {}
+    for (b, n_threads, shape), xs in samples.items():
+        ms.setdefault(b, {}).setdefault(str(n_threads), {})[shape] = median(xs)
+    print_table(
+        f"bench steps — ms per step, {args.context} cached positions, medians of {args.rounds} rounds",
+        ["backend", "threads", *SHAPES],
+        [[b, t, *ms[b][str(t)].values()] for b in backends for t in threads],
+    )
+    emit_json(
+        {
+            "bench": "steps",
+            "ms": ms,
+            "context": args.context,
+            "rounds": args.rounds,
+            "repeats": args.repeats,
+            "hardware": hardware(),
+            "date": datetime.date.today().isoformat(),
+        }
+    )
+    return 0
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--model", help="diffusion checkpoint (default: the embedded model)")
+    p.add_argument("--ar-model", dest="ar_model", help="AR checkpoint (default: the AR twin)")
+    p.add_argument(
+        "--backends",
+        default="torch,onnx,openvino",
+        help=f"comma-separated, from {', '.join(BACKEND_CHOICES)}",
+    )
+    p.add_argument("--threads", default="1,2", help="comma-separated thread counts")
+    p.add_argument("--context", type=int, default=128, help="cached positions before the step")
+    p.add_argument("--rounds", type=int, default=5)
+    p.add_argument("--repeats", type=int, default=50, help="steps timed per round")
+    p.add_argument("--json", action="store_true", help="(the JSON line is always printed last)")

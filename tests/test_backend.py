@@ -1,0 +1,187 @@
+"""CPU step backends (ONNX Runtime, OpenVINO) against eager torch, and the decode window.
+
+Tolerance of the exported float32 step: logits within 1e-4 absolute of eager torch (measured max
+1.7e-5 on the shipped AR twin); greedy tokens identical.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import quicksilver
+from quicksilver.assets import embedded_ar_model_path, embedded_model_path
+from quicksilver.errors import ConfigError
+from quicksilver.models.cpu_backends import attach_backend, resolve_backend
+from quicksilver.models.kvcache import KVCache
+from quicksilver.models.transformer import Segment
+from quicksilver.sampling import SamplerConfig
+from quicksilver.sampling.autoregressive import ar_generate
+from quicksilver.sampling.caches import resolve_window
+
+RUNTIMES = ["onnx", "openvino"]
+ATOL = 1e-4
+
+
+@pytest.fixture(scope="module")
+def ar_pipe():  # type: ignore[no-untyped-def]
+    return quicksilver.load(embedded_ar_model_path())
+
+
+@pytest.fixture(scope="module")
+def dlm_pipes():  # type: ignore[no-untyped-def]
+    return {b: quicksilver.load(embedded_model_path(), backend=b) for b in ["torch", *RUNTIMES]}
+
+
+def _prompt(pipe) -> list[int]:  # type: ignore[no-untyped-def]
+    return pipe.tokenizer.encode("Tell me a story about a cat who learns to sing.")
+
+
+@torch.no_grad()
+def _teacher_forced(model, prompt: list[int], tokens: list[int]) -> torch.Tensor:  # type: ignore[no-untyped-def]
+    """Logits (len(tokens), V) of AR steps fed ``tokens`` one by one after the prompt."""
+    cache, out, x, start = KVCache(), [], torch.tensor(prompt), 0
+    for t in tokens:
+        T = int(x.shape[0])
+        out.append(model.forward_segments([Segment(x, start, T - 1, T, cache, append=T)])[0])
+        start, x = start + T, torch.tensor([t])
+    return torch.cat(out)
+
+
+@pytest.mark.parametrize("name", RUNTIMES)
+def test_ar_step_equals_eager(ar_pipe, name: str) -> None:  # type: ignore[no-untyped-def]
+    model, prompt = ar_pipe.model, _prompt(ar_pipe)
+    attach_backend(model, "torch")
+    ref = ar_generate(model, prompt, 150, []).tokens
+    ref_logits = _teacher_forced(model, prompt, ref[:80])
+    try:
+        assert attach_backend(model, name) == name
+        assert model.step_backend is not None and model.step_backend.name == name
+        logits = _teacher_forced(model, prompt, ref[:80])
+        assert (logits - ref_logits).abs().max().item() < ATOL
+        assert ar_generate(model, prompt, 150, []).tokens == ref  # crosses cache capacity 64 -> 256
+    finally:
+        attach_backend(model, "torch")
+
+
+def _items(pipe, n: int = 2) -> list[list[int]]:  # type: ignore[no-untyped-def]
+    from quicksilver.train.data import prompt_text
+    from quicksilver.train.tasks import get_task
+
+    tok = pipe.tokenizer
+    return [
+        tok.encode(prompt_text(it, tok, False))
+        for t in ("chat", "tool_call", "multiply")
+        for it in get_task(t).test_items(n, 1234)
+    ]
+
+
+@pytest.mark.parametrize("window", [32, 8])
+@pytest.mark.parametrize("name", RUNTIMES)
+def test_diffusion_step_equals_eager(dlm_pipes, name: str, window: int) -> None:  # type: ignore[no-untyped-def]
+    ref, other = dlm_pipes["torch"], dlm_pipes[name]
+    cfg = SamplerConfig(max_new_tokens=80, window=window)
+    for ids in _items(ref):
+        assert (
+            other.decoder.generate([ids], cfg)[0].tokens
+            == ref.decoder.generate([ids], cfg)[0].tokens
+        )
+
+
+def test_window_of_the_whole_block_is_the_block_cache(dlm_pipes, monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    """window = the model block is exact: the plain block cache (what a GPU runs by default)."""
+    from quicksilver.sampling import caches
+
+    dec = dlm_pipes["torch"].decoder
+    items = _items(dlm_pipes["torch"])
+    cfg = SamplerConfig(max_new_tokens=64, window=32)
+    assert {dec.new_row(ids, cfg).cache_mode for ids in items} == {"block"}
+    full = [dec.generate([ids], cfg)[0].tokens for ids in items]
+    monkeypatch.setitem(caches.WINDOW_DEFAULTS, "cpu", None)
+    assert [
+        dec.generate([ids], SamplerConfig(max_new_tokens=64))[0].tokens for ids in items
+    ] == full
+
+
+def test_window_first_step_is_exact(dlm_pipes) -> None:  # type: ignore[no-untyped-def]
+    """A window's first step in a model block recomputes the block: the same logits as the block cache."""
+    dec = dlm_pipes["torch"].decoder
+    ids = _items(dlm_pipes["torch"], 1)[0]
+    full = dec.new_row(ids, SamplerConfig(max_new_tokens=64, window=32))
+    win = dec.new_row(ids, SamplerConfig(max_new_tokens=64, window=8))
+    assert win.cache_mode == "window" and win.block_length == 8
+    with torch.no_grad():
+        a = dec.model.forward_segments([full.segment()])[0]  # (n, V), the block's first window
+        b = dec.model.forward_segments([win.segment()])[0]  # (w, V)
+    assert torch.equal(a[: b.shape[0]], b)
+
+
+def test_window_rows_batch_like_batch_one(dlm_pipes) -> None:  # type: ignore[no-untyped-def]
+    dec = dlm_pipes["torch"].decoder
+    items = _items(dlm_pipes["torch"])
+    cfg = SamplerConfig(max_new_tokens=64, window=8)
+    alone = [dec.generate([ids], cfg)[0].tokens for ids in items]
+    assert [r.tokens for r in dec.generate(items, cfg)] == alone
+
+
+def test_backend_option_validation(ar_pipe) -> None:  # type: ignore[no-untyped-def]
+    with pytest.raises(ConfigError, match="backend must be one of"):
+        resolve_backend("tensorrt", ar_pipe.model)
+    with pytest.raises(ConfigError, match="backend must be one of"):
+        quicksilver.load(embedded_ar_model_path(), backend="fast")
+    assert resolve_backend("auto", ar_pipe.model) in RUNTIMES
+    bf16 = quicksilver.load(embedded_ar_model_path(), dtype=torch.bfloat16)
+    assert resolve_backend("auto", bf16.model) == "torch"  # the graph is float32 only
+    with pytest.raises(ConfigError, match="does not support"):
+        attach_backend(bf16.model, "onnx")
+
+
+def test_window_option_validation(dlm_pipes, ar_pipe) -> None:  # type: ignore[no-untyped-def]
+    dec = dlm_pipes["torch"].decoder
+    with pytest.raises(ConfigError, match="positive integer"):
+        dec.new_row([5, 6], SamplerConfig(window=0))
+    with pytest.raises(ConfigError, match="divide"):
+        dec.new_row([5, 6], SamplerConfig(window=5))
+    with pytest.raises(ConfigError, match="block-causal"):
+        ar_pipe.decoder.new_row([5, 6], SamplerConfig(window=8))
+    assert resolve_window(None, 32, "block", "cuda") == 32
+    assert resolve_window(None, None, "none", "cpu") == 0
+
+
+def test_cache_capacity_is_a_power_of_two() -> None:
+    cache = KVCache()
+    for need in (1, 65, 100, 300):
+        cache.reserve(1, 1, 1, 4, need, torch.float32, torch.device("cpu"))
+        cap = cache.capacity
+        assert cap >= need and cap & (cap - 1) == 0
+
+
+def test_bench_steps_reports_every_backend_and_shape(capsys) -> None:  # type: ignore[no-untyped-def]
+    import json
+
+    from quicksilver.cli import main
+
+    argv = ["bench", "steps", "--backends", "torch,onnx", "--threads", "1", "--rounds", "1"]
+    assert main([*argv, "--repeats", "1", "--context", "64"]) == 0
+    out = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert set(out["ms"]) == {"torch", "onnx"}
+    assert set(out["ms"]["onnx"]["1"]) == {"ar_token", "step_8", "step_9", "step_32", "step_64"}
+
+
+def test_window_rows_skip_prefilled_sub_blocks(dlm_pipes) -> None:  # type: ignore[no-untyped-def]
+    """Prefilled sub-blocks (structured output's skeleton) may make a row skip a block's start."""
+    dec = dlm_pipes["torch"].decoder
+    ids = _items(dlm_pipes["torch"], 1)[0]
+    first = 32 - len(ids) % 32  # canvas offset of the second model block
+    prefill = {p: 5 for p in range(first, first + 8)}  # its whole first sub-block
+    row = dec.new_row(
+        ids, SamplerConfig(max_new_tokens=64, window=8, stop_at_eos=False), prefill=prefill
+    )
+    gen = dec.drive([row])
+    while True:
+        try:
+            next(gen)
+        except StopIteration as stop:
+            (res,) = stop.value
+            break
+    assert len(res.tokens) == 64 and all(res.tokens[p] == 5 for p in prefill)
