@@ -94,3 +94,11 @@ def test_bench_shapes_refuses_a_window_it_does_not_measure(tmp_path: Path) -> No
         run(
             p.parse_args(["--tiny", "--windows", "1", "4", "--window", "8", "--out", str(tmp_path)])
         )
+
+
+def test_int8_runs_in_torch_under_auto_and_refuses_the_exported_step() -> None:
+    path = embedded_ar_model_path()
+    assert path is not None
+    assert quicksilver.load(path, quantize="int8", backend="auto").model.step_backend is None
+    with pytest.raises(ConfigError, match="int8"):
+        quicksilver.load(path, quantize="int8", backend="onnx")
