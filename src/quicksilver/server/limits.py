@@ -219,8 +219,8 @@ def check_schema(
     canvas = meter.walk(schema, 0, ())
     if canvas > max_canvas:
         raise bad_request(
-            f"{param}: the schema needs a canvas of at least {canvas} tokens; at most {max_canvas} "
-            "fit (lower minLength/minItems/maxItems)",
+            f"{param}: the structured output needs a canvas of at least {canvas} tokens; at most "
+            f"{max_canvas} fit (lower minLength/minItems/maxItems, or leave more of the context)",
             canvas_param or param,
             "context_length_exceeded",
         )
