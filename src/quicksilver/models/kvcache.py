@@ -21,6 +21,8 @@ class KVCache:
         self.positions: torch.Tensor | None = None  # (B, capacity) long
         self.valid: torch.Tensor | None = None  # (B, capacity) bool
         self._numpy: tuple[list[np.ndarray], list[np.ndarray]] | None = None
+        # per allocation: buffers an exported step bound to this cache's memory (cpu_backends.py)
+        self.step_slots: dict[object, object] = {}
         self.length = 0  # committed positions
         self.cursor: int | None = None  # where the next pass writes (None: right after ``length``)
         self.last_logits: torch.Tensor | None = (
@@ -65,7 +67,8 @@ class KVCache:
             pos[:, :L] = self.positions[:, :L]
             val[:, :L] = self.valid[:, :L]
         self.k, self.v, self.positions, self.valid = ks, vs, pos, val
-        self._numpy: tuple[list[np.ndarray], list[np.ndarray]] | None = None
+        self._numpy = None
+        self.step_slots = {}
 
     def numpy_views(self) -> tuple[list[np.ndarray], list[np.ndarray]]:
         """The key and value buffers as numpy arrays sharing their memory (CPU; for the exported
@@ -76,6 +79,14 @@ class KVCache:
                 [v.detach().numpy() for v in self.v],
             )
         return self._numpy
+
+    def write_meta_range(self, start: int, T: int) -> None:
+        """Positions ``start .. start + T - 1`` (all valid) for the T tokens about to be written
+        after ``length``, through numpy (no torch dispatch: the exported steps' hot path)."""
+        assert self.positions is not None and self.valid is not None
+        L = self.length
+        self.positions.numpy()[:, L : L + T] = np.arange(start, start + T)  # (B, T)
+        self.valid.numpy()[:, L : L + T] = True
 
     def write_meta(self, positions: torch.Tensor, valid: torch.Tensor | None) -> None:
         """Positions (B, T) (and validity) of the tokens about to be written after ``length``."""
