@@ -8,6 +8,12 @@ path runs it. Shapes are static per bucket: the new tokens are padded to a bucke
 unused slots masked. The caller (here) writes the returned keys/values into the ``KVCache``, so
 torch and the backend share one cache and can take turns.
 
+Per cache allocation and token bucket a ``Slot`` holds fixed input/output buffers bound to the
+runtime once (ONNX Runtime IO binding, OpenVINO tensors over the same memory; the per-layer cache
+buffers bound as they are, no copy): a step writes ids, positions and the changed mask columns in
+place, runs, and copies the T new keys/values of each layer into the cache (the graph's outputs
+cannot be bound there: the cache slice of T positions is strided across heads).
+
 Chosen once by name from ``BACKENDS``; ``auto`` is the measured winner on a CPU (docs/LOG.md,
 2026-12-01) and torch elsewhere. Checked equal to eager torch in tests/test_backend.py.
 """
