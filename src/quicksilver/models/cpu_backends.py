@@ -11,8 +11,9 @@ torch and the backend share one cache and can take turns.
 Per cache allocation and token bucket a ``Slot`` holds fixed input/output buffers bound to the
 runtime once (ONNX Runtime IO binding, OpenVINO tensors over the same memory; the per-layer cache
 buffers bound as they are, no copy): a step writes ids, positions and the changed mask columns in
-place, runs, and copies the T new keys/values of each layer into the cache (the graph's outputs
-cannot be bound there: the cache slice of T positions is strided across heads).
+place, runs, and copies the T new keys/values of every layer into the cache in one numpy copy (the
+graph returns them stacked in the cache's layout; they cannot be bound in place: the cache slice
+of T positions is strided across heads).
 
 Chosen once by name from ``BACKENDS``; ``auto`` is the measured winner on a CPU (docs/LOG.md,
 2026-12-01) and torch elsewhere. Checked equal to eager torch in tests/test_backend.py.
@@ -117,7 +118,7 @@ class Slot:
     ids: np.ndarray  # (1, Tb) int64
     pos: np.ndarray  # (1, Tb) int64
     mask: np.ndarray  # (Tb, C+Tb) float32, the (1, 1, Tb, C+Tb) input's memory
-    outs: list[np.ndarray]  # logits (1, Tb, V), new k then new v per layer (1, Hkv, Tb, hd)
+    outs: list[np.ndarray]  # logits (1, Tb, V), new keys then values (2 * layers, 1, Hkv, Tb, hd)
     run: Callable[[], None]
     open: int = 0  # the mask's cache columns [0, open) are 0 (may attend) in every row
     part: tuple[int, int] | None = None  # (T, start within the block) of its new-token columns
@@ -157,13 +158,13 @@ class ExportedStep:
         cfg, C = self.cfg, cache.capacity
         ids, pos = np.zeros((1, Tb), dtype=np.int64), np.zeros((1, Tb), dtype=np.int64)
         mask = np.full((1, 1, Tb, C + Tb), NEG, dtype=np.float32)  # (1, 1, Tb, C+Tb)
-        new = (1, cfg.n_kv_heads, Tb, cfg.dim_head)
-        outs = [np.empty((1, Tb, cfg.vocab_size), dtype=np.float32)]
-        outs += [np.empty(new, dtype=np.float32) for _ in self.past_names]
-        ks, vs = cache.numpy_views()  # (1, Hkv, C, hd) each, sharing the cache's memory
+        new = (2 * cfg.n_layers, 1, cfg.n_kv_heads, Tb, cfg.dim_head)
+        outs = [np.empty((1, Tb, cfg.vocab_size), dtype=np.float32), np.empty(new, np.float32)]
+        kv = cache.numpy_views()[0]  # (2n, 1, Hkv, C, hd), sharing the cache's memory
         inputs: Feeds = {"ids": ids, "pos": pos, "mask": mask}
-        inputs.update(zip(self.past_names, ks + vs))
-        slot = Slot(ids, pos, mask[0, 0], outs, self.runner.bind(inputs, outs))
+        inputs.update(zip(self.past_names, kv))  # (1, Hkv, C, hd) each
+        run = self.runner.bind(inputs, outs)
+        slot = Slot(ids, pos, mask[0, 0], outs, run)
         cache.step_slots[self, Tb] = slot
         return slot
 
@@ -228,10 +229,10 @@ class ExportedStep:
         slot.run()
         if seg.overwrite:
             slot.mask[:, at : at + T] = 0.0
-        raw = torch.from_numpy(slot.outs[0][0, :T].copy())  # (T, V)
-        ks, vs = cache.numpy_views()
-        for buf, new in zip(ks + vs, slot.outs[1:]):  # numpy writes: no torch dispatch
-            buf[:, :, at : at + T] = new[:, :, :T]  # (1, Hkv, T, hd)
+        raw = torch.from_numpy(slot.outs[0][0, :T].copy())  # (T, V): the slot's buffer is reused
+        cache.numpy_views()[0][..., at : at + T, :] = slot.outs[1][
+            ..., :T, :
+        ]  # (2n, 1, Hkv, T, hd)
         return _aligned(seg, raw, cache, cfg.logit_shift)
 
 
