@@ -64,6 +64,34 @@ def test_ar_step_equals_eager(ar_pipe, name: str) -> None:  # type: ignore[no-un
         attach_backend(model, "torch")
 
 
+@pytest.mark.parametrize("name", RUNTIMES)
+def test_bound_slot_follows_truncation_and_torch_turns(ar_pipe, name: str) -> None:  # type: ignore[no-untyped-def]
+    """A slot's mask is updated in place: it must follow a cache that shrinks (truncate) and one
+    that torch wrote in between, step for step equal to eager torch on a twin cache."""
+    model, prompt = ar_pipe.model, _prompt(ar_pipe)
+
+    def steps(backend: str) -> torch.Tensor:
+        attach_backend(model, backend)
+        step, cache, out = model.step_backend, KVCache(), []
+        with torch.no_grad():
+            for i, plan in enumerate(["prefill", 1, 1, 1, "cut", 1, 1, "torch", 1, 1]):
+                model.step_backend = None if plan in ("prefill", "torch") else step
+                if plan == "cut":
+                    cache.truncate(cache.length - 2)
+                    continue
+                x = torch.tensor(prompt if plan == "prefill" else [5 + i])  # (T,)
+                T = int(x.shape[0])
+                seg = Segment(x, cache.length, T - 1, T, cache, append=T)
+                out.append(model.forward_segments([seg])[0])
+        return torch.cat(out)
+
+    try:
+        ref = steps("torch")
+        assert (steps(name) - ref).abs().max().item() < ATOL
+    finally:
+        attach_backend(model, "torch")
+
+
 def _items(pipe, n: int = 2) -> list[list[int]]:  # type: ignore[no-untyped-def]
     from quicksilver.train.data import prompt_text
     from quicksilver.train.tasks import get_task

@@ -8,6 +8,13 @@ path runs it. Shapes are static per bucket: the new tokens are padded to a bucke
 unused slots masked. The caller (here) writes the returned keys/values into the ``KVCache``, so
 torch and the backend share one cache and can take turns.
 
+Per cache allocation and token bucket a ``Slot`` holds fixed input/output buffers bound to the
+runtime once (ONNX Runtime IO binding, OpenVINO tensors over the same memory; the per-layer cache
+buffers bound as they are, no copy): a step writes ids, positions and the changed mask columns in
+place, runs, and copies the T new keys/values of every layer into the cache in one numpy copy (the
+graph returns them stacked in the cache's layout; they cannot be bound in place: the cache slice
+of T positions is strided across heads).
+
 Chosen once by name from ``BACKENDS``; ``auto`` is the measured winner on a CPU (docs/LOG.md,
 2026-12-01) and torch elsewhere. Checked equal to eager torch in tests/test_backend.py.
 """
@@ -16,7 +23,8 @@ from __future__ import annotations
 
 import importlib.util
 from collections.abc import Callable
-from typing import Any
+from dataclasses import dataclass
+from typing import Any, Protocol
 
 import numpy as np
 import torch
@@ -33,8 +41,12 @@ NEG = np.float32(-np.inf)
 Feeds = dict[str, np.ndarray]
 
 
+class Runner(Protocol):
+    def bind(self, inputs: Feeds, outs: list[np.ndarray]) -> Callable[[], None]: ...
+
+
 class OrtRunner:
-    """ONNX Runtime on the CPU, one session for every shape."""
+    """ONNX Runtime on the CPU, one session for every shape, IO binding per slot."""
 
     def __init__(self, path: str, threads: int) -> None:
         import onnxruntime as ort
@@ -42,20 +54,32 @@ class OrtRunner:
         so = ort.SessionOptions()
         so.intra_op_num_threads = threads
         so.inter_op_num_threads = 1
+        so.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
         so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
+        self.ort = ort
         self.session = ort.InferenceSession(path, so, providers=["CPUExecutionProvider"])
         self.outputs = [o.name for o in self.session.get_outputs()]
 
-    def __call__(self, feeds: Feeds) -> list[np.ndarray]:
-        return self.session.run(self.outputs, feeds)
+    def bind(self, inputs: Feeds, outs: list[np.ndarray]) -> Callable[[], None]:
+        """Bind the arrays (OrtValues over their memory, no copy) once; the returned call runs the
+        graph on whatever they hold and writes the outputs into ``outs``."""
+        binding = self.session.io_binding()
+        value = self.ort.OrtValue.ortvalue_from_numpy
+        for name, a in inputs.items():
+            binding.bind_ortvalue_input(name, value(a))
+        for name, a in zip(self.outputs, outs):
+            binding.bind_ortvalue_output(name, value(a))
+        return lambda: self.session.run_with_iobinding(binding)
 
 
 class OvRunner:
-    """OpenVINO on the CPU at f32, one compiled model per (tokens, cache capacity) bucket."""
+    """OpenVINO on the CPU at f32, one compiled model per (tokens, cache capacity) bucket and one
+    infer request per slot, its tensors sharing the slot's memory."""
 
     def __init__(self, path: str, threads: int) -> None:
         import openvino as ov
 
+        self.ov = ov
         self.core = ov.Core()
         self.core.set_property(
             "CPU",
@@ -66,25 +90,41 @@ class OvRunner:
             },
         )
         self.path = path
-        self.requests: dict[tuple[int, ...], Any] = {}
+        self.compiled: dict[tuple[int, ...], Any] = {}
 
-    def _request(self, feeds: Feeds) -> Any:
-        key = tuple(feeds["mask"].shape) + tuple(feeds["past_k0"].shape)
-        req = self.requests.get(key)
-        if req is None:
+    def _compiled(self, inputs: Feeds) -> Any:
+        key = tuple(inputs["mask"].shape) + tuple(inputs["past_k0"].shape)
+        if key not in self.compiled:
             model = self.core.read_model(self.path)
-            model.reshape({name: list(a.shape) for name, a in feeds.items()})
-            req = self.core.compile_model(model, "CPU").create_infer_request()
-            self.requests[key] = req
-        return req
+            model.reshape({name: list(a.shape) for name, a in inputs.items()})
+            self.compiled[key] = self.core.compile_model(model, "CPU")
+        return self.compiled[key]
 
-    def __call__(self, feeds: Feeds) -> list[np.ndarray]:
-        req = self._request(feeds)
-        req.infer(feeds, share_inputs=True)
-        return [req.get_output_tensor(i).data for i in range(len(req.model_outputs))]
+    def bind(self, inputs: Feeds, outs: list[np.ndarray]) -> Callable[[], None]:
+        """As ``OrtRunner.bind``: the request's input and output tensors are the arrays."""
+        req = self._compiled(inputs).create_infer_request()
+        for name, a in inputs.items():
+            req.set_tensor(name, self.ov.Tensor(a, shared_memory=True))
+        for i, a in enumerate(outs):
+            req.set_output_tensor(i, self.ov.Tensor(a, shared_memory=True))
+        return lambda: req.infer()
 
 
-RUNNERS: dict[str, tuple[str, Callable[[str, int], Any]]] = {
+@dataclass
+class Slot:
+    """The fixed buffers of one (cache allocation, token bucket), bound to a runtime once: a step
+    writes its inputs into them in place and runs; the outputs land in ``outs``."""
+
+    ids: np.ndarray  # (1, Tb) int64
+    pos: np.ndarray  # (1, Tb) int64
+    mask: np.ndarray  # (Tb, C+Tb) float32, the (1, 1, Tb, C+Tb) input's memory
+    outs: list[np.ndarray]  # logits (1, Tb, V), new keys then values (2 * layers, 1, Hkv, Tb, hd)
+    run: Callable[[], None]
+    open: int = 0  # the mask's cache columns [0, open) are 0 (may attend) in every row
+    part: tuple[int, int] | None = None  # (T, start within the block) of its new-token columns
+
+
+RUNNERS: dict[str, tuple[str, Callable[[str, int], Runner]]] = {
     "onnx": ("onnxruntime", OrtRunner),
     "openvino": ("openvino", OvRunner),
 }
@@ -103,24 +143,36 @@ class ExportedStep:
         check_supported(model)
         self.name, self.model, self.cfg = name, model, model.config
         self._tmp, path = export_to_temp(model)
-        self.run = RUNNERS[name][1](str(path), threads)
+        self.runner = RUNNERS[name][1](str(path), threads)
         n = model.config.n_layers
         self.past_names = [f"past_k{i}" for i in range(n)] + [f"past_v{i}" for i in range(n)]
 
     def covers(self, seg: Segment) -> bool:
         return seg.cache is not None and _bucket(seg.length) is not None
 
-    def _mask(self, seg: Segment, Tb: int, C: int, past_end: int) -> np.ndarray:
-        """Additive mask (1, 1, Tb, C+Tb) over [cache buffer | new tokens]: 0 = may attend."""
-        T, cfg = seg.length, self.cfg
-        m = np.full((Tb, C + Tb), NEG, dtype=np.float32)  # (Tb, C+Tb)
-        m[:T, :past_end] = 0.0
-        if T == 1 and Tb == 1:  # the AR step: the cache and itself
-            m[0, C] = 0.0
-            return m[None, None]
-        if seg.overwrite:  # the new tokens replace these cached slots
-            m[:T, seg.start : seg.start + T] = NEG
-        q = np.arange(seg.start, seg.start + T)  # absolute positions of the new tokens
+    def _slot(self, cache: KVCache, Tb: int) -> Slot:
+        """This cache allocation's slot for bucket Tb, made and bound on first use."""
+        slot = cache.step_slots.get((self, Tb))
+        if isinstance(slot, Slot):
+            return slot
+        cfg, C = self.cfg, cache.capacity
+        ids, pos = np.zeros((1, Tb), dtype=np.int64), np.zeros((1, Tb), dtype=np.int64)
+        mask = np.full((1, 1, Tb, C + Tb), NEG, dtype=np.float32)  # (1, 1, Tb, C+Tb)
+        new = (2 * cfg.n_layers, 1, cfg.n_kv_heads, Tb, cfg.dim_head)
+        outs = [np.empty((1, Tb, cfg.vocab_size), dtype=np.float32), np.empty(new, np.float32)]
+        kv = cache.numpy_views()[0]  # (2n, 1, Hkv, C, hd), sharing the cache's memory
+        inputs: Feeds = {"ids": ids, "pos": pos, "mask": mask}
+        inputs.update(zip(self.past_names, kv))  # (1, Hkv, C, hd) each
+        run = self.runner.bind(inputs, outs)
+        slot = Slot(ids, pos, mask[0, 0], outs, run)
+        cache.step_slots[self, Tb] = slot
+        return slot
+
+    def _new_part(self, T: int, start: int, Tb: int) -> np.ndarray:
+        """Mask columns of the new tokens (Tb, Tb): the attention rule among the T real ones;
+        padding queries see themselves only (never NaN, never read)."""
+        cfg = self.cfg
+        q = np.arange(start, start + T)  # absolute positions of the new tokens
         if cfg.attention == "causal":
             new = q[None, :] <= q[:, None]  # (T, T)
         elif cfg.attention == "block_causal":
@@ -128,10 +180,31 @@ class ExportedStep:
             new = b[None, :] <= b[:, None]
         else:
             new = np.ones((T, T), dtype=bool)
-        m[:T, C : C + T] = np.where(new, np.float32(0.0), NEG)
+        part = np.full((Tb, Tb), NEG, dtype=np.float32)
+        part[:T, :T] = np.where(new, np.float32(0.0), NEG)
         idx = np.arange(T, Tb)
-        m[idx, C + idx] = 0.0  # padding queries see themselves only (never NaN, never read)
-        return m[None, None]
+        part[idx, idx] = 0.0
+        return part
+
+    def _fill(self, slot: Slot, seg: Segment, C: int, past_end: int) -> None:
+        """Write the segment's ids, positions and mask into the slot, the mask incrementally: cache
+        columns [0, past_end) open (all rows; padding rows are never read), the overwritten ones
+        closed (reopened by ``forward_segment`` after the run), the new-token part when it changes."""
+        T, start, m = seg.length, seg.start, slot.mask
+        slot.ids[0, :T] = seg.ids.numpy()
+        slot.pos[0, :T] = np.arange(start, start + T)
+        slot.pos[0, T:] = start + T - 1
+        if past_end > slot.open:
+            m[:, slot.open : past_end] = 0.0
+        elif past_end < slot.open:
+            m[:, past_end : slot.open] = NEG
+        slot.open = past_end
+        if seg.overwrite:  # the new tokens replace these cached slots
+            m[:, start : start + T] = NEG
+        in_block = start % self.cfg.block_size if self.cfg.attention == "block_causal" else 0
+        if slot.part != (T, in_block):
+            m[:, C:] = self._new_part(T, start, m.shape[0])
+            slot.part = (T, in_block)
 
     def forward_segment(self, seg: Segment) -> torch.Tensor | None:
         """Logits (hi - lo, V) of the segment, aligned as ``forward_segments`` returns them, with
@@ -150,19 +223,16 @@ class ExportedStep:
             cache.reserve(
                 cfg.n_layers, 1, cfg.n_kv_heads, cfg.dim_head, at + T, torch.float32, seg.ids.device
             )
-            cache.write_meta(seg.positions[None], None)
-        C = cache.capacity
-        ids = np.zeros((1, Tb), dtype=np.int64)
-        ids[0, :T] = seg.ids.numpy()
-        pos = np.full((1, Tb), seg.start + T - 1, dtype=np.int64)
-        pos[0, :T] = np.arange(seg.start, seg.start + T)
-        feeds: Feeds = {"ids": ids, "pos": pos, "mask": self._mask(seg, Tb, C, past_end)}
-        ks, vs = cache.numpy_views()  # (1, Hkv, C, hd) each, sharing the cache's memory
-        feeds.update(zip(self.past_names, ks + vs))
-        out = self.run(feeds)
-        raw = torch.from_numpy(out[0][0, :T].copy())  # (T, V)
-        for buf, new in zip(ks + vs, out[1:]):  # numpy writes: no torch dispatch
-            buf[:, :, at : at + T] = new[:, :, :T]  # (1, Hkv, T, hd)
+            cache.write_meta_range(seg.start, T)
+        slot = self._slot(cache, Tb)
+        self._fill(slot, seg, cache.capacity, past_end)
+        slot.run()
+        if seg.overwrite:
+            slot.mask[:, at : at + T] = 0.0
+        raw = torch.from_numpy(slot.outs[0][0, :T].copy())  # (T, V): the slot's buffer is reused
+        cache.numpy_views()[0][..., at : at + T, :] = slot.outs[1][
+            ..., :T, :
+        ]  # (2n, 1, Hkv, T, hd)
         return _aligned(seg, raw, cache, cfg.logit_shift)
 
 

@@ -16,11 +16,14 @@ import torch
 
 class KVCache:
     def __init__(self) -> None:
-        self.k: list[torch.Tensor] = []  # per layer (B, Hkv, capacity, hd)
+        self.kv: torch.Tensor | None = None  # (2 * layers, B, Hkv, capacity, hd): keys, then values
+        self.k: list[torch.Tensor] = []  # per layer (B, Hkv, capacity, hd), views of ``kv``
         self.v: list[torch.Tensor] = []
         self.positions: torch.Tensor | None = None  # (B, capacity) long
         self.valid: torch.Tensor | None = None  # (B, capacity) bool
-        self._numpy: tuple[list[np.ndarray], list[np.ndarray]] | None = None
+        self._numpy: tuple[np.ndarray, np.ndarray, np.ndarray] | None = None
+        # per allocation: buffers an exported step bound to this cache's memory (cpu_backends.py)
+        self.step_slots: dict[object, object] = {}
         self.length = 0  # committed positions
         self.cursor: int | None = None  # where the next pass writes (None: right after ``length``)
         self.last_logits: torch.Tensor | None = (
@@ -49,33 +52,37 @@ class KVCache:
             cap *= 2
         L = self.length
 
-        ks, vs = [], []
-        for li in range(n_layers):
-            k = torch.zeros((B, n_kv, cap, hd), dtype=dtype, device=device)
-            v = torch.zeros((B, n_kv, cap, hd), dtype=dtype, device=device)
-            if L:
-                k[:, :, :L] = self.k[li][:, :, :L]
-                v[:, :, :L] = self.v[li][:, :, :L]
-            ks.append(k)
-            vs.append(v)
+        kv = torch.zeros((2 * n_layers, B, n_kv, cap, hd), dtype=dtype, device=device)
+        if L:
+            for li in range(n_layers):
+                kv[li, :, :, :L] = self.k[li][:, :, :L]
+                kv[n_layers + li, :, :, :L] = self.v[li][:, :, :L]
         pos = torch.zeros((B, cap), dtype=torch.long, device=device)
         val = torch.zeros((B, cap), dtype=torch.bool, device=device)
         if L:
             assert self.positions is not None and self.valid is not None
             pos[:, :L] = self.positions[:, :L]
             val[:, :L] = self.valid[:, :L]
-        self.k, self.v, self.positions, self.valid = ks, vs, pos, val
-        self._numpy: tuple[list[np.ndarray], list[np.ndarray]] | None = None
+        self.kv, self.positions, self.valid = kv, pos, val
+        self.k, self.v = list(kv[:n_layers]), list(kv[n_layers:])
+        self._numpy = None
+        self.step_slots = {}
 
-    def numpy_views(self) -> tuple[list[np.ndarray], list[np.ndarray]]:
-        """The key and value buffers as numpy arrays sharing their memory (CPU; for the exported
-        step backends), made once per allocation."""
+    def numpy_views(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """``kv``, ``positions`` and ``valid`` as numpy arrays sharing their memory (CPU; for the
+        exported step backends), made once per allocation."""
         if self._numpy is None:
-            self._numpy = (
-                [k.detach().numpy() for k in self.k],
-                [v.detach().numpy() for v in self.v],
-            )
+            assert self.kv is not None and self.positions is not None and self.valid is not None
+            self._numpy = (self.kv.numpy(), self.positions.numpy(), self.valid.numpy())
         return self._numpy
+
+    def write_meta_range(self, start: int, T: int) -> None:
+        """Positions ``start .. start + T - 1`` (all valid) for the T tokens about to be written
+        after ``length``, through numpy (no torch dispatch: the exported steps' hot path)."""
+        _, pos, val = self.numpy_views()
+        L = self.length
+        pos[:, L : L + T] = np.arange(start, start + T)  # (B, T)
+        val[:, L : L + T] = True
 
     def write_meta(self, positions: torch.Tensor, valid: torch.Tensor | None) -> None:
         """Positions (B, T) (and validity) of the tokens about to be written after ``length``."""

@@ -4,7 +4,8 @@
 exporter can trace: the T new tokens, their absolute positions, an additive attention mask over
 ``[cache buffer (C) | new tokens (T)]`` and one key and one value buffer per layer, the whole
 ``KVCache`` buffer of capacity C (unused slots masked). It returns the raw (unshifted) logits of the
-T tokens and the T new keys/values of every layer; the caller writes those into the cache. Per-layer
+T tokens and the T new keys/values of every layer stacked in the cache's own layout (keys, then
+values), so the caller writes them into the cache in one copy. Per-layer
 buffers as separate inputs, not one combined cache sliced inside the graph (the issue measured the
 latter 2-3x slower). Only inference-time features of the network are covered (no QK-norm, no qkv
 clipping, no MoE): ``check_supported`` says why a model is not.
@@ -52,7 +53,7 @@ def check_supported(model: DiffusionLM) -> None:
 
 class StepGraph(nn.Module):
     """ids (1, T), pos (1, T), mask (1, 1, T, C+T), past k/v per layer (1, Hkv, C, hd) ->
-    logits (1, T, V), new k per layer (1, Hkv, T, hd), new v per layer (1, Hkv, T, hd)."""
+    logits (1, T, V), new keys then values of every layer (2 * layers, 1, Hkv, T, hd)."""
 
     def __init__(self, model: DiffusionLM) -> None:
         super().__init__()
@@ -95,7 +96,7 @@ class StepGraph(nn.Module):
             x = x + att.o_proj(y)  # (1, T, C)
             x = x + layer.mlp(_rms(layer.post_attention_layernorm, x))
         logits = self.m.lm_head(_rms(self.m.model.norm, x))  # (1, T, V)
-        return (logits, *new_k, *new_v)
+        return logits, torch.stack(new_k + new_v)  # (1, T, V), (2n, 1, Hkv, T, hd)
 
 
 def export_onnx(model: DiffusionLM, directory: Path) -> Path:
@@ -108,11 +109,9 @@ def export_onnx(model: DiffusionLM, directory: Path) -> Path:
     mask = torch.zeros((1, 1, T, C + T))
     past = [torch.zeros((1, Hkv, C, hd)) for _ in range(2 * n)]
     names = [f"past_k{i}" for i in range(n)] + [f"past_v{i}" for i in range(n)]
-    outs = ["logits"] + [f"new_k{i}" for i in range(n)] + [f"new_v{i}" for i in range(n)]
+    outs = ["logits", "new_kv"]
     dyn = {"ids": {1: "T"}, "pos": {1: "T"}, "mask": {2: "T", 3: "CT"}}
-    dyn |= {nm: {2: "C"} for nm in names} | {
-        o: {1: "T"} if o == "logits" else {2: "T"} for o in outs
-    }
+    dyn |= {nm: {2: "C"} for nm in names} | {"logits": {1: "T"}, "new_kv": {3: "T"}}
     path = directory / "step.onnx"
     graph = StepGraph(model).eval()
     with torch.no_grad(), warnings.catch_warnings():
