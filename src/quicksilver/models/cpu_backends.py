@@ -15,8 +15,8 @@ place, runs, and copies the T new keys/values of every layer into the cache in o
 graph returns them stacked in the cache's layout; they cannot be bound in place: the cache slice
 of T positions is strided across heads).
 
-Chosen once by name from ``BACKENDS``; ``auto`` is the measured winner on a CPU (docs/LOG.md,
-2026-12-01) and torch elsewhere. Checked equal to eager torch in tests/test_backend.py.
+Chosen once by name from ``BACKENDS``; ``auto`` is the measured winner on a CPU (OpenVINO, then
+ONNX Runtime; docs/LOG.md, 2026-12-01) and torch elsewhere. Checked equal to eager torch in tests/test_backend.py.
 """
 
 from __future__ import annotations
@@ -129,7 +129,7 @@ RUNNERS: dict[str, tuple[str, Callable[[str, int], Runner]]] = {
     "openvino": ("openvino", OvRunner),
 }
 BACKEND_CHOICES = ("auto", "torch", *RUNNERS)
-AUTO_ORDER = ("onnx", "openvino")  # fastest first, as measured on the 2-vCPU EPYC (docs/LOG.md)
+AUTO_ORDER = ("openvino", "onnx")  # fastest first, measured quiet on the 2-vCPU EPYC (docs/LOG.md)
 
 
 def _bucket(n: int) -> int | None:
