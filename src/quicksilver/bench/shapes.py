@@ -42,7 +42,7 @@ from ..models.kvcache import KVCache
 from ..models.quantize import quantize_model
 from ..models.transformer import DiffusionLM
 from .common import emit_json, hardware, median, print_table, save_figure
-from .gpu_families import LLADA_8B, random_model
+from .gpu_families import LLADA_8B, TINY_OVERRIDES, random_model
 
 QWEN25_1_5B = {
     "architectures": ["Fast_dLLM_QwenForCausalLM"],
@@ -80,24 +80,17 @@ SHAPES = ("fast-dllm-v2-1.5b", "sdar-1.7b", "llada-8b-slice")
 FORMATS = ("float32", "bfloat16", "int8")
 TINY = {"hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 2, "vocab_size": 512}
 TINY_QWEN = {**TINY, "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 16}
-TINY_LLADA = {
-    "d_model": 64,
-    "n_heads": 4,
-    "n_kv_heads": 4,
-    "mlp_hidden_size": 128,
-    "embedding_size": 512,
-    "vocab_size": 512,
-    "mask_token_id": 500,
-    "eos_token_id": 1,
-    "pad_token_id": 1,
-}
 
 
 def shape_config(name: str, tiny: bool) -> ModelConfig:
     """The ModelConfig a real checkpoint of ``name`` would get (``tiny``: toy sizes for tests)."""
     where = Path(f"<{name} config.json>")
     if name == "llada-8b-slice":
-        cj = {**LLADA_8B, "n_layers": LLADA_SLICE_LAYERS, **(TINY_LLADA if tiny else {})}
+        cj = {
+            **LLADA_8B,
+            "n_layers": LLADA_SLICE_LAYERS,
+            **(TINY_OVERRIDES["llada-8b"] if tiny else {}),
+        }
         return llada_config(where, cj)
     if name == "fast-dllm-v2-1.5b":
         cj = {**QWEN25_1_5B, **(TINY_QWEN if tiny else {})}

@@ -123,6 +123,21 @@ class TrainConfig:
         return cls(**{k: v for k, v in d.items() if k in known})
 
 
+# v2, stage 2: the finished stage-1 AR model adapted to block diffusion (as Dream / Fast-dLLM v2
+# adapt finished AR models)
+V2_STAGE2 = TrainConfig(
+    out="runs/small-ar2d-v2",
+    init_from="runs/small-ar-v2/final",
+    logit_shift=True,
+    max_seq_len=1024,
+    max_len=1000,
+    tasks=V2_MIX,
+    seed=4,
+    steps=1200,
+    lr=2e-4,
+    eval_every=600,
+)
+
 RECIPES: dict[str, TrainConfig] = {
     # the shipped model: block-causal diffusion, ~3.0M parameters
     "small": TrainConfig(out="runs/small"),
@@ -154,33 +169,11 @@ RECIPES: dict[str, TrainConfig] = {
         lr=3e-4,
         eval_every=500,
     ),
-    # v2, stage 2: that finished AR model adapted to block diffusion (as Dream / Fast-dLLM v2 adapt
-    # finished AR models)
-    "small-ar2d-v2": TrainConfig(
-        out="runs/small-ar2d-v2",
-        init_from="runs/small-ar-v2/final",
-        logit_shift=True,
-        max_seq_len=1024,
-        max_len=1000,
-        tasks=V2_MIX,
-        seed=4,
-        steps=1200,
-        lr=2e-4,
-        eval_every=600,
-    ),
+    "small-ar2d-v2": V2_STAGE2,
     # v2, the AR twin for the honest comparison: stage 1 continued on stage 2's data stream (same
     # seed, same steps), so it has seen as many tokens as the diffusion model and its parent
-    "small-ar-v2-twin": TrainConfig(
-        out="runs/small-ar-v2-twin",
-        objective="ar",
-        init_from="runs/small-ar-v2/final",
-        max_seq_len=1024,
-        max_len=1000,
-        tasks=V2_MIX,
-        seed=4,
-        steps=1200,
-        lr=1e-4,
-        eval_every=600,
+    "small-ar-v2-twin": dataclasses.replace(
+        V2_STAGE2, out="runs/small-ar-v2-twin", objective="ar", logit_shift=False, lr=1e-4
     ),
     # ablation: no substitution noise
     "small-nosub": TrainConfig(out="runs/small-nosub", sub_prob=0.0),
