@@ -134,7 +134,7 @@ class Lifecycle:
                     scope, receive, send
                 )
                 return
-            receive = _replay(body, receive)
+            receive = replay(body, receive)
         if not generating:
             await self._run(scope, receive, send, rid)
             return
@@ -193,7 +193,7 @@ class Lifecycle:
             pass  # the client is gone as well
 
 
-def _replay(body: bytes, receive: Receive) -> Receive:
+def replay(body: bytes, receive: Receive) -> Receive:
     """A ``receive`` that hands the app the body already read, then the client's later messages
     (the disconnect the handlers listen for)."""
     sent = False

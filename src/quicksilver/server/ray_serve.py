@@ -38,6 +38,7 @@ from starlette.types import Message
 from ..errors import QuicksilverError
 from .config import ServerConfig
 from .errors import error_body
+from .lifecycle import replay
 from .ray_router import ROUTERS
 from .routing import route_key
 
@@ -98,13 +99,8 @@ class Replica:
         """Run the app on one request; yield its ASGI messages (start, then body chunks)."""
         gone = asyncio.Event()
         out: asyncio.Queue[Message | None] = asyncio.Queue()
-        sent = False
 
-        async def receive() -> Message:
-            nonlocal sent
-            if not sent:
-                sent = True
-                return {"type": "http.request", "body": body, "more_body": False}
+        async def until_gone() -> Message:
             await gone.wait()
             return {"type": "http.disconnect"}
 
@@ -114,6 +110,7 @@ class Replica:
                 msg = {**msg, "headers": [*msg.get("headers", []), tag]}
             await out.put(msg)
 
+        receive = replay(body, until_gone)
         task = asyncio.create_task(self.app({**scope, "state": {}}, receive, send))
         task.add_done_callback(lambda _: out.put_nowait(None))
         try:
