@@ -12,7 +12,12 @@ import torch
 
 import quicksilver
 from quicksilver.errors import CheckpointError
-from quicksilver.models.checkpoint import load_checkpoint, save_checkpoint
+from quicksilver.models.checkpoint import (
+    BF16_CPU_PARAMS,
+    default_dtype,
+    load_checkpoint,
+    save_checkpoint,
+)
 
 
 def test_round_trip_is_bit_exact(tiny_ckpt: Path, tmp_path: Path) -> None:
@@ -104,3 +109,14 @@ def test_loading_never_touches_the_network(
     monkeypatch.setattr(socket, "create_connection", refuse)
     model, tok = load_checkpoint(tiny_ckpt)
     assert tok.mask_id == model.config.mask_token_id
+
+
+def test_default_dtype_follows_the_device_and_the_model_size(tiny_ckpt: Path) -> None:
+    cpu, cuda = torch.device("cpu"), torch.device("cuda")
+    assert default_dtype(BF16_CPU_PARAMS - 1, cpu) == torch.float32
+    assert default_dtype(BF16_CPU_PARAMS, cpu) == torch.bfloat16  # measured faster from 0.5B
+    assert default_dtype(1, cuda) == torch.bfloat16
+    model, _ = load_checkpoint(tiny_ckpt, device="cpu")  # a small model: float32 by default
+    assert model.model.embed_tokens.weight.dtype == torch.float32
+    explicit, _ = load_checkpoint(tiny_ckpt, torch.bfloat16, device="cpu")
+    assert explicit.model.embed_tokens.weight.dtype == torch.bfloat16

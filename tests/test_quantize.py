@@ -77,6 +77,8 @@ def test_bench_shapes_tiny(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -
     assert [s["shape"] for s in rep["shapes"]] == ["fast-dllm-v2-1.5b", "llada-8b-slice"]
     fmt = rep["shapes"][0]["formats"]
     assert [f["format"] for f in fmt] == ["float32", "bfloat16", "int8"]
+    assert rep["headline_format"] == "float32"  # a tiny model: float32, the small-model default
+    assert rep["step_vs_ar_token"] == fmt[0]["step_vs_ar_token"]["8"]
     assert set(fmt[0]["step_ms"]) == {"1", "4", "8"} and set(fmt[0]["tok_s_at_k"]) == set(
         "12345678"
     )

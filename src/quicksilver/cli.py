@@ -56,11 +56,11 @@ def resolve_model(path: str | None, ar: bool = False) -> Path:
 
 def load_pipeline(args: argparse.Namespace) -> Any:
     """quicksilver.load with the --model/--dtype/--cache/--refresh-every flags."""
-    import torch
-
     import quicksilver
 
-    dtype = getattr(torch, DTYPES[args.dtype]) if DTYPES.get(args.dtype) else None
+    from .models.checkpoint import DTYPES as TORCH_DTYPES
+
+    dtype = TORCH_DTYPES.get(args.dtype)  # auto: None, the default
     return quicksilver.load(
         resolve_model(args.model),
         dtype=dtype,
@@ -224,7 +224,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
     raise QuicksilverError(f"unknown benchmark {args.bench!r}")
 
 
-DTYPES = {"float32": None, "bfloat16": "bfloat16", "float16": "float16"}
+DTYPE_CHOICES = ("auto", "bfloat16", "float16", "float32")  # auto: models/checkpoint.default_dtype
 
 
 def add_quantize_arg(p: argparse.ArgumentParser) -> None:
@@ -256,9 +256,10 @@ def add_cache_args(p: argparse.ArgumentParser) -> None:
 
     p.add_argument(
         "--dtype",
-        default="float32",
-        choices=sorted(DTYPES),
-        help="compute dtype (bfloat16 uses AMX on recent x86 CPUs and is the GPU default)",
+        default="auto",
+        choices=DTYPE_CHOICES,
+        help="compute dtype; auto: bfloat16 on a GPU and for CPU models of 0.5B+ parameters, "
+        "float32 below (faster there, and what the onnx/openvino backends run)",
     )
     add_quantize_arg(p)
     p.add_argument(
@@ -431,14 +432,14 @@ def build_parser() -> argparse.ArgumentParser:
     )
     bs.add_argument(
         "--dtype",
-        default="float32",
-        choices=sorted(DTYPES),
-        help="compute dtype of the diffusion model",
+        default="auto",
+        choices=DTYPE_CHOICES,
+        help="compute dtype of the diffusion model (auto: as --dtype of load/serve)",
     )
     bs.add_argument(
         "--ar-dtype",
         dest="ar_dtype",
-        choices=sorted(DTYPES),
+        choices=DTYPE_CHOICES,
         help="compute dtype of the AR baseline (default: --dtype); on AMX CPUs bf16 speeds up "
         "32-token blocks but slows 1-token AR steps, so each can run at its best",
     )

@@ -173,7 +173,8 @@ def load(
     quantize: str = "none",
     backend: str = "torch",
 ) -> Pipeline:
-    """Load a checkpoint directory (never touches the network). Default: CPU float32, CUDA bfloat16.
+    """Load a checkpoint directory (never touches the network). Default dtype: ``default_dtype``
+    (bfloat16 on CUDA and for CPU models of 0.5B+ parameters, float32 below).
 
     cache: ``auto`` (the exact block cache for block-causal models, none for bidirectional ones),
     ``none``, ``block``, or the approximate ``prefix`` / ``dual`` caches for bidirectional models,

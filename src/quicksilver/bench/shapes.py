@@ -19,7 +19,8 @@ into an exact KV cache, then times, against that cache:
 - tok/s at forced commit rates: k tokens committed per step of the default window (k = 1..8).
 
 Ends with one JSON line whose top level holds ``step_vs_ar_token``: the default window's step over
-an AR token step at the 1.5B shape in the default CPU dtype (float32).
+an AR token step at the 1.5B shape in the default CPU dtype for its size (``default_dtype``:
+bfloat16 from 0.5B parameters).
 """
 
 from __future__ import annotations
@@ -35,6 +36,7 @@ from typing import Any
 import torch
 
 from ..errors import ConfigError
+from ..models.checkpoint import default_dtype
 from ..models.config import ModelConfig
 from ..models.families.common import qwen_config
 from ..models.families.llada import llada_config
@@ -113,6 +115,11 @@ def build(cfg: ModelConfig, fmt: str) -> torch.nn.Module:
     dtype = torch.bfloat16 if fmt == "bfloat16" else torch.float32
     model = random_model(cfg, torch.device("cpu"), dtype)
     return quantize_model(model, "int8") if fmt == "int8" else model
+
+
+def default_format(n_params: int) -> str:
+    """The format ``quicksilver.load`` computes a CPU model of this size in by default."""
+    return str(default_dtype(n_params, torch.device("cpu"))).removeprefix("torch.")
 
 
 def time_ms(fn: Any, iters: int) -> float:
@@ -235,7 +242,7 @@ def run(args: argparse.Namespace) -> int:
             for s in results
             if s["shape"] == "fast-dllm-v2-1.5b"
             for r in s["formats"]
-            if r["format"] == "float32"
+            if r["format"] == default_format(s["parameters"])
         ),
         None,
     )
@@ -244,6 +251,14 @@ def run(args: argparse.Namespace) -> int:
             "bench": "shapes",
             "random_weights": True,
             "step_vs_ar_token": headline,
+            "headline_format": next(
+                (
+                    default_format(s["parameters"])
+                    for s in results
+                    if s["shape"] == "fast-dllm-v2-1.5b"
+                ),
+                None,
+            ),
             "window": args.window,
             "context": args.context,
             "shapes": results,

@@ -118,6 +118,21 @@ def default_device() -> torch.device:
     return torch.device("cuda" if torch.cuda.is_available() else "cpu")
 
 
+# From this many parameters a CPU computes in bfloat16 by default: at the Fast-dLLM v2 1.5B shape
+# on the 2-vCPU EPYC (`bench shapes`, one thread) bf16 takes 335 ms per AR token vs 373 for fp32
+# and 375 vs 979 ms for an 8-wide window step (docs/LOG.md, 2026-12-01); below it float32 keeps the
+# exported CPU step runtimes (float32 only, models/cpu_backends.py), faster at the shipped size.
+BF16_CPU_PARAMS = 500_000_000
+
+
+def default_dtype(n_params: int, device: torch.device) -> torch.dtype:
+    """The compute dtype when none is asked for: bfloat16 on CUDA and for CPU models of at least
+    ``BF16_CPU_PARAMS`` parameters, float32 otherwise."""
+    if device.type == "cuda" or n_params >= BF16_CPU_PARAMS:
+        return torch.bfloat16
+    return torch.float32
+
+
 def build_model(
     cfg: ModelConfig,
     state: dict[str, torch.Tensor],
@@ -163,7 +178,7 @@ def build_model(
 def load_checkpoint(
     path: str | Path, dtype: torch.dtype | None = None, device: str | torch.device | None = None
 ) -> tuple[DiffusionLM, Tokenizer]:
-    """Model and tokenizer of a checkpoint directory. Defaults: CPU float32; on CUDA, bfloat16."""
+    """Model and tokenizer of a checkpoint directory, in ``dtype`` (default: ``default_dtype``)."""
     path = Path(path)
     cj = read_config_json(path)
     archs = cj.get("architectures")
@@ -182,8 +197,8 @@ def load_checkpoint(
             f"{path}: tokenizer has {tokenizer.vocab_size} tokens, model only {cfg.vocab_size}"
         )
     dev = torch.device(device) if device is not None else default_device()
-    if dtype is None and dev.type == "cuda":
-        dtype = torch.bfloat16
+    if dtype is None:
+        dtype = default_dtype(sum(v.numel() for v in state.values() if v.is_floating_point()), dev)
     return build_model(cfg, state, dtype, dev), tokenizer
 
 

@@ -44,7 +44,7 @@ class ServerConfig:
     mock: bool = False  # serve the scripted mock engine (no weights; for demos and protocol tests)
     device: str | None = None  # torch device (default: the CPU)
     dtype: str | None = (
-        None  # float32 | bfloat16 | float16 (default: float32 on CPU, bfloat16 on CUDA)
+        None  # float32 | bfloat16 | float16 (default: bfloat16 on CUDA and for CPU models of 0.5B+ parameters, float32 below)
     )
     quantize: str = "none"  # none | int8 (dynamic int8 linear layers, CPU only)
     cache: str = "auto"  # KV cache mode: auto | none | block | prefix | dual (see quicksilver generate --help)
@@ -100,7 +100,8 @@ SERVER_HELP = {
     "allowed_origins": "comma-separated origins a browser may call this server from (CORS; '*': any); "
     "other cross-origin requests get 403",
     "mock": "serve the scripted mock engine instead of a model (no weights)",
-    "dtype": "compute dtype: float32, bfloat16 or float16 (default: float32 on CPU, bfloat16 on CUDA)",
+    "dtype": "compute dtype: float32, bfloat16 or float16 (default: bfloat16 on CUDA and for CPU models "
+    "of 0.5B+ parameters, float32 below)",
     "quantize": "none or int8 (dynamic int8 linear layers on the CPU: less memory, faster at 0.5B+)",
     "cache": "KV cache: auto, none, block, prefix or dual",
     "backend": "runtime of single-sequence steps: torch, onnx, openvino or auto (the measured CPU "

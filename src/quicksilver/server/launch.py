@@ -64,6 +64,7 @@ def load_pipeline(cfg: ServerConfig, device: str | None = None) -> Pipeline:
     import quicksilver
 
     from ..cli import resolve_model
+    from ..models.checkpoint import DTYPES as TORCH_DTYPES
 
     path = resolve_model(cfg.model)
     if not (path / "config.json").is_file():
@@ -74,9 +75,11 @@ def load_pipeline(cfg: ServerConfig, device: str | None = None) -> Pipeline:
         verify_checksums(path)
     if cfg.threads:
         torch.set_num_threads(cfg.threads)
-    if cfg.dtype not in (None, "float32", "bfloat16", "float16"):
-        raise QuicksilverError(f"--dtype must be float32, bfloat16 or float16, got {cfg.dtype!r}")
-    dtype = getattr(torch, cfg.dtype) if cfg.dtype else None
+    if cfg.dtype not in (None, "auto", "float32", "bfloat16", "float16"):
+        raise QuicksilverError(
+            f"--dtype must be auto, float32, bfloat16 or float16, got {cfg.dtype!r}"
+        )
+    dtype = TORCH_DTYPES.get(cfg.dtype or "auto")  # auto: None, models/checkpoint.default_dtype
     pipe = quicksilver.load(
         path,
         dtype=dtype,

@@ -233,11 +233,11 @@ def build_twin_backend(cfg: ServerConfig, name: str) -> Backend | None:
 
 def ar_backend(path: Path, name: str, cfg: ServerConfig) -> Backend:
     """A causal checkpoint served by ``AREngine`` under ``name``."""
-    import torch
-
     import quicksilver
 
-    dtype = getattr(torch, cfg.dtype) if cfg.dtype else None
+    from ..models.checkpoint import DTYPES as TORCH_DTYPES
+
+    dtype = TORCH_DTYPES.get(cfg.dtype or "auto")  # auto: None, models/checkpoint.default_dtype
     pipe = quicksilver.load(
         path, dtype=dtype, device=cfg.device, cache="none", quantize=cfg.quantize
     )
