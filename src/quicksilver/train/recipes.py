@@ -66,7 +66,7 @@ class TrainConfig:
     seed: int = 0
     threads: int = 0  # torch intra-op threads (0: leave the default)
     cpu_bf16: bool = (
-        False  # bf16 autocast on CPU too (AMX matmuls: ~1.5x tokens/s on this CPU, docs/LOG.md)
+        False  # bf16 autocast on CPU too (AMX / avx512_bf16 matmuls: ~1.5x tokens/s, docs/LOG.md)
     )
     # bookkeeping
     eval_every: int = 300  # steps between held-out evaluations (0: never)
@@ -136,6 +136,7 @@ V2_STAGE2 = TrainConfig(
     steps=1200,
     lr=2e-4,
     eval_every=600,
+    cpu_bf16=True,  # from step 2800: 1.45x tokens/s on the EPYC's avx512_bf16 (docs/LOG.md)
 )
 
 RECIPES: dict[str, TrainConfig] = {
