@@ -9,7 +9,7 @@ PORT    ?= 8000
 CHROMIUM := /usr/bin/chromium
 SUDO    := $(if $(filter 0,$(shell id -u)),,sudo)
 
-.PHONY: install run lint test test-fuzz test-llama-cpp test-slow test-all screenshots train-ar train-model train-ar-v2 train-model-v2 train-ar-v2-twin clean
+.PHONY: install run lint test test-fuzz test-llama-cpp test-slow test-all screenshots train-ar train-model train-ar-v2 train-model-v2 train-model-v2-cf train-ar-v2-twin clean
 
 $(STAMP): pyproject.toml Makefile
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
@@ -87,6 +87,11 @@ train-model-v2: $(STAMP)
 	$(BIN)/quicksilver train --recipe small-ar2d-v2 --steps 2000 --stop-at 200
 	$(BIN)/quicksilver train --recipe small-ar2d-v2
 	$(BIN)/quicksilver train --recipe small-ar2d-v2 --steps 5000 --eval-every 1000
+
+# Stage 3: stage 2 continued with certainty forcing (weight 2: the pilot's best TPF at equal accuracy).
+train-model-v2-cf: $(STAMP)
+	test -f runs/small-ar2d-v2/final/config.json || $(MAKE) train-model-v2
+	$(BIN)/quicksilver train --recipe small-ar2d-v2-cf
 
 # The v2 AR twin: stage 1 continued on stage 2's data stream for as many steps (equal tokens).
 train-ar-v2-twin: $(STAMP)

@@ -171,6 +171,20 @@ RECIPES: dict[str, TrainConfig] = {
         eval_every=500,
     ),
     "small-ar2d-v2": V2_STAGE2,
+    # v2, stage 3: stage 2 continued with certainty forcing at the weight the pilot chose (docs/LOG.md:
+    # from the shipped model, 400 steps, W = 0 / 0.5 / 2 / 5: TPF 1.87 / 1.99 / 2.18 / 2.32 at
+    # accuracy 0.277 / 0.286 / 0.274 / 0.266)
+    "small-ar2d-v2-cf": dataclasses.replace(
+        V2_STAGE2,
+        out="runs/small-ar2d-v2-cf",
+        init_from="runs/small-ar2d-v2/final",
+        certainty_weight=2.0,
+        seed=5,
+        steps=1000,
+        lr=1e-4,
+        warmup=20,
+        eval_every=500,
+    ),
     # v2, the AR twin for the honest comparison: stage 1 continued on stage 2's data stream (same
     # seed, same steps), so it has seen as many tokens as the diffusion model and its parent
     "small-ar-v2-twin": dataclasses.replace(
