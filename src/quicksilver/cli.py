@@ -246,7 +246,8 @@ def add_backend_arg(p: argparse.ArgumentParser, default: str = "auto") -> None:
         default=default,
         choices=BACKEND_CHOICES,
         help="runtime of single-sequence steps: torch (eager reference), onnx (ONNX Runtime), "
-        "openvino, auto (the measured winner on a float32 CPU model, else torch)",
+        "openvino, openvino-bf16 (OpenVINO in bf16, CPUs with bf16 only), auto (the measured "
+        "winner on a float32 CPU model, else torch)",
     )
 
 

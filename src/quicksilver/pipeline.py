@@ -183,7 +183,8 @@ def load(
     attention_layout: ``per_sequence``, ``batched`` (one attention call per layer) or ``auto``
     (batched on a GPU). cuda_graphs: static bucketed shapes + ``torch.compile(mode="reduce-overhead")``.
     backend: the runtime of single-sequence steps: ``torch`` (eager, the reference), ``onnx`` (ONNX
-    Runtime), ``openvino`` or ``auto`` (the measured winner on a CPU float32 model, else torch);
+    Runtime), ``openvino``, ``openvino-bf16`` (bf16 arithmetic, CPUs with bf16) or ``auto`` (the
+    measured winner on a CPU float32 model, else torch);
     see models/cpu_backends.py. Packed batches always run in torch.
     quantize: ``none`` or ``int8`` (dynamic int8 linear layers on the CPU; models/quantize.py)."""
     from .models.quantize import quantize_model

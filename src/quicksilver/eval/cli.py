@@ -91,9 +91,10 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
         "--examples", type=int, default=0, help="include this many replies per task in the JSON"
     )
     e.add_argument("--json", action="store_true", help="print only the JSON line")
-    from ..cli import add_quantize_arg
+    from ..cli import add_backend_arg, add_quantize_arg
 
     add_quantize_arg(e)
+    add_backend_arg(e, default="torch")  # packed rows always run in torch: use with --batch-size 1
     e.add_argument(
         "--loss",
         action="store_true",
@@ -207,7 +208,9 @@ def handle(args: argparse.Namespace) -> int:
         if args.limit is not None and args.limit <= 0:
             raise ConfigError("--limit must be positive")
         args.batch_size = args.batch_size or 1
-        pipe = quicksilver.load(resolve_model(args.model), quantize=args.quantize)
+        pipe = quicksilver.load(
+            resolve_model(args.model), quantize=args.quantize, backend=args.backend
+        )
         names = set(SamplerConfig.__dataclass_fields__)
         over = {k: v for k, v in vars(args).items() if k in names and v is not None}
         return run_gsm8k(pipe, args, **over)
@@ -217,7 +220,7 @@ def handle(args: argparse.Namespace) -> int:
     tasks = [t.strip() for t in args.tasks.split(",") if t.strip()]
     if args.limit <= 0:
         raise ConfigError("--limit must be positive")
-    pipe = quicksilver.load(resolve_model(args.model), quantize=args.quantize)
+    pipe = quicksilver.load(resolve_model(args.model), quantize=args.quantize, backend=args.backend)
     names = set(SamplerConfig.__dataclass_fields__)
     base = SamplerConfig(**{k: v for k, v in vars(args).items() if k in names and v is not None})
     if not args.sweep:
@@ -240,12 +243,15 @@ def handle(args: argparse.Namespace) -> int:
             )
             rep["settings"]["model"] = str(p.path)
             rep["settings"]["quantize"] = args.quantize
+            rep["settings"]["backend"] = args.backend
             return rep
 
         rep = run(pipe)
         if args.compare:
             other = resolve_model(None if args.compare == "ar" else args.compare, ar=True)
-            rep["compare"] = run(quicksilver.load(other, quantize=args.quantize))
+            rep["compare"] = run(
+                quicksilver.load(other, quantize=args.quantize, backend=args.backend)
+            )
         if args.tool_choice and "tool_call" in rep["tasks"]:
             from .served import served_tool_calls
 

@@ -15,12 +15,17 @@ place, runs, and copies the T new keys/values of every layer into the cache in o
 graph returns them stacked in the cache's layout; they cannot be bound in place: the cache slice
 of T positions is strided across heads).
 
-Chosen once by name from ``BACKENDS``; ``auto`` is the measured winner on a CPU (OpenVINO, then
-ONNX Runtime; docs/LOG.md, 2026-12-01) and torch elsewhere. Checked equal to eager torch in tests/test_backend.py.
+Chosen once by name from ``RUNNERS``: ``onnx``, ``openvino`` (both float32, exact to 1e-4) and
+``openvino-bf16`` (the same float32 graph and cache, computed in bf16 where the CPU has it: 1.2x the
+AR token and 1.5-1.8x the 9- to 64-token steps of the shipped models, logits within ~0.15, their
+accuracy unchanged). ``auto`` is the measured winner on a CPU (openvino-bf16 where the CPU has bf16,
+else OpenVINO, then ONNX Runtime; docs/LOG.md, 2026-12-01) and torch elsewhere. Checked against
+eager torch in tests/test_backend.py.
 """
 
 from __future__ import annotations
 
+import functools
 import importlib.util
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -73,10 +78,12 @@ class OrtRunner:
 
 
 class OvRunner:
-    """OpenVINO on the CPU at f32, one compiled model per (tokens, cache capacity) bucket and one
-    infer request per slot, its tensors sharing the slot's memory."""
+    """OpenVINO on the CPU, one compiled model per (tokens, cache capacity) bucket and one infer
+    request per slot, its tensors sharing the slot's memory. ``precision`` is its inference
+    precision: f32 (exact to 1e-4), or bf16 (``openvino-bf16``: the same float32 graph, inputs and
+    cache, computed in bf16 where the CPU has it; logits within ~0.15 of eager, docs/LOG.md)."""
 
-    def __init__(self, path: str, threads: int) -> None:
+    def __init__(self, path: str, threads: int, precision: str = "f32") -> None:
         import openvino as ov
 
         self.ov = ov
@@ -85,7 +92,7 @@ class OvRunner:
             "CPU",
             {
                 "INFERENCE_NUM_THREADS": threads,
-                "INFERENCE_PRECISION_HINT": "f32",  # no silent bf16 on CPUs that have it
+                "INFERENCE_PRECISION_HINT": precision,  # f32: no silent bf16 on CPUs that have it
                 "PERFORMANCE_HINT": "LATENCY",
             },
         )
@@ -127,9 +134,12 @@ class Slot:
 RUNNERS: dict[str, tuple[str, Callable[[str, int], Runner]]] = {
     "onnx": ("onnxruntime", OrtRunner),
     "openvino": ("openvino", OvRunner),
+    "openvino-bf16": ("openvino", lambda path, threads: OvRunner(path, threads, "bf16")),
 }
 BACKEND_CHOICES = ("auto", "torch", *RUNNERS)
-AUTO_ORDER = ("openvino", "onnx")  # fastest first, measured quiet on the 2-vCPU EPYC (docs/LOG.md)
+# fastest first, measured on the 2-vCPU EPYC (docs/LOG.md, 2026-12-01); openvino-bf16 only where
+# the CPU has bf16 (``available``): the shipped models' accuracy unchanged there (0.323 / 0.509-0.511)
+AUTO_ORDER = ("openvino-bf16", "openvino", "onnx")
 
 
 def _bucket(n: int) -> int | None:
@@ -255,8 +265,19 @@ def _aligned(seg: Segment, raw: torch.Tensor, cache: KVCache, shift: bool) -> to
     return logits
 
 
+@functools.cache
+def native_bf16() -> bool:
+    """Whether OpenVINO computes bf16 natively on this CPU (AVX-512 BF16 or AMX)."""
+    import openvino as ov
+
+    return "BF16" in ov.Core().get_property("CPU", "OPTIMIZATION_CAPABILITIES")
+
+
 def available(name: str) -> bool:
-    return importlib.util.find_spec(RUNNERS[name][0]) is not None
+    """The runtime's package is installed (and, for ``openvino-bf16``, the CPU has bf16)."""
+    if importlib.util.find_spec(RUNNERS[name][0]) is None:
+        return False
+    return name != "openvino-bf16" or native_bf16()
 
 
 def resolve_backend(name: str, model: DiffusionLM) -> str:
@@ -271,6 +292,8 @@ def resolve_backend(name: str, model: DiffusionLM) -> str:
             return "torch"
         return next((n for n in AUTO_ORDER if available(n)), "torch")
     if name != "torch" and not available(name):
+        if importlib.util.find_spec(RUNNERS[name][0]) is not None:
+            raise ConfigError(f"backend {name!r} needs a CPU with bf16 arithmetic; use openvino")
         raise ConfigError(
             f"backend {name!r} needs the {RUNNERS[name][0]} package: pip install 'quicksilver[cpu]'"
         )

@@ -54,7 +54,7 @@ class ServerConfig:
     compile: bool = (
         False  # torch.compile the per-token parts of each block (GPU; slower on small CPUs)
     )
-    backend: str = "torch"  # single-sequence step runtime: torch | onnx | openvino | auto
+    backend: str = "torch"  # single-sequence step runtime: torch | onnx | openvino[-bf16] | auto
     prefix_cache_mb: int = 256  # cross-request prefix cache for block-causal models (0: off)
     threads: int = 0  # torch intra-op threads (0: leave the default)
     max_body_bytes: int = MAX_BODY_BYTES
@@ -104,9 +104,9 @@ SERVER_HELP = {
     "of 0.5B+ parameters, float32 below)",
     "quantize": "none or int8 (dynamic int8 linear layers on the CPU: less memory, faster at 0.5B+)",
     "cache": "KV cache: auto, none, block, prefix or dual",
-    "backend": "runtime of single-sequence steps: torch, onnx, openvino or auto (the measured CPU "
-    "winner); batched steps run in torch, so the default keeps a row's answer independent of its "
-    "batch",
+    "backend": "runtime of single-sequence steps: torch, onnx, openvino, openvino-bf16 or auto (the "
+    "measured CPU winner); batched steps run in torch, so the default keeps a row's answer "
+    "independent of its batch",
     "prefix_cache_mb": "cross-request prefix cache for block-causal models, in MiB (0: off)",
     "max_body_bytes": "largest request body accepted (413 above)",
     "max_prompt_tokens": "longest prompt accepted, in tokens (400 above)",
