@@ -130,3 +130,25 @@ def test_eval_compare_reports_both_on_the_same_items(
     assert other["tasks"]["sudoku4"]["n"] == rep["tasks"]["sudoku4"]["n"] == 3
     assert other["settings"]["decoding"].startswith("autoregressive")
     assert any(line.startswith("mean") and line.count(".") == 2 for line in out)
+
+
+def test_eval_runs_single_rows_on_the_chosen_backend(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from quicksilver.assets import embedded_model_path
+    from quicksilver.models.cpu_backends import ExportedStep
+
+    passes = []
+    step = ExportedStep.forward_segment
+    monkeypatch.setattr(
+        ExportedStep, "forward_segment", lambda self, seg: passes.append(1) or step(self, seg)
+    )
+
+    args = ["eval", "--model", str(embedded_model_path()), "--tasks", "chat", "--limit", "3"]
+    args += ["--batch-size", "1", "--stream-items", "0", "--json"]
+    reps = {}
+    for backend in ("torch", "onnx"):
+        assert main([*args, "--backend", backend]) == 0
+        reps[backend] = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert reps["onnx"]["settings"]["backend"] == "onnx" and passes  # the rows ran on ONNX Runtime
+    assert reps["onnx"]["tasks"]["chat"]["accuracy"] == reps["torch"]["tasks"]["chat"]["accuracy"]
