@@ -173,7 +173,8 @@ RECIPES: dict[str, TrainConfig] = {
     "small-ar2d-v2": V2_STAGE2,
     # v2, stage 3: stage 2 continued with certainty forcing at the weight the pilot chose (docs/LOG.md:
     # from the shipped model, 400 steps, W = 0 / 0.5 / 2 / 5: TPF 1.87 / 1.99 / 2.18 / 2.32 at
-    # accuracy 0.277 / 0.286 / 0.274 / 0.266)
+    # accuracy 0.277 / 0.286 / 0.274 / 0.266); measured on stage 2 below its threshold frontier
+    # (docs/LOG.md), kept as the record of that run, not a base for the next stage
     "small-ar2d-v2-cf": dataclasses.replace(
         V2_STAGE2,
         out="runs/small-ar2d-v2-cf",
