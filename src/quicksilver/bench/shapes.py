@@ -36,7 +36,7 @@ from typing import Any
 import torch
 
 from ..errors import ConfigError
-from ..models.checkpoint import default_dtype
+from ..models.checkpoint import default_dtype, dtype_name
 from ..models.config import ModelConfig
 from ..models.families.common import qwen_config
 from ..models.families.llada import llada_config
@@ -119,7 +119,20 @@ def build(cfg: ModelConfig, fmt: str) -> torch.nn.Module:
 
 def default_format(n_params: int) -> str:
     """The format ``quicksilver.load`` computes a CPU model of this size in by default."""
-    return str(default_dtype(n_params, torch.device("cpu"))).removeprefix("torch.")
+    return dtype_name(default_dtype(n_params, torch.device("cpu")))
+
+
+def headline_ratio(results: list[dict[str, Any]], window: int) -> tuple[float | None, str | None]:
+    """The 1.5B shape's step / AR token at ``window`` in its default CPU format, and that format
+    (None, None when the shape was not run)."""
+    shape = next((s for s in results if s["shape"] == "fast-dllm-v2-1.5b"), None)
+    if shape is None:
+        return None, None
+    fmt = default_format(shape["parameters"])
+    ratio = next(
+        (r["step_vs_ar_token"][str(window)] for r in shape["formats"] if r["format"] == fmt), None
+    )
+    return ratio, fmt
 
 
 def time_ms(fn: Any, iters: int) -> float:
@@ -236,29 +249,13 @@ def run(args: argparse.Namespace) -> int:
         ],
     )
     png = plot(results, args.windows, Path(args.out) / "shapes.png")
-    headline = next(
-        (
-            r["step_vs_ar_token"][str(args.window)]
-            for s in results
-            if s["shape"] == "fast-dllm-v2-1.5b"
-            for r in s["formats"]
-            if r["format"] == default_format(s["parameters"])
-        ),
-        None,
-    )
+    headline, headline_format = headline_ratio(results, args.window)
     emit_json(
         {
             "bench": "shapes",
             "random_weights": True,
             "step_vs_ar_token": headline,
-            "headline_format": next(
-                (
-                    default_format(s["parameters"])
-                    for s in results
-                    if s["shape"] == "fast-dllm-v2-1.5b"
-                ),
-                None,
-            ),
+            "headline_format": headline_format,
             "window": args.window,
             "context": args.context,
             "shapes": results,

@@ -28,7 +28,7 @@ import torch
 
 from ..engine import Engine, EngineConfig, EngineRequest
 from ..errors import QuicksilverError
-from ..models.checkpoint import DTYPES
+from ..models.checkpoint import DTYPES, dtype_name
 from ..pipeline import Pipeline, load
 from ..sampling import SamplerConfig, reference_generate
 from ..sampling.autoregressive import ar_stream
@@ -140,14 +140,14 @@ def run_speed_bench(args: argparse.Namespace) -> int:
     if ar_path is None:
         raise QuicksilverError("no --ar-model given and no embedded AR baseline is installed")
     torch.manual_seed(0)
-    dtype_name = getattr(args, "dtype", "auto")
-    ar_dtype_name = getattr(args, "ar_dtype", None) or dtype_name
+    dtype_arg = getattr(args, "dtype", "auto")
+    ar_dtype_arg = getattr(args, "ar_dtype", None) or dtype_arg
     compile_ = bool(getattr(args, "compile", False))
     quantize = getattr(args, "quantize", "none")
     backend = getattr(args, "backend", "torch")
     opts = dict(compile=compile_, quantize=quantize, backend=backend)
-    pipe = load(model_path, dtype=DTYPES.get(dtype_name), **opts)  # auto: None, the default
-    ar = load(ar_path, dtype=DTYPES.get(ar_dtype_name), **opts)
+    pipe = load(model_path, dtype=DTYPES.get(dtype_arg), **opts)  # auto: None, the default
+    ar = load(ar_path, dtype=DTYPES.get(ar_dtype_arg), **opts)
     if ar.config.attention != "causal":
         raise QuicksilverError(f"{ar_path} is not a causal (AR) model")
     tok = pipe.tokenizer
@@ -265,8 +265,8 @@ def run_speed_bench(args: argparse.Namespace) -> int:
                 "threshold": default.threshold,
                 "block": block,
                 "window": window or None,
-                "dtype": str(pipe.model.model.embed_tokens.weight.dtype).removeprefix("torch."),
-                "ar_dtype": str(ar.model.model.embed_tokens.weight.dtype).removeprefix("torch."),
+                "dtype": dtype_name(pipe.model.model.embed_tokens.weight.dtype),
+                "ar_dtype": dtype_name(ar.model.model.embed_tokens.weight.dtype),
                 "compile": compile_,
                 "quantize": quantize,
                 "backend": _backend_name(pipe),

@@ -39,6 +39,11 @@ DTYPES = {
 }
 
 
+def dtype_name(dtype: torch.dtype) -> str:
+    """``torch.bfloat16`` -> ``"bfloat16"`` (a key of ``DTYPES``)."""
+    return str(dtype).removeprefix("torch.")
+
+
 def register_loader(*architectures: str) -> Callable[[Loader], Loader]:
     def deco(fn: Loader) -> Loader:
         for a in architectures:

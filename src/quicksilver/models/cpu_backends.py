@@ -273,11 +273,13 @@ def native_bf16() -> bool:
     return "BF16" in ov.Core().get_property("CPU", "OPTIMIZATION_CAPABILITIES")
 
 
+def installed(name: str) -> bool:
+    return importlib.util.find_spec(RUNNERS[name][0]) is not None
+
+
 def available(name: str) -> bool:
     """The runtime's package is installed (and, for ``openvino-bf16``, the CPU has bf16)."""
-    if importlib.util.find_spec(RUNNERS[name][0]) is None:
-        return False
-    return name != "openvino-bf16" or native_bf16()
+    return installed(name) and (name != "openvino-bf16" or native_bf16())
 
 
 def resolve_backend(name: str, model: DiffusionLM) -> str:
@@ -291,12 +293,12 @@ def resolve_backend(name: str, model: DiffusionLM) -> str:
         except ConfigError:
             return "torch"
         return next((n for n in AUTO_ORDER if available(n)), "torch")
-    if name != "torch" and not available(name):
-        if importlib.util.find_spec(RUNNERS[name][0]) is not None:
-            raise ConfigError(f"backend {name!r} needs a CPU with bf16 arithmetic; use openvino")
+    if name != "torch" and not installed(name):
         raise ConfigError(
             f"backend {name!r} needs the {RUNNERS[name][0]} package: pip install 'quicksilver[cpu]'"
         )
+    if name != "torch" and not available(name):
+        raise ConfigError(f"backend {name!r} needs a CPU with bf16 arithmetic; use openvino")
     return name
 
 
