@@ -9,7 +9,7 @@ PORT    ?= 8000
 CHROMIUM := /usr/bin/chromium
 SUDO    := $(if $(filter 0,$(shell id -u)),,sudo)
 
-.PHONY: install run lint test test-fuzz test-llama-cpp test-slow test-all screenshots train-ar train-model train-ar-v2 train-model-v2 train-model-v2-cf train-ar-v2-twin clean
+.PHONY: install run lint test test-fuzz test-llama-cpp test-slow test-all screenshots train-ar train-model train-ar-v2 train-model-v2 train-model-v2-cf distill-v2 distill-v2-self train-model-v2-kd train-ar-v2-twin clean
 
 $(STAMP): pyproject.toml Makefile
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
@@ -92,6 +92,26 @@ train-model-v2: $(STAMP)
 train-model-v2-cf: $(STAMP)
 	test -f runs/small-ar2d-v2/final/config.json || $(MAKE) train-model-v2
 	$(BIN)/quicksilver train --recipe small-ar2d-v2-cf
+
+# Stage 3 (distillation): the AR twin's verified greedy replies to 6000 fresh training prompts
+# (its step-3000 weights: the teacher of record), then stage 2 continued on half of them, without
+# and with certainty forcing.
+V2_MIX = path_star:1,sudoku4:1,countdown3:1.5,multiply:1.25,tool_call:1,chat:0.3,fim:0.25,tool_loop:0.6
+distill-v2: $(STAMP)
+	test -f runs/small-ar-v2-twin/step_3000/config.json || $(BIN)/quicksilver train --recipe small-ar-v2-twin --steps 5000 --eval-every 1000 --stop-at 3000
+	$(BIN)/quicksilver distill --teacher runs/small-ar-v2-twin/step_3000 --out runs/distill2/twin3000.jsonl --n 6000 --tasks "$(V2_MIX)" --seed 7 --batch-size 32
+
+distill-v2-self: $(STAMP)
+	test -f runs/small-ar2d-v2/final/config.json || $(MAKE) train-model-v2
+	$(BIN)/quicksilver distill --teacher runs/small-ar2d-v2/final --out runs/distill2/self5000.jsonl --n 3000 --tasks "$(V2_MIX)" --seed 8 --batch-size 32
+
+train-model-v2-kd: $(STAMP)
+	test -f runs/small-ar2d-v2/final/config.json || $(MAKE) train-model-v2
+	test -f runs/distill2/twin3000.jsonl || $(MAKE) distill-v2
+	$(BIN)/quicksilver train --recipe small-ar2d-v2-kd
+	$(BIN)/quicksilver train --recipe small-ar2d-v2-kdcf
+	test -f runs/distill2/self5000.jsonl || $(MAKE) distill-v2-self
+	$(BIN)/quicksilver train --recipe small-ar2d-v2-sdcf
 
 # The v2 AR twin: stage 1 continued on stage 2's data stream for as many steps (equal tokens).
 train-ar-v2-twin: $(STAMP)

@@ -186,6 +186,50 @@ RECIPES: dict[str, TrainConfig] = {
         warmup=20,
         eval_every=500,
     ),
+    # v2, stage 3 (distillation): stage 2 continued on half fresh data, half the AR twin's verified
+    # greedy replies (`make distill-v2`: its step-3000 weights, 6000 training prompts, seed 7) —
+    # sequence-level distillation, the same 1000-step budget as the certainty-forcing run
+    "small-ar2d-v2-kd": dataclasses.replace(
+        V2_STAGE2,
+        out="runs/small-ar2d-v2-kd",
+        init_from="runs/small-ar2d-v2/final",
+        distill_data="runs/distill2/twin3000.jsonl",
+        distill_frac=0.5,
+        seed=6,
+        steps=1000,
+        lr=1e-4,
+        warmup=20,
+        eval_every=500,
+    ),
+    # ... and the same with certainty forcing (W = 2), which sharpens what distillation made unimodal
+    "small-ar2d-v2-kdcf": dataclasses.replace(
+        V2_STAGE2,
+        out="runs/small-ar2d-v2-kdcf",
+        init_from="runs/small-ar2d-v2/final",
+        distill_data="runs/distill2/twin3000.jsonl",
+        distill_frac=0.5,
+        certainty_weight=2.0,
+        seed=6,
+        steps=1000,
+        lr=1e-4,
+        warmup=20,
+        eval_every=500,
+    ),
+    # ... and self-distillation (dParallel's recipe): stage 2's own verified replies (`make
+    # distill-v2-self`: 3000 training prompts, seed 8) under certainty forcing (W = 2)
+    "small-ar2d-v2-sdcf": dataclasses.replace(
+        V2_STAGE2,
+        out="runs/small-ar2d-v2-sdcf",
+        init_from="runs/small-ar2d-v2/final",
+        distill_data="runs/distill2/self5000.jsonl",
+        distill_frac=0.5,
+        certainty_weight=2.0,
+        seed=6,
+        steps=1000,
+        lr=1e-4,
+        warmup=20,
+        eval_every=500,
+    ),
     # v2, the AR twin for the honest comparison: stage 1 continued on stage 2's data stream (same
     # seed, same steps), so it has seen as many tokens as the diffusion model and its parent
     "small-ar-v2-twin": dataclasses.replace(
