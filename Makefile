@@ -94,8 +94,8 @@ train-model-v2-cf: $(STAMP)
 	$(BIN)/quicksilver train --recipe small-ar2d-v2-cf
 
 # Stage 3 (distillation): the AR twin's verified greedy replies to 6000 fresh training prompts
-# (its step-3000 weights: the teacher of record), then stage 2 continued on half of them, without
-# and with certainty forcing.
+# (its step-3000 weights: the teacher of record), then stage 2 continued on half of them; and the
+# self-distillation run, on stage 2's own verified replies under certainty forcing.
 V2_MIX = path_star:1,sudoku4:1,countdown3:1.5,multiply:1.25,tool_call:1,chat:0.3,fim:0.25,tool_loop:0.6
 distill-v2: $(STAMP)
 	test -f runs/small-ar-v2-twin/step_3000/config.json || $(BIN)/quicksilver train --recipe small-ar-v2-twin --steps 5000 --eval-every 1000 --stop-at 3000
@@ -109,7 +109,6 @@ train-model-v2-kd: $(STAMP)
 	test -f runs/small-ar2d-v2/final/config.json || $(MAKE) train-model-v2
 	test -f runs/distill2/twin3000.jsonl || $(MAKE) distill-v2
 	$(BIN)/quicksilver train --recipe small-ar2d-v2-kd
-	$(BIN)/quicksilver train --recipe small-ar2d-v2-kdcf
 	test -f runs/distill2/self5000.jsonl || $(MAKE) distill-v2-self
 	$(BIN)/quicksilver train --recipe small-ar2d-v2-sdcf
 
@@ -117,6 +116,7 @@ train-model-v2-kd: $(STAMP)
 train-ar-v2-twin: $(STAMP)
 	test -f runs/small-ar-v2/final/config.json || $(BIN)/quicksilver train --recipe small-ar-v2
 	$(BIN)/quicksilver train --recipe small-ar-v2-twin --steps 5000 --eval-every 1000
+	$(BIN)/quicksilver train --recipe small-ar-v2-twin6k
 
 clean:
 	rm -rf $(VENV) build *.egg-info src/*.egg-info .pytest_cache

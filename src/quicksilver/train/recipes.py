@@ -139,6 +139,18 @@ V2_STAGE2 = TrainConfig(
     cpu_bf16=True,  # from step 2800: 1.45x tokens/s on the EPYC's avx512_bf16 (docs/LOG.md)
 )
 
+# v2, stage 3: 1,000 steps from stage 2's final weights at lr 1e-4 (one schedule for every variant;
+# distill_frac applies only where distill_data is set)
+V2_STAGE3 = dataclasses.replace(
+    V2_STAGE2,
+    init_from="runs/small-ar2d-v2/final",
+    seed=6,
+    steps=1000,
+    lr=1e-4,
+    warmup=20,
+    eval_every=500,
+)
+
 RECIPES: dict[str, TrainConfig] = {
     # the shipped model: block-causal diffusion, ~3.0M parameters
     "small": TrainConfig(out="runs/small"),
@@ -176,64 +188,36 @@ RECIPES: dict[str, TrainConfig] = {
     # accuracy 0.277 / 0.286 / 0.274 / 0.266); measured on stage 2 below its threshold frontier
     # (docs/LOG.md), kept as the record of that run, not a base for the next stage
     "small-ar2d-v2-cf": dataclasses.replace(
-        V2_STAGE2,
-        out="runs/small-ar2d-v2-cf",
-        init_from="runs/small-ar2d-v2/final",
-        certainty_weight=2.0,
-        seed=5,
-        steps=1000,
-        lr=1e-4,
-        warmup=20,
-        eval_every=500,
+        V2_STAGE3, out="runs/small-ar2d-v2-cf", certainty_weight=2.0, seed=5
     ),
-    # v2, stage 3 (distillation): stage 2 continued on half fresh data, half the AR twin's verified
-    # greedy replies (`make distill-v2`: its step-3000 weights, 6000 training prompts, seed 7) —
-    # sequence-level distillation, the same 1000-step budget as the certainty-forcing run
+    # v2, stage 3 (distillation): half fresh data, half the AR twin's verified greedy replies (`make
+    # distill-v2`: its step-3000 weights, 6000 training prompts, seed 7) — sequence-level distillation
     "small-ar2d-v2-kd": dataclasses.replace(
-        V2_STAGE2,
-        out="runs/small-ar2d-v2-kd",
-        init_from="runs/small-ar2d-v2/final",
-        distill_data="runs/distill2/twin3000.jsonl",
-        distill_frac=0.5,
-        seed=6,
-        steps=1000,
-        lr=1e-4,
-        warmup=20,
-        eval_every=500,
+        V2_STAGE3, out="runs/small-ar2d-v2-kd", distill_data="runs/distill2/twin3000.jsonl"
     ),
-    # ... and the same with certainty forcing (W = 2), which sharpens what distillation made unimodal
-    "small-ar2d-v2-kdcf": dataclasses.replace(
-        V2_STAGE2,
-        out="runs/small-ar2d-v2-kdcf",
-        init_from="runs/small-ar2d-v2/final",
-        distill_data="runs/distill2/twin3000.jsonl",
-        distill_frac=0.5,
-        certainty_weight=2.0,
-        seed=6,
-        steps=1000,
-        lr=1e-4,
-        warmup=20,
-        eval_every=500,
-    ),
+    # ... its control: the same 1,000 steps on fresh reference data only
+    "small-ar2d-v2-ctl": dataclasses.replace(V2_STAGE3, out="runs/small-ar2d-v2-ctl"),
     # ... and self-distillation (dParallel's recipe): stage 2's own verified replies (`make
     # distill-v2-self`: 3000 training prompts, seed 8) under certainty forcing (W = 2)
     "small-ar2d-v2-sdcf": dataclasses.replace(
-        V2_STAGE2,
+        V2_STAGE3,
         out="runs/small-ar2d-v2-sdcf",
-        init_from="runs/small-ar2d-v2/final",
         distill_data="runs/distill2/self5000.jsonl",
-        distill_frac=0.5,
         certainty_weight=2.0,
-        seed=6,
-        steps=1000,
-        lr=1e-4,
-        warmup=20,
-        eval_every=500,
     ),
     # v2, the AR twin for the honest comparison: stage 1 continued on stage 2's data stream (same
     # seed, same steps), so it has seen as many tokens as the diffusion model and its parent
     "small-ar-v2-twin": dataclasses.replace(
         V2_STAGE2, out="runs/small-ar-v2-twin", objective="ar", logit_shift=False, lr=1e-4
+    ),
+    # ... continued for stage 3's 1,000 steps (its seed, lr and schedule, fresh data), so the twin
+    # has seen as many steps as a stage-3 model and its parents
+    "small-ar-v2-twin6k": dataclasses.replace(
+        V2_STAGE3,
+        out="runs/small-ar-v2-twin6k",
+        init_from="runs/small-ar-v2-twin/final",
+        objective="ar",
+        logit_shift=False,
     ),
     # ablation: no substitution noise
     "small-nosub": TrainConfig(out="runs/small-nosub", sub_prob=0.0),
