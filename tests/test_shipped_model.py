@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 
 import pytest
@@ -12,6 +13,7 @@ from quicksilver.assets import embedded_model_path
 from quicksilver.cli import main
 from quicksilver.eval.evaluate import decode_items
 from quicksilver.sampling import SamplerConfig
+from quicksilver.train.data import prompt_text
 from quicksilver.train.tasks import get_task
 
 PATH = embedded_model_path()
@@ -28,10 +30,13 @@ def test_size_and_format() -> None:
     assert (PATH / "train_config.json").is_file()
 
 
-# What the shipped model reliably does today (docs/MODEL.md has the measured accuracies: chat 0.98,
-# sudoku4 0.71, tool-call answers 0.89 on 200 held-out items), with margin for a 2-core CPU's
-# numerics. Today's model: chat 10/10, sudoku4 9/12. Raise these bars when a better model ships.
-@pytest.mark.parametrize("task,n,need", [("chat", 10, 9), ("sudoku4", 12, 7)])
+# What the shipped model reliably does today (docs/MODEL.md has the measured accuracies on 200
+# items per task), with margin for a 2-core CPU's numerics. Today's model (v2, stage 3): chat 10/10,
+# sudoku4 5/12, countdown3 7/12, tool_loop 7/12. Raise these bars when a better model ships.
+@pytest.mark.parametrize(
+    "task,n,need",
+    [("chat", 10, 9), ("sudoku4", 12, 3), ("countdown3", 12, 4), ("tool_loop", 12, 4)],
+)
 def test_solves_fixed_items(task: str, n: int, need: int) -> None:
     pipe = quicksilver.load(PATH)
     items = get_task(task).test_items(n)
@@ -40,11 +45,38 @@ def test_solves_fixed_items(task: str, n: int, need: int) -> None:
     assert sum(r.nfe for r in res) < sum(r.tokens for r in res)  # parallel decoding: TPF > 1
 
 
+@pytest.mark.parametrize("task,n,need", [("chat", 10, 9), ("tool_loop", 12, 3)])
+def test_understands_held_out_wordings(task: str, n: int, need: int) -> None:
+    """The same puzzles worded with templates no training item used (v2's phrasing split). Today:
+    chat 10/10, tool_loop 5/12."""
+    pipe = quicksilver.load(PATH)
+    items = get_task(task).test_items(n, phrasing="held-out")
+    res = decode_items(pipe.model, pipe.tokenizer, items, SamplerConfig())
+    assert sum(r.correct for r in res) >= need, [r.reply for r in res]
+
+
+def test_fits_a_five_turn_agent_loop() -> None:
+    """Five call -> result exchanges under three tool schemas fit the context with room to answer,
+    and the model answers the last result."""
+    pipe = quicksilver.load(PATH)
+    item = next(i for i in get_task("tool_loop").test_items(8) if i.stratum == "second_answer")
+    assert item.messages is not None
+    first, second = item.messages[:4], item.messages[4:]  # call, result, answer; then call, result
+    msgs = first + [*second, {"role": "assistant", "content": item.answer}] * 3 + second
+    loop = dataclasses.replace(item, messages=msgs)
+    n = len(pipe.tokenizer.encode(prompt_text(loop, pipe.tokenizer, False)))
+    assert n + 64 <= pipe.config.max_seq_len, n
+    (res,) = decode_items(pipe.model, pipe.tokenizer, [loop], SamplerConfig())
+    assert res.correct, res.reply
+
+
 def test_answers_from_a_tool_result() -> None:
     pipe = quicksilver.load(PATH)
     items = [it for it in get_task("tool_call").test_items(24) if it.stratum == "answer"]
     res = decode_items(pipe.model, pipe.tokenizer, items, SamplerConfig())
-    assert sum(r.correct for r in res) >= len(items) // 2, [r.reply for r in res]  # today: 8 of 11
+    assert sum(r.correct for r in res) >= len(items) * 2 // 3, [
+        r.reply for r in res
+    ]  # today: 9 of 11
 
 
 def test_tool_call_format() -> None:
