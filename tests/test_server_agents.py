@@ -245,7 +245,7 @@ def test_split_always_fits(
     assert s.reasoning <= reasoning
 
 
-SMALL_CONTEXT = 384  # the embedded model's
+SMALL_CONTEXT = 384  # a small context (the v1 embedded model's)
 FORMATS: list[dict[str, Any]] = [
     {},
     {"response_format": {"type": "json_object"}},

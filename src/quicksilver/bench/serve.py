@@ -279,8 +279,8 @@ async def agent_loop(
     url: str, turns: int, seed: int, max_tokens: int, served: list[Result] | None = None
 ) -> tuple[list[float], list[str]]:
     """A tool-calling conversation resent in full every turn: seconds per turn (NaN for a failed turn)
-    and the errors (each turn's ``Result`` is appended to ``served`` when given). Kept compact (short system prompt and tool results) so that five turns fit the
-    embedded model's 384-token context."""
+    and the errors (each turn's ``Result`` is appended to ``served`` when given). Kept compact (short system prompt and tool results) so that five turns fit a
+    384-token context (the v1 embedded model's)."""
     import httpx
 
     from ..train.tasks import get_task
