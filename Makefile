@@ -75,8 +75,14 @@ train-model: $(STAMP)
 	$(BIN)/quicksilver train --recipe small-ar2d --steps 5000
 
 # v2 (natural phrasings, agent-loop turns, a 1,024-token context), stage by stage; each stage
-# resumes from runs/*/ckpt.pt. Stage 1: the shipped AR twin continued on the v2 data (600 steps).
-train-ar-v2: $(STAMP)
+# resumes from runs/*/ckpt.pt. Stage 1: the v1 AR twin continued on the v2 data (600 steps). The v1
+# twin is the assets/model-ar of the commit before v2 shipped (`make train-ar` retrains it).
+V1_COMMIT = 145eb20^
+runs/small-ar-v1/config.json:
+	mkdir -p runs/small-ar-v1
+	git archive $(V1_COMMIT) src/quicksilver/assets/model-ar | tar -x --strip-components=4 -C runs/small-ar-v1
+
+train-ar-v2: $(STAMP) runs/small-ar-v1/config.json
 	$(BIN)/quicksilver train --recipe small-ar-v2
 
 # Stage 2: that finished AR model adapted to block diffusion (lr 2e-4; its first 200 steps ran on a

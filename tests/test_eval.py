@@ -106,6 +106,27 @@ def test_plots(tmp_path: Path) -> None:
     assert plot_learning_curves({"d": run}, tmp_path / "c.png").stat().st_size > 1000
 
 
+def test_curves_count_the_steps_of_every_earlier_stage(tmp_path: Path) -> None:
+    from quicksilver.eval.plots import read_curve
+
+    def stage(name: str, steps: int, init: Path | None) -> Path:
+        d = tmp_path / name
+        (d / "final").mkdir(parents=True)
+        (d / "step_1").mkdir()
+        cfg = json.dumps({"init_from": str(init) if init else ""})
+        for sub in ("final", "step_1"):
+            (d / sub / "train_config.json").write_text(cfg)
+        (d / "final" / "train_state.json").write_text(json.dumps({"step": steps}))
+        (d / "metrics.jsonl").write_text(json.dumps({"step": 1, "eval": {"fim": 0.5}}) + "\n")
+        return d
+
+    one = stage("one", 600, None)
+    two = stage("two", 5000, one / "final")
+    three = stage("three", 1000, two / "final")
+    assert [r["step"] for r in read_curve(three)] == [5601]
+    assert [r["step"] for r in read_curve(one)] == [1]
+
+
 def test_eval_held_out_phrasing(
     models: dict[str, Path], capsys: pytest.CaptureFixture[str]
 ) -> None:

@@ -40,21 +40,28 @@ def plot_accuracy_vs_tpf(rows: list[dict[str, Any]], path: str | Path, title: st
     return save_figure(fig, path)
 
 
+def steps_before(train_config: Path, seen: frozenset[Path] = frozenset()) -> int:
+    """Training steps behind a run's starting weights: its ``init_from`` checkpoint's steps plus
+    those behind that one, down the chain of stages (0 for a run from scratch; a chain that comes
+    back to a checkpoint already counted, as a path reused for newer weights can, stops there)."""
+    init = json.loads(train_config.read_text()).get("init_from") if train_config.is_file() else None
+    state = Path(init) / "train_state.json" if init else None
+    if init is None or state is None or not state.is_file() or Path(init).resolve() in seen:
+        return 0
+    steps = int(json.loads(state.read_text()).get("step", 0))
+    return steps + steps_before(Path(init) / "train_config.json", seen | {Path(init).resolve()})
+
+
 def read_curve(run_dir: str | Path) -> list[dict[str, Any]]:
     """The run's eval records. A run started from another checkpoint (``init_from``) continues that
     one's step count, so curves compare equal training budgets."""
     recs = []
-    offset = 0
     for line in (Path(run_dir) / "metrics.jsonl").read_text().splitlines():
         r = json.loads(line)
         if "eval" in r:
             recs.append(r)
     cfgs = sorted(Path(run_dir).glob("step_*/train_config.json"))
-    if cfgs:
-        init = json.loads(cfgs[0].read_text()).get("init_from")
-        state = Path(init) / "train_state.json" if init else None
-        if state is not None and state.is_file():
-            offset = int(json.loads(state.read_text()).get("step", 0))
+    offset = steps_before(cfgs[0]) if cfgs else 0
     return [{**r, "step": r["step"] + offset} for r in recs]
 
 

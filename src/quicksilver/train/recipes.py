@@ -168,12 +168,13 @@ RECIPES: dict[str, TrainConfig] = {
         lr=5e-4,
         cpu_bf16=True,
     ),
-    # v2, stage 1: the shipped AR twin continued on natural phrasings and agent-loop turns with a
-    # 1,024-token context (RoPE: the same weights serve the longer context)
+    # v2, stage 1: the v1 AR twin (shipped until 2026-12-01; `make runs/small-ar-v1` takes it from
+    # git history) continued on natural phrasings and agent-loop turns with a 1,024-token context
+    # (RoPE: the same weights serve the longer context)
     "small-ar-v2": TrainConfig(
         out="runs/small-ar-v2",
         objective="ar",
-        init_from="src/quicksilver/assets/model-ar",
+        init_from="runs/small-ar-v1",
         max_seq_len=1024,
         max_len=1000,
         tasks=V2_MIX,
