@@ -9,7 +9,7 @@ PORT    ?= 8000
 CHROMIUM := /usr/bin/chromium
 SUDO    := $(if $(filter 0,$(shell id -u)),,sudo)
 
-.PHONY: install run lint test test-fuzz test-llama-cpp test-slow test-all screenshots train-ar train-model train-ar-v2 train-model-v2 train-model-v2-cf distill-v2 distill-v2-self train-model-v2-kd train-ar-v2-twin clean
+.PHONY: install run lint test test-fuzz test-llama-cpp test-slow test-all screenshots train-ar train-model train-ar-v2 train-model-v2 train-model-v2-cf distill-v2 distill-v2-self distill-v2-self2 train-model-v2-kd train-model-v2-sdcf2 train-ar-v2-twin clean
 
 $(STAMP): pyproject.toml Makefile
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
@@ -110,6 +110,13 @@ distill-v2: $(STAMP)
 distill-v2-self: $(STAMP)
 	test -f runs/small-ar2d-v2/final/config.json || $(MAKE) train-model-v2
 	$(BIN)/quicksilver distill --teacher runs/small-ar2d-v2/final --out runs/distill2/self5000.jsonl --n 3000 --tasks "$(V2_MIX)" --seed 8 --batch-size 32
+
+distill-v2-self2: $(STAMP)
+	test -f runs/small-ar2d-v2-sdcf/final/config.json || $(MAKE) train-model-v2-kd
+	$(BIN)/quicksilver distill --teacher runs/small-ar2d-v2-sdcf/final --out runs/distill2/self_sdcf.jsonl --n 3000 --tasks "$(V2_MIX)" --seed 9 --batch-size 32
+
+train-model-v2-sdcf2: $(STAMP) distill-v2-self2
+	$(BIN)/quicksilver train --recipe small-ar2d-v2-sdcf2
 
 train-model-v2-kd: $(STAMP)
 	test -f runs/small-ar2d-v2/final/config.json || $(MAKE) train-model-v2

@@ -206,6 +206,16 @@ RECIPES: dict[str, TrainConfig] = {
         distill_data="runs/distill2/self5000.jsonl",
         certainty_weight=2.0,
     ),
+    # ... a second round: the shipped stage-3 model's own verified replies (`make distill-v2-self2`:
+    # 3000 prompts, seed 9), the same 1,000 steps from its weights
+    "small-ar2d-v2-sdcf2": dataclasses.replace(
+        V2_STAGE3,
+        out="runs/small-ar2d-v2-sdcf2",
+        init_from="runs/small-ar2d-v2-sdcf/final",
+        distill_data="runs/distill2/self_sdcf.jsonl",
+        certainty_weight=2.0,
+        seed=7,
+    ),
     # v2, the AR twin for the honest comparison: stage 1 continued on stage 2's data stream (same
     # seed, same steps), so it has seen as many tokens as the diffusion model and its parent
     "small-ar-v2-twin": dataclasses.replace(
