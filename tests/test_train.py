@@ -358,3 +358,17 @@ def test_torchrun_gloo_two_processes(tmp_path: Path) -> None:
     assert (tmp_path / "ddp" / "ckpt.rank1.pt").is_file()
     lines = (tmp_path / "ddp" / "metrics.jsonl").read_text().splitlines()
     assert lines and '"step": 4' in lines[-1]
+
+
+def test_every_recipe_starts_from_a_run_that_a_recipe_or_make_builds() -> None:
+    """A stage names the run it continues, never the asset path (which holds whatever ships now)."""
+    from quicksilver.train.recipes import RECIPES
+
+    outs = {r.out for r in RECIPES.values()} | {"runs/small-ar-v1"}  # v1: `make runs/small-ar-v1`
+    makefile = (Path(__file__).parent.parent / "Makefile").read_text()
+    for name, r in RECIPES.items():
+        if r.init_from:
+            run = r.init_from.removesuffix("/final").split("/step_")[0]
+            assert run in outs, (name, r.init_from)
+        if r.distill_data:
+            assert r.distill_data in makefile, (name, r.distill_data)  # a make target writes it
