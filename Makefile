@@ -102,18 +102,19 @@ train-model-v2-cf: $(STAMP)
 # Stage 3 (distillation): the AR twin's verified greedy replies to 6000 fresh training prompts
 # (its step-3000 weights: the teacher of record), then stage 2 continued on half of them; and the
 # self-distillation run, on stage 2's own verified replies under certainty forcing.
-V2_MIX = path_star:1,sudoku4:1,countdown3:1.5,multiply:1.25,tool_call:1,chat:0.3,fim:0.25,tool_loop:0.6
+# (`quicksilver distill` draws prompts from the v2 mixture by default: recipes.V2_MIX)
+DISTILL = $(BIN)/quicksilver distill --batch-size 32
 distill-v2: $(STAMP)
 	test -f runs/small-ar-v2-twin/step_3000/config.json || $(BIN)/quicksilver train --recipe small-ar-v2-twin --steps 5000 --eval-every 1000 --stop-at 3000
-	$(BIN)/quicksilver distill --teacher runs/small-ar-v2-twin/step_3000 --out runs/distill2/twin3000.jsonl --n 6000 --tasks "$(V2_MIX)" --seed 7 --batch-size 32
+	$(DISTILL) --teacher runs/small-ar-v2-twin/step_3000 --out runs/distill2/twin3000.jsonl --n 6000 --seed 7
 
 distill-v2-self: $(STAMP)
 	test -f runs/small-ar2d-v2/final/config.json || $(MAKE) train-model-v2
-	$(BIN)/quicksilver distill --teacher runs/small-ar2d-v2/final --out runs/distill2/self5000.jsonl --n 3000 --tasks "$(V2_MIX)" --seed 8 --batch-size 32
+	$(DISTILL) --teacher runs/small-ar2d-v2/final --out runs/distill2/self5000.jsonl --n 3000 --seed 8
 
 distill-v2-self2: $(STAMP)
 	test -f runs/small-ar2d-v2-sdcf/final/config.json || $(MAKE) train-model-v2-kd
-	$(BIN)/quicksilver distill --teacher runs/small-ar2d-v2-sdcf/final --out runs/distill2/self_sdcf.jsonl --n 3000 --tasks "$(V2_MIX)" --seed 9 --batch-size 32
+	$(DISTILL) --teacher runs/small-ar2d-v2-sdcf/final --out runs/distill2/self_sdcf.jsonl --n 3000 --seed 9
 
 train-model-v2-sdcf2: $(STAMP) distill-v2-self2
 	$(BIN)/quicksilver train --recipe small-ar2d-v2-sdcf2

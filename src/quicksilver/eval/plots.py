@@ -45,10 +45,9 @@ def steps_before(train_config: Path, seen: frozenset[Path] = frozenset()) -> int
     those behind that one, down the chain of stages (0 for a run from scratch; a chain that comes
     back to a checkpoint already counted, as a path reused for newer weights can, stops there)."""
     init = json.loads(train_config.read_text()).get("init_from") if train_config.is_file() else None
-    state = Path(init) / "train_state.json" if init else None
-    if init is None or state is None or not state.is_file() or Path(init).resolve() in seen:
+    if not init or Path(init).resolve() in seen or not (Path(init) / "train_state.json").is_file():
         return 0
-    steps = int(json.loads(state.read_text()).get("step", 0))
+    steps = int(json.loads((Path(init) / "train_state.json").read_text()).get("step", 0))
     return steps + steps_before(Path(init) / "train_config.json", seen | {Path(init).resolve()})
 
 

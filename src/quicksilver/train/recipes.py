@@ -152,7 +152,7 @@ V2_STAGE3 = dataclasses.replace(
 )
 
 RECIPES: dict[str, TrainConfig] = {
-    # the shipped model: block-causal diffusion, ~3.0M parameters
+    # phase 1 (superseded): block-causal diffusion from scratch, ~3.0M parameters
     "small": TrainConfig(out="runs/small"),
     # the equal-size AR baseline: same network with a causal mask, same data stream and budget
     "small-ar": TrainConfig(out="runs/small-ar", objective="ar"),
