@@ -9,7 +9,7 @@ PORT    ?= 8000
 CHROMIUM := /usr/bin/chromium
 SUDO    := $(if $(filter 0,$(shell id -u)),,sudo)
 
-.PHONY: install run lint test test-fuzz test-llama-cpp test-slow test-all screenshots train-ar train-model train-ar-v2 train-model-v2 train-model-v2-cf distill-v2 distill-v2-self distill-v2-self2 train-model-v2-kd train-model-v2-sdcf2 train-ar-v2-twin clean
+.PHONY: install run lint test test-fuzz test-llama-cpp test-slow test-all screenshots train-ar train-model train-ar-v2 train-model-v2 train-model-v2-cf distill-v2 distill-v2-self distill-v2-self2 train-model-v2-kd train-model-v2-sdcf2 train-ar-v2-twin train-draft train-draft-ablation clean
 
 $(STAMP): pyproject.toml Makefile
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
@@ -134,3 +134,16 @@ train-ar-v2-twin: $(STAMP)
 
 clean:
 	rm -rf $(VENV) build *.egg-info src/*.egg-info .pytest_cache
+
+# v3, the joint network: the AR twin of v2 (assets/model-ar at V2_COMMIT) trained to draft its own
+# next tokens by diffusion (objective ar_draft), and the ablations of the draft loss weight and k.
+V2_COMMIT = 62ed4a9
+runs/small-ar-v2-twin6k/final/config.json:
+	mkdir -p runs/small-ar-v2-twin6k/final
+	git archive $(V2_COMMIT) src/quicksilver/assets/model-ar | tar -x --strip-components=4 -C runs/small-ar-v2-twin6k/final
+
+train-draft: $(STAMP) runs/small-ar-v2-twin6k/final/config.json
+	$(BIN)/quicksilver train --recipe small-ar-draft
+
+train-draft-ablation: $(STAMP) runs/small-ar-v2-twin6k/final/config.json
+	for r in small-ar-draft-w1s small-ar-draft-w03 small-ar-draft-k4; do $(BIN)/quicksilver train --recipe $$r || exit 1; done

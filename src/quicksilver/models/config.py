@@ -97,6 +97,7 @@ class ModelConfig:
         None  # clamp q, k, v to [-clip, clip] after projection (LLaDA-MoE option)
     )
     moe: MoEConfig | None = None  # mixture-of-experts feed-forward layers (None: dense everywhere)
+    draft_length: int = 0  # causal models trained to draft k masked positions per pass (0: none)
 
     def __post_init__(self) -> None:
         if isinstance(self.moe, dict):
@@ -157,6 +158,10 @@ class ModelConfig:
             self.moe.validate(self.n_layers)
         if not 0 <= self.mask_token_id < self.vocab_size:
             raise ConfigError(f"mask_token_id {self.mask_token_id} outside the vocabulary")
+        if self.draft_length < 0 or (self.draft_length and self.attention != "causal"):
+            raise ConfigError(
+                f"draft_length ({self.draft_length}) must be >= 0, and > 0 only for causal models"
+            )
         if not self.eos_token_ids:
             raise ConfigError("eos_token_ids must name at least one token")
 

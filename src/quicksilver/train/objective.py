@@ -26,6 +26,15 @@ answer (with its block padding) masked at rate t anywhere, the whole sequence se
 
 ``ar``: the same network with a causal mask, next-token cross-entropy on answer tokens (stop token
 included, no trailing pads), averaged per example then over the batch.
+
+``ar_draft`` (TiDAR / I-DLM style, the ``verify`` decoder's network): the ``ar`` loss on the causal
+stream, plus ``draft_weight`` times a masked-token loss on ``draft_blocks`` appended blocks of
+all-[MASK] positions per sequence. A block anchored at stream position p sits at positions
+p+1 .. p+k, attends causally to the stream up to p and bidirectionally to itself, and its position
+p+j predicts token p+j+1 (the same next-token head as the stream: the stream's own logit at p gives
+token p+1, the block drafts the k after it). Stream positions never attend to a block, so the
+stream loss is exactly the AR loss and the AR model is never left. Anchors are drawn uniformly over
+the answer; the block size per batch is drawn from [k - k/2, k + k/2] ("sizes around the decode k").
 """
 
 from __future__ import annotations
@@ -51,6 +60,9 @@ class NoiseConfig:
         0.1  # loss weight at untouched visible answer positions (only when sub_prob > 0)
     )
     certainty_weight: float = 0.0  # entropy penalty at masked positions already predicted right
+    draft_len: int = 8  # ar_draft: the decode k the appended mask blocks are sized around
+    draft_blocks: int = 6  # ar_draft: mask blocks appended per sequence
+    draft_weight: float = 1.0  # ar_draft: weight of the masked-token loss beside the AR loss
 
 
 @dataclass
@@ -58,6 +70,7 @@ class LossOut:
     loss: torch.Tensor  # scalar
     n_masked: int
     forward_tokens: int  # positions run through the network
+    parts: dict[str, torch.Tensor] | None = None  # named terms of a composite loss, for the log
 
 
 def stratified_t(n: int, eps: float, generator: torch.Generator | None) -> torch.Tensor:
@@ -214,17 +227,72 @@ def mdm_loss(
     return LossOut(loss, int(masked.sum()), int(valid.sum()))
 
 
-def ar_loss(
-    model: DiffusionLM, batch: Batch, cfg: NoiseConfig, generator: torch.Generator | None
-) -> LossOut:
-    ids, ans = batch.ids, batch.answer  # (B, L); collated without trailing pads
+def next_token_ce(logits: torch.Tensor, batch: Batch) -> tuple[torch.Tensor, int]:
+    """Next-token CE of stream logits (B, L-1, V) on answer tokens up to the stop token, averaged
+    per example then over the batch; and the number of those targets."""
+    ids, ans = batch.ids, batch.answer  # (B, L)
     tgt = ans[:, 1:] & (
         torch.arange(1, ids.shape[1])[None, :] < batch.content_len[:, None]
     )  # (B, L-1)
-    logits = model(ids[:, :-1], valid=batch.valid[:, :-1])  # (B, L-1, V) causal
     ce = F.cross_entropy(logits.float().transpose(1, 2), ids[:, 1:], reduction="none")  # (B, L-1)
-    loss = ((ce * tgt).sum(1) / tgt.sum(1).clamp_min(1)).mean()
-    return LossOut(loss, int(tgt.sum()), int(batch.valid[:, :-1].sum()))
+    return ((ce * tgt).sum(1) / tgt.sum(1).clamp_min(1)).mean(), int(tgt.sum())
+
+
+def ar_loss(
+    model: DiffusionLM, batch: Batch, cfg: NoiseConfig, generator: torch.Generator | None
+) -> LossOut:
+    logits = model(batch.ids[:, :-1], valid=batch.valid[:, :-1])  # (B, L-1, V) causal
+    loss, n_tgt = next_token_ce(logits, batch)  # collated without trailing pads
+    return LossOut(loss, n_tgt, int(batch.valid[:, :-1].sum()))
+
+
+def draft_mask(
+    L: int, anchors: torch.Tensor, k: int, valid: torch.Tensor
+) -> torch.Tensor:
+    """(B, 1, L + nb*k, L + nb*k) bool mask of a causal stream (B, L) followed by nb mask blocks of
+    k positions; block b sees the stream up to ``anchors[:, b]`` and itself, the stream never a block."""
+    B, nb = anchors.shape
+    T = L + nb * k
+    q = torch.arange(T)
+    is_blk = q >= L  # (T,)
+    blk = torch.where(is_blk, (q - L) // k, -1)  # (T,) block index, -1 on the stream
+    # every query's horizon on the stream: itself (stream) or its block's anchor
+    horizon = torch.where(
+        is_blk[None, :], anchors.gather(1, blk.clamp_min(0)[None, :].expand(B, T)), q[None, :]
+    )  # (B, T)
+    kq = torch.arange(L)
+    m_stream = (kq[None, None, :] <= horizon[:, :, None]) & valid[:, None, :]  # (B, T, L)
+    m_blk = (blk[:, None] == blk[None, L:]) & is_blk[:, None]  # (T, nb*k)
+    m = torch.cat((m_stream, m_blk[None].expand(B, T, nb * k)), dim=2)  # (B, T, T)
+    m = m | ~m.any(-1, keepdim=True)
+    return m[:, None]
+
+
+def ar_draft_loss(
+    model: DiffusionLM, batch: Batch, cfg: NoiseConfig, generator: torch.Generator | None
+) -> LossOut:
+    ids, valid = batch.ids, batch.valid  # (B, L); no trailing pads
+    B, L = ids.shape
+    half = cfg.draft_len // 2
+    k = cfg.draft_len - half + int(torch.randint(0, 2 * half + 1, (), generator=generator))
+    nb = cfg.draft_blocks
+    lo = batch.prompt_len - 1  # (B,) the first anchor: the prompt's last token predicts the answer's first
+    span = (batch.content_len - 2 - lo).clamp_min(1)  # (B,) anchors lo .. content_len - 3
+    anchors = lo[:, None] + (torch.rand((B, nb), generator=generator) * span[:, None]).long()
+    j = torch.arange(1, k + 1)  # (k,)
+    mpos = (anchors[:, :, None] + j).view(B, nb * k)  # (B, nb*k) positions of the mask tokens
+    tpos = mpos + 1  # (B, nb*k) the tokens they predict
+    t_ok = tpos < batch.content_len[:, None]
+    x0 = ids.gather(1, tpos.clamp_max(L - 1))  # (B, nb*k)
+    seq = torch.cat((ids, torch.full_like(mpos, cfg.mask_id)), dim=1)  # (B, L + nb*k)
+    pos = torch.cat((torch.arange(L)[None, :].expand(B, L), mpos), dim=1)
+    mask = draft_mask(L, anchors, k, valid)
+    logits = model(seq, positions=pos, attn_mask=mask, raw=True)  # (B, L + nb*k, V)
+    ar, _ = next_token_ce(logits[:, : L - 1], batch)
+    dce = F.cross_entropy(logits[:, L:].float().transpose(1, 2), x0, reduction="none")  # (B, nb*k)
+    draft = ((dce * t_ok).sum(1) / t_ok.sum(1).clamp_min(1)).mean()
+    loss = ar + cfg.draft_weight * draft
+    return LossOut(loss, int(t_ok.sum()), int(valid.sum()) + B * nb * k, {"ar": ar, "draft": draft})
 
 
 LossFn = Callable[[DiffusionLM, Batch, NoiseConfig, "torch.Generator | None"], LossOut]
@@ -235,4 +303,5 @@ OBJECTIVES: dict[
     "diffusion_single": (diffusion_single_loss, "block_causal", True),
     "mdm": (mdm_loss, "bidirectional", True),
     "ar": (ar_loss, "causal", False),
+    "ar_draft": (ar_draft_loss, "causal", False),
 }

@@ -53,6 +53,10 @@ class TrainConfig:
     sub_weight: float = 1.0
     keep_weight: float = 0.1
     certainty_weight: float = 0.0  # certainty forcing (dParallel): entropy of right masked guesses
+    # drafting (objective ar_draft: the verify decoder's network)
+    draft_len: int = 8  # decode k the appended all-[MASK] blocks are sized around
+    draft_blocks: int = 6  # mask blocks appended per sequence
+    draft_weight: float = 1.0  # weight of the masked-token loss beside the AR loss
     # optimisation
     batch_size: int = 32  # global, split over data-parallel processes
     bucket: int = 8  # batches generated at once and grouped by length (less padding)
@@ -96,6 +100,8 @@ class TrainConfig:
             "batch_size",
             "steps",
             "vocab_size",
+            "draft_len",
+            "draft_blocks",
         ):
             if getattr(self, name) <= 0:
                 raise ConfigError(f"{name} must be positive, got {getattr(self, name)}")
@@ -149,6 +155,22 @@ V2_STAGE3 = dataclasses.replace(
     lr=1e-4,
     warmup=20,
     eval_every=500,
+)
+
+# v3: the AR twin of record (assets/model-ar until v3) trained with the ar_draft objective
+V3_DRAFT = TrainConfig(
+    out="runs/small-ar-draft",
+    objective="ar_draft",
+    init_from="runs/small-ar-v2-twin6k/final",
+    max_seq_len=1024,
+    max_len=1000,
+    tasks=V2_MIX,
+    seed=10,
+    steps=1500,
+    lr=2e-4,
+    warmup=20,
+    eval_every=500,
+    cpu_bf16=True,
 )
 
 RECIPES: dict[str, TrainConfig] = {
@@ -229,6 +251,18 @@ RECIPES: dict[str, TrainConfig] = {
         init_from="runs/small-ar-v2-twin/final",
         objective="ar",
         logit_shift=False,
+    ),
+    # v3, the joint network (TiDAR / I-DLM): the finished AR twin (`make runs/small-ar-v2-twin6k`
+    # takes it from git history) trained to draft k masked positions per pass on its own causal
+    # stream, next-token loss kept beside the masked-token loss so its AR mode stays the twin's
+    "small-ar-draft": V3_DRAFT,
+    # ablations (fewer steps, the same schedule shape): the draft loss weight and the block size
+    "small-ar-draft-w03": dataclasses.replace(
+        V3_DRAFT, out="runs/small-ar-draft-w03", draft_weight=0.3, steps=400
+    ),
+    "small-ar-draft-w1s": dataclasses.replace(V3_DRAFT, out="runs/small-ar-draft-w1s", steps=400),
+    "small-ar-draft-k4": dataclasses.replace(
+        V3_DRAFT, out="runs/small-ar-draft-k4", draft_len=4, draft_blocks=10, steps=400
     ),
     # ablation: no substitution noise
     "small-nosub": TrainConfig(out="runs/small-nosub", sub_prob=0.0),

@@ -60,6 +60,7 @@ def model_config(cfg: TrainConfig, tok: Tokenizer) -> ModelConfig:
         mask_token_id=tok.mask_id,
         eos_token_ids=stops,
         pad_token_id=tok.pad_id,
+        draft_length=cfg.draft_len if cfg.objective == "ar_draft" else 0,
     )
 
 
@@ -127,6 +128,9 @@ class Trainer:
             cfg.sub_weight,
             cfg.keep_weight,
             cfg.certainty_weight,
+            cfg.draft_len,
+            cfg.draft_blocks,
+            cfg.draft_weight,
         )
         decay = [p for p in self.model.parameters() if p.dim() >= 2]
         other = [p for p in self.model.parameters() if p.dim() < 2]
@@ -271,7 +275,8 @@ class Trainer:
             self.rng.shuffle(self.queue)
         return self.queue.pop()
 
-    def train_step(self) -> tuple[float, int, int]:
+    def train_step(self) -> tuple[dict[str, float], int, int]:
+        """One optimiser step: the loss and its named parts, data tokens, forward tokens."""
         cfg = self.cfg
         batch = collate(
             self.next_examples(),
@@ -295,7 +300,8 @@ class Trainer:
         self.opt.step()
         self.opt.zero_grad(set_to_none=True)
         self.step += 1
-        return float(out.loss.item()), batch.n_tokens, out.forward_tokens
+        parts = {k: float(v.item()) for k, v in (out.parts or {}).items()}
+        return {"loss": float(out.loss.item()), **parts}, batch.n_tokens, out.forward_tokens
 
     def evaluate(self) -> dict[str, float]:
         from ..eval.evaluate import evaluate
@@ -311,7 +317,7 @@ class Trainer:
             from tqdm import tqdm
 
             bar = tqdm(total=cfg.steps, initial=self.step, desc=cfg.objective, dynamic_ncols=True)
-        t_last, tok_last, fwd_last, losses = time.perf_counter(), 0, 0, []
+        t_last, tok_last, fwd_last, losses = time.perf_counter(), 0, 0, {}
         start = time.perf_counter() - self.elapsed
         stopped = False
         while self.step < cfg.steps:
@@ -320,13 +326,14 @@ class Trainer:
             self.tokens += int(self.d.sum(n))
             self.fwd_tokens += int(self.d.sum(f))
             tok_last, fwd_last = tok_last + n, fwd_last + f
-            losses.append(loss)
+            for k, v in loss.items():
+                losses.setdefault(k, []).append(v)
             if self.step % cfg.log_every == 0 or self.step == cfg.steps:
                 dt = time.perf_counter() - t_last
                 rec = {
                     "step": self.step,
                     "tokens": self.tokens,
-                    "loss": round(sum(losses) / len(losses), 4),
+                    **{k: round(sum(v) / len(v), 4) for k, v in losses.items()},
                     "lr": lr_at(self.step - 1, cfg),
                     "tok_s": round(tok_last * self.d.world / dt),
                     "fwd_tok_s": round(fwd_last * self.d.world / dt),
@@ -338,7 +345,7 @@ class Trainer:
                     bar.update(self.step - bar.n)
                 elif self.d.main:
                     print(json.dumps(rec), flush=True)
-                t_last, tok_last, fwd_last, losses = time.perf_counter(), 0, 0, []
+                t_last, tok_last, fwd_last, losses = time.perf_counter(), 0, 0, {}
             if (cfg.time_limit and self.elapsed >= cfg.time_limit) or self.step == cfg.stop_at:
                 stopped = True
             if self.step % cfg.ckpt_every == 0 or stopped:
