@@ -128,7 +128,7 @@ class Slot:
     outs: list[np.ndarray]  # logits (1, Tb, V), new keys then values (2 * layers, 1, Hkv, Tb, hd)
     run: Callable[[], None]
     open: int = 0  # the mask's cache columns [0, open) are 0 (may attend) in every row
-    part: tuple[int, int] | None = None  # (T, start within the block) of its new-token columns
+    part: tuple[int, int, int] | None = None  # (T, start within the block, draft) of its new-token columns
 
 
 RUNNERS: dict[str, tuple[str, Callable[[str, int], Runner]]] = {
@@ -178,13 +178,15 @@ class ExportedStep:
         cache.step_slots[self, Tb] = slot
         return slot
 
-    def _new_part(self, T: int, start: int, Tb: int) -> np.ndarray:
-        """Mask columns of the new tokens (Tb, Tb): the attention rule among the T real ones;
-        padding queries see themselves only (never NaN, never read)."""
+    def _new_part(self, T: int, start: int, Tb: int, draft: int) -> np.ndarray:
+        """Mask columns of the new tokens (Tb, Tb): the attention rule among the T real ones (the
+        last ``draft`` of them a draft block that sees them all: ``draft_horizon``); padding
+        queries see themselves only (never NaN, never read)."""
         cfg = self.cfg
         q = np.arange(start, start + T)  # absolute positions of the new tokens
         if cfg.attention == "causal":
-            new = q[None, :] <= q[:, None]  # (T, T)
+            horizon = np.where(np.arange(T) >= T - draft, start + T - 1, q)  # (T,)
+            new = q[None, :] <= horizon[:, None]  # (T, T)
         elif cfg.attention == "block_causal":
             b = q // cfg.block_size
             new = b[None, :] <= b[:, None]
@@ -212,9 +214,9 @@ class ExportedStep:
         if seg.overwrite:  # the new tokens replace these cached slots
             m[:, start : start + T] = NEG
         in_block = start % self.cfg.block_size if self.cfg.attention == "block_causal" else 0
-        if slot.part != (T, in_block):
-            m[:, C:] = self._new_part(T, start, m.shape[0])
-            slot.part = (T, in_block)
+        if slot.part != (T, in_block, seg.draft):
+            m[:, C:] = self._new_part(T, start, m.shape[0], seg.draft)
+            slot.part = (T, in_block, seg.draft)
 
     def forward_segment(self, seg: Segment) -> torch.Tensor | None:
         """Logits (hi - lo, V) of the segment, aligned as ``forward_segments`` returns them, with

@@ -112,6 +112,13 @@ class Segment:
     )
     keep: int | None = None  # logit shift: which token's raw output becomes cache.last_logits
     # (default: the last appended one; negative: leave last_logits as it is)
+    draft: int = 0  # the last ``draft`` tokens are a draft block (causal models, the verify layout):
+    # they see every token of the segment and the cache, the tokens before them never see them
+
+    @property
+    def draft_from(self) -> int | None:
+        """Absolute position of the draft block's first token, if the segment has one."""
+        return self.start + self.length - self.draft if self.draft else None
 
     def kept(self) -> int | None:
         """Index of the token whose raw output the cache keeps after this pass, if any."""
@@ -135,19 +142,34 @@ class StepBackend(Protocol):
     def forward_segment(self, seg: Segment) -> torch.Tensor | None: ...
 
 
+def draft_horizon(q_pos: torch.Tensor, draft_from: torch.Tensor | None) -> torch.Tensor:
+    """The verify layout in causal terms: a query in a row's draft block (position >= its
+    ``draft_from`` (B,)) sees as far as the block's last position, so causally it attends to the
+    whole stream and to the whole block; stream queries keep their own position. q_pos (B, Tq)."""
+    if draft_from is None:
+        return q_pos
+    in_draft = q_pos >= draft_from[:, None]  # (B, Tq)
+    last = q_pos.max(-1, keepdim=True).values  # (B, 1): the block ends the row
+    return torch.where(in_draft, last, q_pos)
+
+
 def build_attention_mask(
     pattern: str,
     block_size: int,
     q_pos: torch.Tensor,
     k_pos: torch.Tensor,
     k_valid: torch.Tensor | None,
+    draft_from: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Boolean mask (B, 1, Tq, Tk), True = may attend, from positions (not tensor indices).
 
-    bidirectional: every valid key; causal: keys at positions <= the query's; block_causal: keys in
-    the query's own block or an earlier one (block = position // block_size). Rows with no key at
-    all (padding queries) are opened fully so attention never produces NaN; their outputs are unused.
+    bidirectional: every valid key; causal: keys at positions <= the query's (a draft block, from
+    ``draft_from`` (B,) on, sees the whole row: ``draft_horizon``); block_causal: keys in the query's
+    own block or an earlier one (block = position // block_size). Rows with no key at all (padding
+    queries) are opened fully so attention never produces NaN; their outputs are unused.
     """
+    if pattern == "causal":
+        q_pos = draft_horizon(q_pos, draft_from)
     qp = q_pos[:, :, None]  # (B, Tq, 1)
     kp = k_pos[:, None, :]  # (B, 1, Tk)
     if pattern == "bidirectional":
@@ -467,8 +489,11 @@ class DiffusionLM(nn.Module):
         if L:
             assert seg.cache is not None
             k_pos = torch.cat((seg.cache.committed_positions()[0], seg.positions))  # (L+T,)
+        draft_from = None
+        if seg.draft_from is not None:
+            draft_from = torch.tensor([seg.draft_from], device=seg.ids.device)
         return build_attention_mask(
-            cfg.attention, cfg.block_size, seg.positions[None], k_pos[None], None
+            cfg.attention, cfg.block_size, seg.positions[None], k_pos[None], None, draft_from
         )
 
     def set_attention_layout(self, name: str) -> None:
@@ -490,11 +515,19 @@ class DiffusionLM(nn.Module):
             for s in segments
         ]
         cfg = self.config
+        device = segments[0].ids.device
+        draft_from = None
+        if any(s.draft for s in segments):
+            none = cfg.max_seq_len + max(s.start + s.length for s in segments)  # past every query
+            draft_from = torch.tensor(
+                [none if s.draft_from is None else s.draft_from for s in segments], device=device
+            )  # (R,)
 
         def mask(q_pos: torch.Tensor, k_pos: torch.Tensor, k_valid: torch.Tensor) -> torch.Tensor:
-            return build_attention_mask(cfg.attention, cfg.block_size, q_pos, k_pos, k_valid)
+            return build_attention_mask(
+                cfg.attention, cfg.block_size, q_pos, k_pos, k_valid, draft_from
+            )
 
-        device = segments[0].ids.device
         starts = [s.start for s in segments]
         return plan_batched(
             spans, starts, caches, key_lens, mask, cfg.max_seq_len, n_tokens, device

@@ -22,6 +22,8 @@ class SamplerConfig:
     temperature: float = 0.0
     top_p: float = 1.0
     seed: int | None = None
+    # verify policy (causal models): masks drafted per pass; None: the model's draft_length; 0: AR
+    draft: int | None = None
     revise_threshold: float | None = None  # re-mask committed tokens whose confidence falls below
     max_revisions: int = 1  # per position: bounds revision so decoding always terminates
     stop_at_eos: bool = (
@@ -46,6 +48,8 @@ class SamplerConfig:
             raise ConfigError(f"block_length must be positive, got {self.block_length}")
         if self.window is not None and (not isinstance(self.window, int) or self.window <= 0):
             raise ConfigError(f"window must be a positive integer, got {self.window}")
+        if self.draft is not None and (not isinstance(self.draft, int) or not 0 <= self.draft <= 64):
+            raise ConfigError(f"draft must be an integer in [0, 64], got {self.draft}")
         if not (0.0 <= float(self.temperature) <= 100.0):
             raise ConfigError(f"temperature must be in [0, 100], got {self.temperature}")
         if not (0.0 < float(self.top_p) <= 1.0):

@@ -194,6 +194,10 @@ class Decoder:
     ) -> Row:
         mcfg = self.model.config
         cfg.validate(mcfg.max_seq_len, len(prompt_ids) + len(suffix or ()))
+        if POLICIES[cfg.policy].rule == "verify":
+            raise ConfigError(
+                f"policy verify needs a causal model that drafts; this one is {mcfg.attention}"
+            )
         if suffix and mcfg.attention != "bidirectional":
             raise ConfigError(
                 "a suffix after the canvas needs a bidirectional model; "

@@ -3,7 +3,8 @@
 A policy scores the masked positions of the current block (higher = commit sooner) and names its
 count rule: ``schedule`` commits a fixed number per step from a linear schedule (LLaDA's
 low-confidence remasking), ``threshold`` commits every position whose score reaches the bound, at
-least one per step (Fast-dLLM's parallel decoding).
+least one per step (Fast-dLLM's parallel decoding). ``verify`` is not an unmasking policy: causal
+models draft and verify (sampling/verify.py), so the output is the model's own AR output.
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ ScoreFn = Callable[[torch.Tensor, torch.Tensor, torch.Tensor | None], torch.Tens
 class Policy:
     name: str
     score: ScoreFn
-    rule: str  # "schedule" | "threshold"
+    rule: str  # "schedule" | "threshold" | "verify"
     needs_noise: bool = False
     doc: str = ""
 
@@ -84,5 +85,13 @@ register(
 register(
     Policy(
         "random", _random, "schedule", needs_noise=True, doc="commit k uniformly random positions"
+    )
+)
+register(
+    Policy(
+        "verify",
+        _confidence,
+        "verify",
+        doc="causal models: draft k tokens by diffusion, keep those the causal logits reproduce",
     )
 )

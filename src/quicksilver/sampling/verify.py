@@ -1,0 +1,318 @@
+"""The verify decoder: a causal network drafts k tokens by diffusion and checks them itself, in one pass.
+
+One row's pass is one packed segment (``Segment.draft``, models/transformer.py):
+
+    [final tokens not yet cached | drafts d_0 .. d_{n-1} | k masks]
+
+The final tokens and the drafts form the *causal stream*: their keys and values enter the row's KV
+cache, which is therefore an exact AR cache. The masks attend to the whole stream and to each other
+and never enter the cache. Causal logits: c_0 (at the last final token) predicts d_0's position,
+c_j (at d_{j-1}) predicts d_j's, c_n the position after the last draft. The mask at position x
+predicts the token at x + 1 (the network's one next-token head), so the k masks draft the k tokens
+that follow c_n's.
+
+Acceptance, per row. Greedy: the longest draft prefix that the causal argmax reproduces, then the
+causal argmax after it (the *bonus*). Sampling: the speculative p/q test (Leviathan et al. 2023;
+Chen et al. 2023): draft d_j, drawn from q_j, is kept with probability min(1, p_j(d_j) / q_j(d_j));
+the first rejected one is replaced by a draw from norm(max(0, p_j - q_j)); so every output token
+follows the model's AR distribution p at the request's temperature and top_p. When every draft is
+kept the bonus comes from p_n and the masks' predictions become the next pass's drafts (they
+assumed every draft kept); otherwise they are void and the next pass drafts afresh. ``draft = 0``
+feeds no masks: plain AR decoding of the same weights, one token per pass. Prefilled canvas
+positions (a forced ``<think>``, a structured skeleton) are forced: a draft there is the forced
+token and is always kept.
+
+Written here, not taken from a library: the draft block lives inside our packed, cached forward
+pass (per-row caches, continuous batching), which no speculative-decoding library drives.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Generator, Sequence
+from dataclasses import dataclass, field
+
+import torch
+
+from ..errors import ConfigError
+from ..models.kvcache import KVCache
+from ..models.transformer import DiffusionLM, Segment
+from .config import SamplerConfig
+from .hooks import Constraint
+from .noise import filter_top_p, sample_tokens
+from .select import forbid, pad_windows
+from .state import DecodeResult, RowEvent
+
+
+@dataclass
+class VerifyRow:
+    """One sequence under verify decoding: final tokens, pending drafts, cache, counters."""
+
+    prompt_ids: list[int]
+    cfg: SamplerConfig
+    k: int  # masks per pass (0: plain AR)
+    stop_ids: frozenset[int]
+    cache: KVCache
+    mask_id: int
+    device: torch.device
+    generator: torch.Generator | None = None
+    prefill: dict[int, int] = field(default_factory=dict)  # canvas position -> forced token
+    tag: object = None
+    host_tokens: list[int] = field(default_factory=list)  # final output tokens
+    drafts: list[int] = field(default_factory=list)  # unverified, after host_tokens
+    q: torch.Tensor | None = None  # (n, V) the drafts' distributions (sampling only)
+    accepted: list[int] = field(default_factory=list)  # per pass that verified drafts: how many kept
+    nfe: int = 0
+    done: bool = False
+    finish_reason: str | None = None
+    seconds: float = 0.0
+    t0: float = field(default_factory=time.perf_counter)
+
+    def __post_init__(self) -> None:
+        self.P, self.N = len(self.prompt_ids), self.cfg.max_new_tokens
+        self._take_forced()
+
+    @property
+    def steps(self) -> int:
+        return self.nfe
+
+    def input_len(self) -> int:
+        """Tokens this row feeds to the next forward pass."""
+        return self.P + len(self.host_tokens) - self.cache.length + len(self.drafts) + self.k
+
+    def _take_forced(self) -> None:
+        """Forced positions right after the final tokens are final already."""
+        while len(self.host_tokens) in self.prefill and len(self.host_tokens) < self.N:
+            self.host_tokens.append(self.prefill[len(self.host_tokens)])
+
+    def _masks(self) -> int:
+        """Masks this pass: the k drafts after the bonus, none past the canvas."""
+        room = self.N - (len(self.host_tokens) + len(self.drafts) + 1)
+        return max(0, min(self.k, room))
+
+    def segment(self) -> Segment:
+        seq = self.prompt_ids + self.host_tokens
+        start = self.cache.length
+        feed = seq[start:] + self.drafts
+        m = self._masks()
+        ids = torch.tensor(feed + [self.mask_id] * m, dtype=torch.long, device=self.device)
+        lo = len(seq) - start - 1
+        return Segment(ids, start, lo, len(ids), self.cache, append=len(feed), draft=m)
+
+    # ---- after the pass ---------------------------------------------------------------------------
+    def forced(self, pos: int) -> int | None:
+        return self.prefill.get(pos)
+
+    def finish(
+        self, new: list[int], all_kept: bool, drafts: list[int], q: torch.Tensor | None
+    ) -> RowEvent:
+        """Take the pass's new final tokens (kept drafts + bonus), roll the cache back to them,
+        take the masks' ``drafts`` (and their distributions ``q``) if every draft was kept; stops."""
+        base = len(self.host_tokens)
+        if self.drafts:
+            self.accepted.append(len(new) - 1)
+        self.cache.truncate(self.P + base + len(new) - 1)  # the kept drafts; the bonus is uncached
+        self.drafts, self.q = [], None
+        stop = next((i for i, t in enumerate(new) if t in self.stop_ids), None)
+        if stop is not None:
+            new = new[:stop]
+        new = new[: self.N - base]
+        self.host_tokens.extend(new)
+        committed = [(base + i, t) for i, t in enumerate(new)]
+        if stop is not None or len(self.host_tokens) >= self.N:
+            self.done, self.finish_reason = True, "stop" if stop is not None else "length"
+            self.seconds = time.perf_counter() - self.t0
+        else:
+            self._take_forced()
+            if all_kept and drafts and len(self.host_tokens) == base + len(new):
+                at = len(self.host_tokens)
+                self.drafts = [self.prefill.get(at + j, t) for j, t in enumerate(drafts)]
+                self.q = q
+        return RowEvent(
+            row=self,  # type: ignore[arg-type]
+            step=self.nfe,
+            committed=committed,
+            remasked=[],
+            stable=len(self.host_tokens),
+            end=len(self.host_tokens) if self.done else self.N,
+            done=self.done,
+            finish_reason=self.finish_reason,
+            canvas=list(self.host_tokens) if self.cfg.record_canvas else None,
+        )
+
+    def result(self) -> DecodeResult:
+        return DecodeResult(
+            list(self.host_tokens), self.finish_reason or "length", self.nfe, self.nfe, 0, self.seconds
+        )
+
+
+def accept_greedy(row: VerifyRow, top: list[int]) -> tuple[list[int], bool]:
+    """New final tokens from the causal argmax ``top`` (n + 1,): the kept drafts, then the bonus."""
+    base, out = len(row.host_tokens), []
+    for j, d in enumerate(row.drafts):
+        want = row.forced(base + j)
+        want = top[j] if want is None else want
+        out.append(want)
+        if d != want:
+            return out, False
+    bonus = row.forced(base + len(row.drafts))
+    out.append(top[len(row.drafts)] if bonus is None else bonus)
+    return out, True
+
+
+def probabilities(logits: torch.Tensor, cfg: SamplerConfig) -> torch.Tensor:
+    """The sampling distribution (n, V) float64 at the request's temperature and top_p."""
+    return filter_top_p(logits.double() / cfg.temperature, cfg.top_p).softmax(-1)
+
+
+def draw(p: torch.Tensor, gen: torch.Generator | None) -> int:
+    return int(torch.multinomial(p, 1, generator=gen))
+
+
+def accept_sampled(row: VerifyRow, causal: torch.Tensor) -> tuple[list[int], bool]:
+    """The p/q test over the drafts against the causal logits (n + 1, V); see the module docstring."""
+    p = probabilities(causal, row.cfg)  # (n + 1, V)
+    base, out, gen = len(row.host_tokens), [], row.generator
+    n = len(row.drafts)
+    u = torch.rand(n, generator=gen, dtype=torch.float64, device=p.device)  # (n,)
+    for j, d in enumerate(row.drafts):
+        f = row.forced(base + j)
+        if f is not None:
+            out.append(f)
+            continue
+        assert row.q is not None
+        pj, qj = p[j], row.q[j].to(p.device)
+        if float(u[j]) * float(qj[d]) <= float(pj[d]):
+            out.append(d)
+            continue
+        resid = (pj - qj).clamp_min(0)
+        out.append(draw(resid / resid.sum() if float(resid.sum()) > 0 else pj, gen))
+        return out, False
+    f = row.forced(base + n)
+    out.append(draw(p[n], gen) if f is None else f)
+    return out, True
+
+
+class VerifyDecoder:
+    """Rows of a causal model decoded by drafting and verifying; batched steps, like ``Decoder``."""
+
+    def __init__(
+        self,
+        model: DiffusionLM,
+        stop_ids: Sequence[int],
+        vocab_limit: int | None = None,
+    ) -> None:
+        cfg = model.config
+        if cfg.attention != "causal" or cfg.logit_shift:
+            raise ConfigError(
+                "verify decoding needs a causal model without logit shift, this one is "
+                f"{cfg.attention}{' with shift' if cfg.logit_shift else ''}"
+            )
+        self.model = model
+        self.mask_id = cfg.mask_token_id
+        self.stop_ids = frozenset(int(t) for t in stop_ids)
+        self.vocab_limit = vocab_limit
+        self.step_count = 0
+
+    @property
+    def device(self) -> torch.device:
+        return next(self.model.parameters()).device
+
+    def resolve_cache_mode(self) -> str:
+        return "verify"
+
+    def new_row(
+        self,
+        prompt_ids: Sequence[int],
+        cfg: SamplerConfig,
+        tag: object = None,
+        prefill: dict[int, int] | None = None,
+        suffix: Sequence[int] | None = None,
+        constraint: Constraint | None = None,
+        extra_stops: Sequence[int] | None = None,
+    ) -> VerifyRow:
+        mcfg = self.model.config
+        cfg.validate(mcfg.max_seq_len, len(prompt_ids))
+        if suffix:
+            raise ConfigError(
+                "a causal model cannot see a suffix; use the fill-in-the-middle prompt format"
+            )
+        if constraint is not None:
+            raise ConfigError(
+                "verify decoding does not take a grammar constraint yet; use a diffusion model "
+                "for structured output"
+            )
+        if prefill and any(not 0 <= p < cfg.max_new_tokens for p in prefill):
+            raise ConfigError("prefilled positions must lie inside the canvas")
+        k = mcfg.draft_length if cfg.draft is None else cfg.draft
+        gen = None
+        if cfg.temperature > 0:
+            gen = torch.Generator(device=self.device)
+            gen.manual_seed(
+                cfg.seed if cfg.seed is not None else int(torch.randint(0, 2**62, ()).item())
+            )
+        stops = (self.stop_ids if cfg.stop_at_eos else frozenset()) | frozenset(
+            int(t) for t in extra_stops or ()
+        )
+        return VerifyRow(
+            list(prompt_ids),
+            cfg,
+            k,
+            stops,
+            KVCache(),
+            self.mask_id,
+            self.device,
+            gen,
+            dict(prefill or {}),
+            tag,
+        )
+
+    @torch.no_grad()
+    def step(self, rows: Sequence[VerifyRow]) -> list[RowEvent]:
+        """One forward pass over the live rows: each verifies its drafts and drafts anew."""
+        rows = [r for r in rows if not r.done]
+        if not rows:
+            return []
+        self.step_count += 1
+        segs = [r.segment() for r in rows]
+        out = self.model.forward_segments(segs)  # (1 + n_i + m_i, V) each
+        logits = forbid(pad_windows(out), self.mask_id, self.vocab_limit)  # (R, W, V)
+        greedy = [r.cfg.temperature <= 0 for r in rows]
+        top = logits.argmax(-1).tolist() if any(greedy) else []  # the step's one transfer
+        events = []
+        for i, (r, s) in enumerate(zip(rows, segs)):
+            r.nfe += 1
+            n, m = len(r.drafts), s.draft
+            q = None
+            if greedy[i]:
+                new, kept = accept_greedy(r, top[i][: n + 1])
+                drafts = top[i][n + 1 : n + 1 + m]
+            else:
+                new, kept = accept_sampled(r, logits[i, : n + 1])
+                drafts = []
+                if kept and m:
+                    mask = logits[i, n + 1 : n + 1 + m]  # (m, V)
+                    q = probabilities(mask, r.cfg)
+                    drafts = sample_tokens(mask, r.cfg.temperature, r.cfg.top_p, r.generator)
+                    drafts = drafts.tolist()
+            events.append(r.finish(new, kept, drafts, q))
+        return events
+
+    def drive(
+        self, rows: Sequence[VerifyRow]
+    ) -> Generator[list[RowEvent], None, list[DecodeResult]]:
+        while any(not r.done for r in rows):
+            yield self.step(rows)
+        return [r.result() for r in rows]
+
+    def generate(
+        self, prompts: Sequence[Sequence[int]], cfgs: SamplerConfig | Sequence[SamplerConfig]
+    ) -> list[DecodeResult]:
+        if isinstance(cfgs, SamplerConfig):
+            cfgs = [cfgs] * len(prompts)
+        gen = self.drive([self.new_row(p, c) for p, c in zip(prompts, cfgs)])
+        while True:
+            try:
+                next(gen)
+            except StopIteration as stop:
+                return stop.value
