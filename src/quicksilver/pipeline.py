@@ -16,8 +16,9 @@ from .models.config import ModelConfig
 from .models.cpu_backends import attach_backend
 from .models.packing import resolve_layout
 from .models.transformer import DiffusionLM
-from .sampling import Decoder, SamplerConfig
+from .sampling import SamplerConfig
 from .sampling.state import RowEvent
+from .sampling.verify import VerifyDecoder, decoder_for
 from .tokenizer import Tokenizer
 
 Messages = list[dict[str, Any]]
@@ -61,9 +62,8 @@ class Pipeline:
             )
         self.stop_ids = sorted(set(self.config.eos_token_ids) | set(tokenizer.stop_ids))
         pad = tokenizer.pad_id if tokenizer.pad_id is not None else self.config.eos_token_ids[0]
-        self.decoder = Decoder(
+        self.decoder = decoder_for(
             model,
-            mask_id,
             self.stop_ids,
             pad_id=pad,
             vocab_limit=tokenizer.vocab_size,
@@ -77,6 +77,8 @@ class Pipeline:
         self.generation_defaults: dict[str, Any] = generation_defaults(
             self.config.architecture, self.path
         )
+        if isinstance(self.decoder, VerifyDecoder):  # lossless by default: the model's AR output
+            self.generation_defaults.setdefault("policy", "verify")
 
     def encode_prompt(
         self, prompt: str | Messages, chat: bool | None = None, **template_kwargs: Any

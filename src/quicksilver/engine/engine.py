@@ -26,6 +26,7 @@ from ..errors import ConfigError, QuicksilverError
 from ..sampling import Decoder, Row, SamplerConfig
 from ..sampling.hooks import Constraint
 from ..sampling.state import DecodeResult
+from ..sampling.verify import VerifyDecoder, VerifyRow
 from .prefix_cache import PrefixCache
 
 
@@ -100,7 +101,7 @@ class EngineEvent:
 @dataclass
 class _Live:
     req: EngineRequest
-    row: Row
+    row: Row | VerifyRow
     stats: RequestStats
     emitted: int = 0
     prompt_cached: int = 0  # prompt tokens served by the prefix cache
@@ -109,7 +110,9 @@ class _Live:
 class Engine:
     """Continuous batching over the decoder's rows."""
 
-    def __init__(self, decoder: Decoder, config: EngineConfig | None = None) -> None:
+    def __init__(
+        self, decoder: Decoder | VerifyDecoder, config: EngineConfig | None = None
+    ) -> None:
         self.decoder = decoder
         self.config = config or EngineConfig()
         self._commands: collections.deque[tuple[str, Any]] = collections.deque()
@@ -201,7 +204,7 @@ class Engine:
             if need > budget and self._running:
                 break  # wait for room; a lone request is always admitted
             self._waiting.popitem(last=False)
-            if self.prefix_cache is not None:
+            if self.prefix_cache is not None and isinstance(lv.row, Row):
                 lv.prompt_cached = self.prefix_cache.attach(lv.row)
             lv.stats.admitted = now
             self._running[rid] = lv
@@ -242,7 +245,8 @@ class Engine:
         self.step_count += 1
         live = list(self._running.values())
         try:
-            row_events = self.decoder.step([lv.row for lv in live])
+            rows: list[Any] = [lv.row for lv in live]  # the decoder's own row type
+            row_events = self.decoder.step(rows)
         except Exception as e:  # a failed step fails its requests, never the engine
             now = time.perf_counter()
             for lv in live:
@@ -254,7 +258,7 @@ class Engine:
         self.totals["forward_passes"] += 1
         for lv, ev in zip(live, row_events):
             row = lv.row
-            if self.prefix_cache is not None and (row.nfe == 1 or ev.done):
+            if self.prefix_cache is not None and isinstance(row, Row) and (row.nfe == 1 or ev.done):
                 self.prefix_cache.insert(row)
             self.totals["committed_tokens"] += len(ev.committed)
             new = row.host_tokens[lv.emitted : ev.stable] if ev.stable > lv.emitted else []

@@ -1,7 +1,8 @@
 """Held-out evaluation: decode each task's fixed test split and score it with the task's verifier.
 
-Diffusion models are decoded by the fast ``Decoder`` in batches (rows are independent, so batching
-does not change answers); causal models (the AR baseline) by ``ar_generate`` with a KV cache. Per
+Diffusion models are decoded by the fast ``Decoder``, causal models (the AR baseline, the drafting
+network) by ``VerifyDecoder`` (greedy ``verify`` is their AR output; ``--draft 0`` one token per
+pass), both in batches (rows are independent, so batching does not change answers). Per
 task and stratum: accuracy, mean NFE per item, TPF (output tokens / forward passes), aggregate
 tok/s of the batched run, and single-stream tok/s measured on the first few items at batch size 1.
 """
@@ -16,8 +17,8 @@ import torch
 
 from ..errors import ConfigError
 from ..models.transformer import DiffusionLM
-from ..sampling import Decoder, SamplerConfig
-from ..sampling.autoregressive import ar_generate
+from ..sampling import SamplerConfig
+from ..sampling.verify import decoder_for
 from ..tokenizer import Tokenizer
 from ..train.data import prompt_text
 from ..train.tasks import Item, get_task, split_reply
@@ -54,18 +55,16 @@ def decode_items(
     model.eval()
     stops = stop_ids(model, tokenizer)
     out: list[ItemResult] = []
-    causal = model.config.attention == "causal"
-    decoder = Decoder(
+    decoder = decoder_for(
         model,
-        model.config.mask_token_id,
         stops,
         pad_id=tokenizer.pad_id or 0,
         vocab_limit=tokenizer.vocab_size,
         cache_mode=cache,
         refresh_every=refresh_every,
     )
-    for i in range(0, len(items), 1 if causal else batch_size):
-        chunk = items[i : i + (1 if causal else batch_size)]
+    for i in range(0, len(items), batch_size):
+        chunk = items[i : i + batch_size]
         prompts = [tokenizer.encode(prompt_text(it, tokenizer, instant)) for it in chunk]
         room = [model.config.max_seq_len - len(p) for p in prompts]
         if min(room) <= 0:
@@ -78,12 +77,7 @@ def decode_items(
             for it, r in zip(chunk, room)
         ]
         t0 = time.perf_counter()
-        if causal:
-            results = [
-                ar_generate(model, p, c.max_new_tokens, stops) for p, c in zip(prompts, cfgs)
-            ]
-        else:
-            results = decoder.generate(prompts, cfgs)
+        results = decoder.generate(prompts, cfgs)
         dt = time.perf_counter() - t0
         for it, r in zip(chunk, results):
             text = tokenizer.decode(r.tokens)
@@ -183,8 +177,14 @@ def evaluate(
         report["tasks"][name] = rep
     accs = [v["accuracy"] for v in report["tasks"].values()]
     report["mean_accuracy"] = sum(accs) / max(len(accs), 1)
+    draft = model.config.draft_length if cfg.draft is None else cfg.draft
     decoding = (
-        "autoregressive (KV cache, greedy)"
+        {
+            "policy": cfg.policy,
+            "draft": draft,
+            "threshold": cfg.threshold,
+            "temperature": cfg.temperature,
+        }
         if model.config.attention == "causal"
         else {
             k: getattr(cfg, k)
@@ -205,7 +205,7 @@ def evaluate(
         "instant": instant,
         "limit": limit,
         "seed": seed,
-        "batch_size": 1 if model.config.attention == "causal" else batch_size,
+        "batch_size": batch_size,
         "attention": model.config.attention,
         "threads": torch.get_num_threads(),
         "cache": cache,

@@ -128,7 +128,9 @@ class Slot:
     outs: list[np.ndarray]  # logits (1, Tb, V), new keys then values (2 * layers, 1, Hkv, Tb, hd)
     run: Callable[[], None]
     open: int = 0  # the mask's cache columns [0, open) are 0 (may attend) in every row
-    part: tuple[int, int, int] | None = None  # (T, start within the block, draft) of its new-token columns
+    part: tuple[int, int, int] | None = (
+        None  # (T, start within the block, draft) of its new-token columns
+    )
 
 
 RUNNERS: dict[str, tuple[str, Callable[[str, int], Runner]]] = {

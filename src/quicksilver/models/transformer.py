@@ -112,7 +112,9 @@ class Segment:
     )
     keep: int | None = None  # logit shift: which token's raw output becomes cache.last_logits
     # (default: the last appended one; negative: leave last_logits as it is)
-    draft: int = 0  # the last ``draft`` tokens are a draft block (causal models, the verify layout):
+    draft: int = (
+        0  # the last ``draft`` tokens are a draft block (causal models, the verify layout):
+    )
     # they see every token of the segment and the cache, the tokens before them never see them
 
     @property

@@ -48,7 +48,9 @@ class SamplerConfig:
             raise ConfigError(f"block_length must be positive, got {self.block_length}")
         if self.window is not None and (not isinstance(self.window, int) or self.window <= 0):
             raise ConfigError(f"window must be a positive integer, got {self.window}")
-        if self.draft is not None and (not isinstance(self.draft, int) or not 0 <= self.draft <= 64):
+        if self.draft is not None and (
+            not isinstance(self.draft, int) or not 0 <= self.draft <= 64
+        ):
             raise ConfigError(f"draft must be an integer in [0, 64], got {self.draft}")
         if not (0.0 <= float(self.temperature) <= 100.0):
             raise ConfigError(f"temperature must be in [0, 100], got {self.temperature}")

@@ -18,7 +18,9 @@ the first rejected one is replaced by a draw from norm(max(0, p_j - q_j)); so ev
 follows the model's AR distribution p at the request's temperature and top_p. When every draft is
 kept the bonus comes from p_n and the masks' predictions become the next pass's drafts (they
 assumed every draft kept); otherwise they are void and the next pass drafts afresh. ``draft = 0``
-feeds no masks: plain AR decoding of the same weights, one token per pass. Prefilled canvas
+feeds no masks: plain AR decoding of the same weights, one token per pass. Policy ``threshold`` is
+the lossy mode of the same weights (greedy rows): a draft is also kept, unverified, when its own
+confidence reaches the threshold. Prefilled canvas
 positions (a forced ``<think>``, a structured skeleton) are forced: a draft there is the forced
 token and is always kept.
 
@@ -38,8 +40,10 @@ from ..errors import ConfigError
 from ..models.kvcache import KVCache
 from ..models.transformer import DiffusionLM, Segment
 from .config import SamplerConfig
+from .decoder import Decoder
 from .hooks import Constraint
 from .noise import filter_top_p, sample_tokens
+from .policies import POLICIES
 from .select import forbid, pad_windows
 from .state import DecodeResult, RowEvent
 
@@ -60,8 +64,11 @@ class VerifyRow:
     tag: object = None
     host_tokens: list[int] = field(default_factory=list)  # final output tokens
     drafts: list[int] = field(default_factory=list)  # unverified, after host_tokens
+    conf: list[float] = field(default_factory=list)  # the drafts' own probabilities (greedy)
     q: torch.Tensor | None = None  # (n, V) the drafts' distributions (sampling only)
-    accepted: list[int] = field(default_factory=list)  # per pass that verified drafts: how many kept
+    accepted: list[int] = field(
+        default_factory=list
+    )  # per pass that verified drafts: how many kept
     nfe: int = 0
     done: bool = False
     finish_reason: str | None = None
@@ -103,8 +110,18 @@ class VerifyRow:
     def forced(self, pos: int) -> int | None:
         return self.prefill.get(pos)
 
+    @property
+    def lossy(self) -> float | None:
+        """The threshold that keeps a confident draft unverified (policy threshold), else None."""
+        return self.cfg.threshold if self.cfg.policy == "threshold" else None
+
     def finish(
-        self, new: list[int], all_kept: bool, drafts: list[int], q: torch.Tensor | None
+        self,
+        new: list[int],
+        all_kept: bool,
+        drafts: list[int],
+        q: torch.Tensor | None,
+        conf: list[float],
     ) -> RowEvent:
         """Take the pass's new final tokens (kept drafts + bonus), roll the cache back to them,
         take the masks' ``drafts`` (and their distributions ``q``) if every draft was kept; stops."""
@@ -112,7 +129,7 @@ class VerifyRow:
         if self.drafts:
             self.accepted.append(len(new) - 1)
         self.cache.truncate(self.P + base + len(new) - 1)  # the kept drafts; the bonus is uncached
-        self.drafts, self.q = [], None
+        self.drafts, self.q, self.conf = [], None, []
         stop = next((i for i, t in enumerate(new) if t in self.stop_ids), None)
         if stop is not None:
             new = new[:stop]
@@ -127,7 +144,7 @@ class VerifyRow:
             if all_kept and drafts and len(self.host_tokens) == base + len(new):
                 at = len(self.host_tokens)
                 self.drafts = [self.prefill.get(at + j, t) for j, t in enumerate(drafts)]
-                self.q = q
+                self.q, self.conf = q, conf
         return RowEvent(
             row=self,  # type: ignore[arg-type]
             step=self.nfe,
@@ -142,15 +159,22 @@ class VerifyRow:
 
     def result(self) -> DecodeResult:
         return DecodeResult(
-            list(self.host_tokens), self.finish_reason or "length", self.nfe, self.nfe, 0, self.seconds
+            list(self.host_tokens),
+            self.finish_reason or "length",
+            self.nfe,
+            self.nfe,
+            0,
+            self.seconds,
         )
 
 
 def accept_greedy(row: VerifyRow, top: list[int]) -> tuple[list[int], bool]:
     """New final tokens from the causal argmax ``top`` (n + 1,): the kept drafts, then the bonus."""
-    base, out = len(row.host_tokens), []
+    base, out, tau = len(row.host_tokens), [], row.lossy
     for j, d in enumerate(row.drafts):
         want = row.forced(base + j)
+        if want is None and tau is not None and row.conf[j] >= tau:
+            want = d  # lossy mode: a confident draft is kept as it is
         want = top[j] if want is None else want
         out.append(want)
         if d != want:
@@ -237,6 +261,10 @@ class VerifyDecoder:
             raise ConfigError(
                 "a causal model cannot see a suffix; use the fill-in-the-middle prompt format"
             )
+        if POLICIES[cfg.policy].rule not in ("verify", "threshold"):
+            raise ConfigError(
+                f"a causal model decodes with policy verify (or threshold, lossy), not {cfg.policy}"
+            )
         if constraint is not None:
             raise ConfigError(
                 "verify decoding does not take a grammar constraint yet; use a diffusion model "
@@ -278,24 +306,34 @@ class VerifyDecoder:
         out = self.model.forward_segments(segs)  # (1 + n_i + m_i, V) each
         logits = forbid(pad_windows(out), self.mask_id, self.vocab_limit)  # (R, W, V)
         greedy = [r.cfg.temperature <= 0 for r in rows]
-        top = logits.argmax(-1).tolist() if any(greedy) else []  # the step's one transfer
+        top: list[list[int]] = []
+        conf: list[list[float]] = []
+        if any(greedy):
+            best = logits.argmax(-1)  # (R, W)
+            if any(r.lossy is not None for r in rows):
+                p = logits.softmax(-1).amax(-1)  # (R, W)
+                both = torch.stack((best.double(), p.double())).tolist()  # the step's one transfer
+                top, conf = [[int(t) for t in r] for r in both[0]], both[1]
+            else:
+                top = best.tolist()  # the step's one transfer
         events = []
         for i, (r, s) in enumerate(zip(rows, segs)):
             r.nfe += 1
             n, m = len(r.drafts), s.draft
-            q = None
+            q, dconf = None, []
             if greedy[i]:
                 new, kept = accept_greedy(r, top[i][: n + 1])
                 drafts = top[i][n + 1 : n + 1 + m]
+                dconf = conf[i][n + 1 : n + 1 + m] if conf else []
             else:
                 new, kept = accept_sampled(r, logits[i, : n + 1])
                 drafts = []
                 if kept and m:
                     mask = logits[i, n + 1 : n + 1 + m]  # (m, V)
                     q = probabilities(mask, r.cfg)
-                    drafts = sample_tokens(mask, r.cfg.temperature, r.cfg.top_p, r.generator)
-                    drafts = drafts.tolist()
-            events.append(r.finish(new, kept, drafts, q))
+                    drawn = sample_tokens(mask, r.cfg.temperature, r.cfg.top_p, r.generator)
+                    drafts = drawn.tolist()
+            events.append(r.finish(new, kept, drafts, q, dconf))
         return events
 
     def drive(
@@ -316,3 +354,25 @@ class VerifyDecoder:
                 next(gen)
             except StopIteration as stop:
                 return stop.value
+
+
+def decoder_for(
+    model: DiffusionLM,
+    stop_ids: Sequence[int],
+    pad_id: int = 0,
+    vocab_limit: int | None = None,
+    cache_mode: str = "auto",
+    refresh_every: int = 0,
+) -> Decoder | VerifyDecoder:
+    """The decoder a model runs under: ``VerifyDecoder`` for causal models, else ``Decoder``."""
+    if model.config.attention == "causal" and not model.config.logit_shift:
+        return VerifyDecoder(model, stop_ids, vocab_limit)
+    return Decoder(
+        model,
+        model.config.mask_token_id,
+        stop_ids,
+        pad_id=pad_id,
+        vocab_limit=vocab_limit,
+        cache_mode=cache_mode,
+        refresh_every=refresh_every,
+    )

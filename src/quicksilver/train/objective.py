@@ -246,9 +246,7 @@ def ar_loss(
     return LossOut(loss, n_tgt, int(batch.valid[:, :-1].sum()))
 
 
-def draft_mask(
-    L: int, anchors: torch.Tensor, k: int, valid: torch.Tensor
-) -> torch.Tensor:
+def draft_mask(L: int, anchors: torch.Tensor, k: int, valid: torch.Tensor) -> torch.Tensor:
     """(B, 1, L + nb*k, L + nb*k) bool mask of a causal stream (B, L) followed by nb mask blocks of
     k positions; block b sees the stream up to ``anchors[:, b]`` and itself, the stream never a block."""
     B, nb = anchors.shape
@@ -276,7 +274,9 @@ def ar_draft_loss(
     half = cfg.draft_len // 2
     k = cfg.draft_len - half + int(torch.randint(0, 2 * half + 1, (), generator=generator))
     nb = cfg.draft_blocks
-    lo = batch.prompt_len - 1  # (B,) the first anchor: the prompt's last token predicts the answer's first
+    lo = (
+        batch.prompt_len - 1
+    )  # (B,) the first anchor: the prompt's last token predicts the answer's first
     span = (batch.content_len - 2 - lo).clamp_min(1)  # (B,) anchors lo .. content_len - 3
     anchors = lo[:, None] + (torch.rand((B, nb), generator=generator) * span[:, None]).long()
     j = torch.arange(1, k + 1)  # (k,)

@@ -307,7 +307,9 @@ class Trainer:
         from ..eval.evaluate import evaluate
 
         tasks = [t.strip() for t in self.cfg.eval_tasks.split(",") if t.strip()]
-        rep = evaluate(self.model, self.tok, tasks, self.cfg.eval_limit, SamplerConfig())
+        causal = self.model.config.attention == "causal"  # its AR output (and the drafts' TPF)
+        sampler = SamplerConfig(policy="verify") if causal else SamplerConfig()
+        rep = evaluate(self.model, self.tok, tasks, self.cfg.eval_limit, sampler)
         return {k: round(v["accuracy"], 4) for k, v in rep["tasks"].items()}
 
     def run(self) -> Path:
