@@ -57,7 +57,7 @@ def test_eval_json_shape(
     )
     assert rep["settings"]["attention"] == attention
     if attention == "causal":
-        assert rep["settings"]["decoding"].startswith("autoregressive")
+        assert rep["settings"]["decoding"]["draft"] == 0  # a model that never drafted: AR
         assert rep["tasks"]["sudoku4"]["tpf"] <= 1.0
     else:
         assert rep["settings"]["decoding"]["policy"] == "threshold"

@@ -16,6 +16,7 @@ from ..models.kvcache import KVCache
 from ..models.transformer import DiffusionLM, Segment
 from .decoder import DecodeResult
 from .noise import sample_tokens
+from .select import forbid
 
 
 @torch.no_grad()
@@ -56,7 +57,8 @@ def ar_stream(
             0
         ]  # (1, V): the next token
         nfe += 1
-        tok = int(sample_tokens(logits.float(), temperature, top_p, gen)[0])
+        logits = forbid(logits.float(), cfg.mask_token_id, None)  # the mask is never a prediction
+        tok = int(sample_tokens(logits, temperature, top_p, gen)[0])
         if tok in stops:
             finish = "stop"
             break

@@ -1,0 +1,207 @@
+"""Verify decoding: the draft-block layout, exactness against AR decoding, the p/q sampler."""
+
+from __future__ import annotations
+
+import math
+from collections import Counter
+
+import pytest
+import torch
+
+from quicksilver.errors import ConfigError
+from quicksilver.models.config import ModelConfig, preset
+from quicksilver.models.kvcache import KVCache
+from quicksilver.models.transformer import DiffusionLM, Segment
+from quicksilver.sampling import SamplerConfig
+from quicksilver.sampling.autoregressive import ar_generate
+from quicksilver.sampling.verify import VerifyDecoder, VerifyRow
+from quicksilver.train.objective import draft_mask
+
+MASK = 2
+
+
+@pytest.fixture(autouse=True)
+def _inference() -> object:
+    with torch.no_grad():
+        yield
+
+
+def causal_model(seed: int = 0, vocab: int = 384, **kw: object) -> DiffusionLM:
+    torch.manual_seed(seed)
+    cfg = preset("tiny", vocab_size=vocab, attention="causal", mask_token_id=MASK, **kw)
+    return DiffusionLM(cfg).eval()
+
+
+def prompts(n: int, vocab: int = 384, seed: int = 1) -> list[list[int]]:
+    g = torch.Generator().manual_seed(seed)
+    return [
+        torch.randint(5, vocab, (int(3 + 7 * i) % 23 + 4,), generator=g).tolist() for i in range(n)
+    ]
+
+
+def explicit(model: DiffusionLM, stream: list[int], k: int) -> torch.Tensor:
+    """Logits (P + k, V) of stream + k masks through the padded path and the training mask."""
+    P = len(stream)
+    ids = torch.tensor([stream + [MASK] * k])
+    pos = torch.arange(P + k)[None]
+    m = draft_mask(P, torch.tensor([[P - 1]]), k, torch.ones(1, P, dtype=torch.bool))
+    return model(ids, positions=pos, attn_mask=m, raw=True)[0]
+
+
+@pytest.mark.parametrize("layout", ["per_sequence", "batched"])
+def test_draft_block_layout_matches_the_training_mask(layout: str) -> None:
+    model = causal_model()
+    model.set_attention_layout(layout)
+    streams = prompts(3)
+    segs, caches = [], []
+    for s in streams:  # a cached prefix, then stream tail + 5 masks in one segment
+        cache = KVCache()
+        model.forward_segments([Segment(torch.tensor(s[:3]), 0, 2, 3, cache, append=3)])
+        tail = torch.tensor(s[3:] + [MASK] * 5)
+        segs.append(Segment(tail, 3, 0, len(tail), cache, append=len(s) - 3, draft=5))
+        caches.append(cache)
+    with torch.no_grad():
+        out = model.forward_segments(segs)
+    for s, o, cache in zip(streams, out, caches):
+        ref = explicit(model, s, 5)[3:]
+        assert torch.allclose(o, ref, atol=1e-5), (o - ref).abs().max()
+        assert cache.length == len(s)  # masks never enter the cache
+
+
+def test_stream_never_sees_the_draft_block() -> None:
+    model = causal_model()
+    s = prompts(1)[0]
+    plain = model(torch.tensor([s]))[0]
+    with_block = explicit(model, s, 7)[: len(s)]
+    assert torch.allclose(plain, with_block, atol=1e-5)
+
+
+def rows_equal_ar(model: DiffusionLM, ps: list[list[int]], k: int, n: int = 40) -> None:
+    dec = VerifyDecoder(model, [1])
+    ar = [ar_generate(model, p, n, [1]).tokens for p in ps]
+    one = [
+        dec.generate([p], SamplerConfig(max_new_tokens=n, policy="verify", draft=0))[0] for p in ps
+    ]
+    alone = [
+        dec.generate([p], SamplerConfig(max_new_tokens=n, policy="verify", draft=k))[0] for p in ps
+    ]
+    batched = dec.generate(ps, SamplerConfig(max_new_tokens=n, policy="verify", draft=k))
+    assert [r.tokens for r in one] == ar
+    assert all(r.nfe == len(r.tokens) + (r.finish_reason == "stop") for r in one)  # one per pass
+    assert [r.tokens for r in alone] == ar
+    assert [r.tokens for r in batched] == ar
+
+
+@pytest.mark.parametrize("layout", ["per_sequence", "batched"])
+def test_garbage_drafts_still_give_the_ar_output(layout: str) -> None:
+    model = causal_model(seed=3)
+    model.set_attention_layout(layout)
+    rows_equal_ar(model, prompts(5), k=6)
+
+
+def test_perfect_drafts_are_all_kept(monkeypatch: pytest.MonkeyPatch) -> None:
+    """An oracle that drafts the AR continuation: every draft kept, k + 1 tokens per pass."""
+    model, k, n = causal_model(seed=4), 4, 30
+    p = prompts(1)[0]
+    want = ar_generate(model, p, n, []).tokens
+    finish = VerifyRow.finish
+
+    def oracle(self, new, kept, drafts, q, conf):  # type: ignore[no-untyped-def]
+        at = len(self.host_tokens) + len(new)
+        return finish(self, new, kept, want[at : at + len(drafts)], q, conf)
+
+    monkeypatch.setattr(VerifyRow, "finish", oracle)
+    res = VerifyDecoder(model, []).generate(
+        [p], SamplerConfig(max_new_tokens=n, policy="verify", draft=k, stop_at_eos=False)
+    )[0]
+    assert res.tokens == want
+    assert res.nfe == 1 + math.ceil((n - 1) / (k + 1))  # the first pass has nothing to verify
+
+
+def test_stop_tokens_end_the_reply() -> None:
+    model = causal_model(seed=5)
+    p = prompts(1)[0]
+    cfg = SamplerConfig(max_new_tokens=12, policy="verify", draft=3)
+    free = VerifyDecoder(model, []).generate([p], cfg)[0].tokens
+    stop = free[4]
+    res = VerifyDecoder(model, [stop]).generate([p], cfg)[0]
+    assert res.finish_reason == "stop" and res.tokens == free[: free.index(stop)]
+
+
+def test_prefill_is_forced() -> None:
+    model = causal_model(seed=5)
+    p = prompts(1)[0]
+    dec = VerifyDecoder(model, [])
+    cfg = SamplerConfig(max_new_tokens=10, policy="verify", draft=3)
+    row = dec.new_row(p, cfg, prefill={0: 7, 1: 9, 5: 11})
+    gen = dec.drive([row])
+    while True:
+        try:
+            next(gen)
+        except StopIteration as stop:
+            toks = stop.value[0].tokens
+            break
+    ar = ar_generate(model, p + [7, 9], 3, []).tokens
+    assert toks[:2] == [7, 9] and toks[5] == 11 and toks[2:5] == ar
+
+
+def test_verify_refuses_what_it_cannot_do() -> None:
+    model = causal_model()
+    dec = VerifyDecoder(model, [])
+    with pytest.raises(ConfigError, match="suffix"):
+        dec.new_row([5, 6], SamplerConfig(max_new_tokens=4, policy="verify"), suffix=[7])
+    with pytest.raises(ConfigError, match="policy"):
+        dec.new_row([5, 6], SamplerConfig(max_new_tokens=4, policy="low_confidence"))
+    with pytest.raises(ConfigError, match="draft"):
+        SamplerConfig(draft=-1).validate()
+    with pytest.raises(ConfigError):
+        VerifyDecoder(DiffusionLM(preset("tiny", vocab_size=64, attention="block_causal")), [])
+    with pytest.raises(ConfigError, match="draft_length"):
+        ModelConfig(attention="block_causal", draft_length=4)
+
+
+def chi2_critical(df: int, z: float = 3.09) -> float:
+    """Upper 0.001 quantile of chi-square (Wilson-Hilferty)."""
+    return df * (1 - 2 / (9 * df) + z * math.sqrt(2 / (9 * df))) ** 3
+
+
+def test_sampled_verify_follows_the_ar_distribution() -> None:
+    """The joint law of the first two tokens under p/q verification equals the model's AR law."""
+    V, T = 16, 1.0
+    model = causal_model(seed=7, vocab=V)
+    with torch.no_grad():  # the random network is near-uniform; sharpen it so the test has power
+        model.lm_head.weight.mul_(40.0)
+    p = [5, 9, 11]
+    with torch.no_grad():
+        p1 = (model(torch.tensor([p]))[0, -1] / T).softmax(-1)  # (V,)
+        seqs = torch.tensor([p + [t] for t in range(V)])
+        p2 = (model(seqs)[:, -1] / T).softmax(-1)  # (V, V)
+    joint = (p1[:, None] * p2).flatten()  # (V*V,)
+    dec = VerifyDecoder(model, [])
+    n = 3000
+    rows = [
+        dec.new_row(
+            p,
+            SamplerConfig(
+                max_new_tokens=2, policy="verify", draft=2, temperature=T, seed=s, stop_at_eos=False
+            ),
+        )
+        for s in range(n)
+    ]
+    gen = dec.drive(rows)
+    while True:
+        try:
+            next(gen)
+        except StopIteration as stop:
+            res = stop.value
+            break
+    counts = Counter(r.tokens[0] * V + r.tokens[1] for r in res)
+    kept = sum(sum(r.accepted) for r in rows)
+    assert 0 < kept < n  # both the accept and the reject branch ran
+    exp = joint * n
+    big = exp >= 5
+    obs = torch.tensor([counts.get(i, 0) for i in range(V * V)], dtype=torch.float64)
+    o = torch.cat((obs[big], obs[~big].sum()[None]))
+    e = torch.cat((exp[big].double(), exp[~big].sum()[None].double()))
+    stat = float(((o - e) ** 2 / e.clamp_min(1e-9)).sum())
+    assert stat < chi2_critical(int(big.sum())), stat
