@@ -163,7 +163,8 @@ def test_window_first_step_is_exact(dlm_pipes) -> None:  # type: ignore[no-untyp
     with torch.no_grad():
         a = dec.model.forward_segments([full.segment()])[0]  # (n, V), the block's first window
         b = dec.model.forward_segments([win.segment()])[0]  # (w, V)
-    assert torch.equal(a[: b.shape[0]], b)
+    # the same computation; a matmul over 8 rows may take another kernel than over 32 (AMX, oneDNN)
+    assert torch.allclose(a[: b.shape[0]], b, atol=1e-5, rtol=0)
 
 
 def test_window_rows_batch_like_batch_one(dlm_pipes) -> None:  # type: ignore[no-untyped-def]

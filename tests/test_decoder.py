@@ -47,7 +47,7 @@ def _events(dec: Decoder, prompt: list[int], cfg: SamplerConfig):  # type: ignor
             return evs, stop.value[0]
 
 
-@pytest.mark.parametrize("policy", sorted(POLICIES))
+@pytest.mark.parametrize("policy", sorted(p for p in POLICIES if POLICIES[p].rule != "verify"))
 @pytest.mark.parametrize("attention", ["bidirectional", "block_causal"])
 def test_every_policy_respects_length_and_never_changes_commits(
     policy: str, attention: str

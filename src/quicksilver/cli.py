@@ -473,6 +473,18 @@ def build_parser() -> argparse.ArgumentParser:
         dest="llama_cpp_dtype",
         help="weight type of the GGUF llama.cpp runs",
     )
+    bs.add_argument(
+        "--verify-model",
+        dest="verify_model",
+        help="causal drafting checkpoint timed under verify decoding (default: the embedded model "
+        "when it is one)",
+    )
+    bs.add_argument("--draft", type=int, help="drafts per pass of verify (default: the model's)")
+    bs.add_argument(
+        "--draft-sweep",
+        dest="draft_sweep",
+        help="comma-separated k values timed as verify_kK, plotted as tok/s against k",
+    )
     bs.add_argument("--out", default="runs/bench_speed", help="directory for the PNG plot")
     bs.add_argument("--json", action="store_true", help="(the JSON line is always printed last)")
 

@@ -17,7 +17,11 @@ def median(xs: Sequence[float]) -> float:
     return float(statistics.median(xs)) if xs else float("nan")
 
 
+SPEED_FLAGS = ("avx2", "avx512f", "avx512_bf16", "avx512_vnni", "amx_bf16", "amx_int8", "amx_tile")
+
+
 def hardware() -> dict[str, Any]:
+    """The machine a figure was measured on: CPU model and the vector/matrix flags that set speed."""
     import os
 
     info: dict[str, Any] = {
@@ -31,6 +35,9 @@ def hardware() -> dict[str, Any]:
         for line in Path("/proc/cpuinfo").read_text().splitlines():
             if line.startswith("model name"):
                 info["cpu"] = line.split(":", 1)[1].strip()
+            elif line.startswith("flags"):
+                have = set(line.split(":", 1)[1].split())
+                info["cpu_flags"] = [f for f in SPEED_FLAGS if f in have]
                 break
     except OSError:
         pass
@@ -65,6 +72,24 @@ def bar_plot(path: Path, labels: list[str], series: dict[str, list[float]], titl
         )
         ax.set_title(name)
         ax.tick_params(axis="x", rotation=20)
+    fig.suptitle(title)
+    return save_figure(fig, path)
+
+
+def line_plot(
+    path: Path, xs: list[float], series: dict[str, list[float]], xlabel: str, title: str
+) -> Path:
+    """One axis, one line per series over ``xs``."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(5.2, 3.6))
+    for name, ys in series.items():
+        ax.plot(xs, ys, "o-", label=name)
+    ax.set_xlabel(xlabel)
+    ax.legend()
     fig.suptitle(title)
     return save_figure(fig, path)
 

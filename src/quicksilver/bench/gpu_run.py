@@ -6,7 +6,11 @@ left of the budget as its timeout (a stage that runs over is cut and recorded, t
 1. ``bench families`` at the LLaDA-8B shape, then at the Dream-7B shape (random bf16 weights):
    forward passes per second, then the real decoder at batch 1 and 16, forced 1/2/5/8 tokens per
    step, CUDA graphs off and on (a failed graph capture is recorded, the eager rows stand);
-2. ``bench speed`` on the shipped model (4 items per task, 3 repeats, single stream), with
+2. with ``--idlm DIR`` only (a local I-DLM checkpoint, models/families/idlm.py): greedy verify
+   decoding of one chat prompt at draft 0 (plain AR, the baseline) and at the model's draft length
+   on the same loaded weights: tok/s, NFE, TPF and whether the two outputs agree. Without the flag
+   the stage is not planned at all;
+3. ``bench speed`` on the shipped model (4 items per task, 3 repeats, single stream), with
    ``SPEED_RESERVE`` seconds kept for it.
 
 The first line printed and ``DIR/gpu_run.json`` name the device. ``--tiny`` runs toy shapes and one
@@ -51,7 +55,63 @@ def stages(args: argparse.Namespace, out: Path) -> list[tuple[str, list[str]]]:
     speed += ["--limit", "1", "--repeats", "1", "--tasks", "multiply"] if args.tiny else []
     speed += [] if args.tiny else ["--limit", "4", "--repeats", "3"]
     speed += ["--out", str(out / "speed")]
-    return [*families, ("speed", speed)]
+    idlm = []
+    if getattr(args, "idlm", None):
+        cmd = [*py, "quicksilver.bench.gpu_run", "--idlm-stage", str(args.idlm)]
+        idlm.append(("idlm", cmd + ["--out", str(out)] + (["--tiny"] if args.tiny else [])))
+    return [*families, *idlm, ("speed", speed)]
+
+
+IDLM_PROMPT = "Prove that sqrt(2) is irrational."  # the example prompt of I-DLM's README
+
+
+def idlm_stage(path: str, out: Path, tiny: bool) -> int:
+    """Greedy verify decoding of a local I-DLM checkpoint at draft 0 (AR) and at its draft length,
+    one loaded model, one chat prompt; prints (and writes ``out/idlm.json``) one JSON line."""
+    import quicksilver
+
+    from ..sampling.verify import VerifyDecoder
+
+    pipe = quicksilver.load(path)
+    if not isinstance(pipe.decoder, VerifyDecoder):  # e.g. a directory that says SDARForCausalLM
+        cfg = pipe.config
+        print(f"{path}: loads as {cfg.architecture} ({cfg.attention}), not as an I-DLM (a causal")
+        print("model for verify decoding; see quicksilver/models/families/idlm.py)", flush=True)
+        return 2
+    k, n = pipe.config.draft_length, 32 if tiny else 256
+    rows, tokens = [], []
+    for draft in (0, k):
+        opts = dict(temperature=0.0, draft=draft, stop_at_eos=False)
+        pipe.generate(IDLM_PROMPT, chat=True, max_new_tokens=8, **opts)  # warm-up
+        if torch.cuda.is_available():
+            torch.cuda.synchronize()
+        res = pipe.generate(IDLM_PROMPT, chat=True, max_new_tokens=n, **opts)
+        tokens.append(res.tokens)
+        rows.append(
+            {
+                "draft": draft,
+                "tokens": len(res.tokens),
+                "nfe": res.nfe,
+                "tpf": round(res.tpf, 3),
+                "seconds": round(res.seconds, 3),
+                "tok_s": round(len(res.tokens) / max(res.seconds, 1e-9), 1),
+            }
+        )
+    summary = {
+        "bench": "idlm",
+        "model": str(path),
+        "device": device_name(),
+        "dtype": str(next(pipe.model.parameters()).dtype),
+        "draft_length": k,
+        "rows": rows,
+        "greedy_equal": tokens[0] == tokens[1],
+        "speedup_vs_ar": round(rows[1]["tok_s"] / max(rows[0]["tok_s"], 1e-9), 3),
+    }
+    line = json.dumps(summary)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "idlm.json").write_text(line + "\n")
+    print(line)
+    return 0
 
 
 def timeout_for(stage: int, n_stages: int, left: float) -> float:
@@ -89,7 +149,13 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--out", default="runs/gpu_run", help="directory for the logs and JSON")
     p.add_argument("--budget", type=float, default=540.0, help="seconds for all stages together")
     p.add_argument("--tiny", action="store_true", help="toy shapes on the CPU (tests the script)")
+    p.add_argument("--idlm", metavar="DIR", help="also run the I-DLM stage on this checkpoint")
+    p.add_argument("--idlm-stage", metavar="DIR", dest="idlm_stage", help=argparse.SUPPRESS)
     args = p.parse_args(argv)
+    if args.idlm_stage:  # the stage's own process (planned by --idlm)
+        return idlm_stage(args.idlm_stage, Path(args.out), args.tiny)
+    if args.idlm and not Path(args.idlm).is_dir():
+        p.error(f"--idlm {args.idlm}: not a directory")
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     name = device_name()

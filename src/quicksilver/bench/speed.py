@@ -12,6 +12,14 @@ AR baseline's) and ``ar_ms_per_token``. With ``--vs-llama-cpp`` the AR twin also
 (bench/llama_cpp.py) on the same token ids, and the top level gains ``ratio_vs_llama_cpp``.
 ``--backend`` picks the step runtime of both models (default auto: ONNX Runtime on a CPU, see
 models/cpu_backends.py) and ``--window`` the default's decode window; both are in ``settings``.
+
+Verify decoding (sampling/verify.py) of a causal drafting model (``--verify-model``, default: the
+embedded model when it is one) runs beside them: ``verify`` (k = ``--draft``, default the model's)
+and ``verify_ar`` (the same weights, ``draft = 0``: one token per pass), with ``identical_to_ar``
+(the fraction of items whose verify output equals the ``draft = 0`` output, and for each item that
+differs the top-2 logit gap at the first difference) and the histogram of drafts kept per pass;
+``--draft-sweep 2,4,8`` adds ``verify_k2`` ... and a plot of tok/s against k. When ``--model`` is
+itself causal, the diffusion methods (reference, one token per step, default) are left out.
 """
 
 from __future__ import annotations
@@ -34,6 +42,7 @@ from ..sampling import SamplerConfig, reference_generate
 from ..sampling.autoregressive import ar_stream
 from ..sampling.caches import resolve_window
 from .common import bar_plot, emit_json, hardware, median, print_table
+from .verify import identity, k_plot, verify_configs, verify_pipeline
 
 DEFAULT_TASKS = "chat,tool_call,sudoku4,countdown3,path_star,multiply"
 
@@ -44,6 +53,7 @@ class Run:
     nfe: int
     seconds: float
     ttft: float
+    accepted: list[int] = field(default_factory=list)  # verify: drafts kept per verifying pass
 
 
 @dataclass
@@ -56,6 +66,9 @@ class MethodStats:
     ms_per_forward: list[float] = field(default_factory=list)
     correct: list[bool] = field(default_factory=list)
     task: list[str] = field(default_factory=list)
+    outputs: list[list[int]] = field(default_factory=list)
+    prompts: list[list[int]] = field(default_factory=list)
+    accepted: list[int] = field(default_factory=list)
 
     def summary(self) -> dict[str, Any]:
         per_task = {
@@ -71,7 +84,16 @@ class MethodStats:
             "ms_per_forward": median(self.ms_per_forward),
             "accuracy": sum(self.correct) / max(len(self.correct), 1),
             "task_accuracy": per_task,
+            **({"accepted_hist": histogram(self.accepted)} if self.accepted else {}),
         }
+
+
+def histogram(values: list[int]) -> list[int]:
+    """counts[a] = how many times a drafts were kept in one pass."""
+    counts = [0] * (max(values) + 1)
+    for v in values:
+        counts[v] += 1
+    return counts
 
 
 def engine_run(pipe: Pipeline, ids: list[int], cfg: SamplerConfig) -> Run:
@@ -88,6 +110,7 @@ def engine_run(pipe: Pipeline, ids: list[int], cfg: SamplerConfig) -> Run:
         final.result.nfe,
         (st.e2e or 0.0),
         st.ttft if st.ttft is not None else st.e2e or 0.0,
+        list(final.result.accepted or []),
     )
 
 
@@ -150,6 +173,11 @@ def run_speed_bench(args: argparse.Namespace) -> int:
     ar = load(ar_path, dtype=DTYPES.get(ar_dtype_arg), **opts)
     if ar.config.attention != "causal":
         raise QuicksilverError(f"{ar_path} is not a causal (AR) model")
+    vpath = getattr(args, "verify_model", None)
+    vpipe = verify_pipeline(
+        Path(vpath) if vpath else None, pipe, dict(dtype=DTYPES.get(dtype_arg), **opts)
+    )
+    diffusion = pipe.config.attention != "causal"
     tok = pipe.tokenizer
     block = pipe.config.block_size if pipe.config.attention == "block_causal" else 32
     tasks = [t for t in args.tasks.split(",") if t]
@@ -164,14 +192,23 @@ def run_speed_bench(args: argparse.Namespace) -> int:
 
     methods: dict[str, Callable[[Pipeline, Pipeline, list[int], int], Run]] = {
         "ar_kv_cache": lambda p, a, ids, n: ar_run(a, ids, n),
-        "reference": lambda p, a, ids, n: reference_run(p, ids, n, block),
-        "one_token_per_step": lambda p, a, ids, n: engine_run(
-            p, ids, SamplerConfig(max_new_tokens=n, policy="low_confidence", steps=n)
-        ),
-        "default": lambda p, a, ids, n: engine_run(p, ids, default.replace(max_new_tokens=n)),
     }
+    if diffusion:
+        methods |= {
+            "reference": lambda p, a, ids, n: reference_run(p, ids, n, block),
+            "one_token_per_step": lambda p, a, ids, n: engine_run(
+                p, ids, SamplerConfig(max_new_tokens=n, policy="low_confidence", steps=n)
+            ),
+            "default": lambda p, a, ids, n: engine_run(p, ids, default.replace(max_new_tokens=n)),
+        }
     if args.skip_reference:
-        methods.pop("reference")
+        methods.pop("reference", None)
+    sweep = [int(k) for k in (getattr(args, "draft_sweep", None) or "").split(",") if k.strip()]
+    if vpipe is not None:
+        for name, vcfg in verify_configs(getattr(args, "draft", None), sweep).items():
+            methods[name] = lambda p, a, ids, n, c=vcfg, v=vpipe: engine_run(
+                v, ids, c.replace(max_new_tokens=n)
+            )
     llama = None
     if getattr(args, "vs_llama_cpp", False):
         from .llama_cpp import LlamaCppRunner
@@ -201,8 +238,15 @@ def run_speed_bench(args: argparse.Namespace) -> int:
             s.tokens.append(len(r.tokens))
             s.correct.append(bool(task.verify(it, split_reply(tok.decode(r.tokens))[1])))
             s.task.append(it.task)
+            s.outputs.append(r.tokens)
+            s.accepted += r.accepted
+            s.prompts.append(ids)
     summary = {m: s.summary() for m, s in stats.items()}
-    d = summary["default"]
+    if vpipe is not None:
+        ar_out = stats["verify_ar"].outputs
+        for m in [m for m in summary if m.startswith("verify") and m != "verify_ar"]:
+            summary[m] |= identity(vpipe.model, stats[m].prompts, stats[m].outputs, ar_out)
+    d = summary["default" if diffusion else "verify"]
     ar_tok_s = summary["ar_kv_cache"]["tok_s"]
     ref_tok_s = summary["reference"]["tok_s"] if "reference" in summary else float("nan")
     rows = [
@@ -242,6 +286,20 @@ def run_speed_bench(args: argparse.Namespace) -> int:
             "ratio_vs_llama_cpp": d["tok_s"] / summary["llama_cpp_ar"]["tok_s"],
             "llama_cpp": llama.info(),
         }
+    if vpipe is not None:
+        v = summary["verify"]
+        extra["verify"] = {
+            "tok_s": v["tok_s"],
+            "tpf": v["tpf"],
+            "ratio_vs_ar": v["tok_s"] / ar_tok_s,
+            "identical_to_ar": v["identical_to_ar"],
+            "model": str(vpipe.path),
+            "draft": vpipe.config.draft_length if args.draft is None else args.draft,
+            "backend": _backend_name(vpipe),
+            "k_plot": str(k_plot(out, summary, ar_tok_s) or ""),
+        }
+        if llama is not None:
+            extra["verify"]["ratio_vs_llama_cpp"] = v["tok_s"] / summary["llama_cpp_ar"]["tok_s"]
     emit_json(
         {
             "bench": "speed",
@@ -253,7 +311,8 @@ def run_speed_bench(args: argparse.Namespace) -> int:
             "ar_ms_per_token": ar_ms,
             **extra,
             "ratio_vs_reference": d["tok_s"] / ref_tok_s,
-            "accuracy_vs_one_per_step": d["accuracy"] - summary["one_token_per_step"]["accuracy"],
+            "accuracy_vs_one_per_step": d["accuracy"]
+            - summary.get("one_token_per_step", summary.get("verify_ar", d))["accuracy"],
             "methods": summary,
             "model": str(model_path),
             "ar_model": str(ar_path),

@@ -48,6 +48,7 @@ class DecodeResult:
     steps: int
     revisions: int
     seconds: float = 0.0
+    accepted: list[int] | None = None  # verify decoding: drafts kept, per pass that verified some
 
     @property
     def tpf(self) -> float:

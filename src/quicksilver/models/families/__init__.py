@@ -73,7 +73,7 @@ def generation_defaults(architecture: str, path: str | Path | None = None) -> di
     return out
 
 
-from . import dream, llada, llada_moe, qwen_block  # noqa: E402,F401  (registers the families)
+from . import dream, idlm, llada, llada_moe, qwen_block  # noqa: E402,F401  (registers the families)
 
 __all__ = [
     "Family",

@@ -545,3 +545,93 @@ def write_tiny(family: str, out: str | Path, seed: int = 0, **over: Any) -> Path
     (out / "config.json").write_text(json.dumps(cj, indent=2))
     _save(out, state, shards)
     return out
+
+
+# ---- I-DLM (a Qwen3ForCausalLM directory with a mask token; see families/idlm.py) ---------------
+IDLM_SPECIALS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>", "<think>", "</think>", "<|MASK|>"]
+# ChatML without a default system prompt (the shape of Qwen3's template, tools and thinking left out).
+QWEN3_TEMPLATE = (
+    "{%- for message in messages %}{{- '<|im_start|>' + message['role'] + '\\n' + message['content'] + "
+    "'<|im_end|>\\n' }}{%- endfor %}{%- if add_generation_prompt %}{{- '<|im_start|>assistant\\n' }}"
+    "{%- endif %}"
+)
+
+
+def write_tiny_idlm(
+    out: str | Path, seed: int = 0, tie: bool = False, mask: bool = True, **over: Any
+) -> Path:
+    """A tiny random I-DLM-style checkpoint in Qwen3's on-disk format: Qwen3-8B's config.json keys
+    (``architectures ["Qwen3ForCausalLM"]``), Qwen3 weight names (QK-norm, ``head_dim`` != hidden /
+    heads, no biases) in two shards with an index, ``tokenizer.json`` whose added tokens end in
+    ``<|MASK|>`` (declared as ``mask_token``, as in I-DLM's tokenizer_config.json). ``tie``: tied
+    embeddings, no ``lm_head.weight`` (the small Qwen3s); ``mask=False``: a plain Qwen3 (no mask
+    token); ``block_size=k`` in ``over`` writes I-DLM's masks-per-block key."""
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    d = {**TINY, **over}
+    C, L, H, KV, F, V = d["hidden"], d["layers"], d["heads"], d["kv_heads"], d["ffn"], d["vocab"]
+    hd = d.get("head_dim", 2 * C // H)
+    r = _Rand(seed)
+    vocab, merges = _byte_vocab()
+    specials = IDLM_SPECIALS if mask else IDLM_SPECIALS[:-1]
+    ids = {t: len(vocab) + i for i, t in enumerate(specials)}
+    _fast(vocab, merges, specials).save(str(out / "tokenizer.json"))
+    entry = dict(lstrip=False, normalized=False, rstrip=False, single_word=False, special=True)
+    tcfg: dict[str, Any] = {
+        "add_bos_token": False,
+        "added_tokens_decoder": {str(i): {"content": t, **entry} for t, i in ids.items()},
+        "bos_token": None,
+        "chat_template": QWEN3_TEMPLATE,
+        "clean_up_tokenization_spaces": False,
+        "eos_token": "<|im_end|>",
+        "errors": "replace",
+        "model_max_length": 131072,
+        "pad_token": "<|endoftext|>",
+        "split_special_tokens": False,
+        "tokenizer_class": "Qwen2Tokenizer",
+        "unk_token": None,
+    }
+    if mask:
+        tcfg["mask_token"] = "<|MASK|>"
+    (out / "tokenizer_config.json").write_text(json.dumps(tcfg, indent=2))
+    cj: dict[str, Any] = {
+        "architectures": ["Qwen3ForCausalLM"],
+        "attention_bias": False,
+        "attention_dropout": 0.0,
+        "bos_token_id": ids["<|endoftext|>"],
+        "eos_token_id": ids["<|im_end|>"],
+        "head_dim": hd,
+        "hidden_act": "silu",
+        "hidden_size": C,
+        "initializer_range": 0.02,
+        "intermediate_size": F,
+        "max_position_embeddings": 4096,
+        "max_window_layers": L,
+        "model_type": "qwen3",
+        "num_attention_heads": H,
+        "num_hidden_layers": L,
+        "num_key_value_heads": KV,
+        "rms_norm_eps": 1e-06,
+        "rope_scaling": None,
+        "rope_theta": 1000000,
+        "sliding_window": None,
+        "tie_word_embeddings": tie,
+        "torch_dtype": "float32",
+        "transformers_version": "4.51.0",
+        "use_cache": True,
+        "use_sliding_window": False,
+        "vocab_size": V,
+    }
+    if "block_size" in d:
+        cj["block_size"] = d["block_size"]
+    state = {"model.embed_tokens.weight": r.w(V, C, std=1.0)}
+    state.update(_qwen_layers(r, L, C, H, KV, hd, F, bias=False, qk_norm=True))
+    state["model.norm.weight"] = r.norm(C)
+    if not tie:
+        state["lm_head.weight"] = r.w(V, C)
+    (out / "config.json").write_text(json.dumps(cj, indent=2))
+    (out / "generation_config.json").write_text(
+        json.dumps({"bos_token_id": cj["bos_token_id"], "eos_token_id": cj["eos_token_id"]})
+    )
+    _save(out, state, shards=2)
+    return out

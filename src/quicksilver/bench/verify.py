@@ -1,0 +1,82 @@
+"""The verify side of ``bench speed``: its methods, the exactness check against ``draft = 0``, the k plot.
+
+``identity`` compares every item's verify output with the same weights decoded one token per pass
+(``draft = 0``); where they differ it reports the first differing position and the top-2 gap of
+the causal logits there (a multi-position pass may round a near-tie the other way; anything wider
+is a bug).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from ..models.transformer import DiffusionLM
+from ..pipeline import Pipeline
+from ..sampling import SamplerConfig
+from .common import line_plot
+
+
+def verify_configs(draft: int | None, sweep: list[int]) -> dict[str, SamplerConfig]:
+    """Method name -> settings: verify at k (the model's when None), draft 0, and the sweep's ks."""
+    out = {
+        "verify": SamplerConfig(policy="verify", draft=draft),
+        "verify_ar": SamplerConfig(policy="verify", draft=0),
+    }
+    out |= {f"verify_k{k}": SamplerConfig(policy="verify", draft=k) for k in sweep}
+    return out
+
+
+@torch.no_grad()
+def top2_gap(model: DiffusionLM, ids: list[int]) -> float:
+    """Top-1 minus top-2 logit of the next token after ``ids`` (one plain causal pass)."""
+    logits = model(torch.tensor([ids], device=next(model.parameters()).device))[0, -1]  # (V,)
+    top = logits.float().topk(2).values
+    return float(top[0] - top[1])
+
+
+def identity(
+    model: DiffusionLM,
+    prompts: list[list[int]],
+    ours: list[list[int]],
+    ar: list[list[int]],
+) -> dict[str, Any]:
+    """The fraction of items where ``ours`` equals ``ar``, and each difference with its top-2 gap."""
+    diffs = []
+    for i, (p, a, b) in enumerate(zip(prompts, ours, ar)):
+        if a == b:
+            continue
+        j = next((j for j, (x, y) in enumerate(zip(a, b)) if x != y), min(len(a), len(b)))
+        diffs.append({"item": i, "position": j, "top2_gap": top2_gap(model, p + b[:j])})
+    return {"identical_to_ar": 1 - len(diffs) / max(len(prompts), 1), "differences": diffs}
+
+
+def k_plot(out: Path, summary: dict[str, dict[str, Any]], ar_tok_s: float) -> Path | None:
+    """tok/s of verify against the number of drafts k (the sweep, draft 0 at k = 0)."""
+    ks = sorted(int(m[len("verify_k") :]) for m in summary if m.startswith("verify_k"))
+    if not ks:
+        return None
+    xs = [0, *ks]
+    ys = [summary["verify_ar"]["tok_s"], *(summary[f"verify_k{k}"]["tok_s"] for k in ks)]
+    return line_plot(
+        out / "verify_k.png",
+        xs,
+        {"verify tok/s": ys, "AR twin tok/s": [ar_tok_s] * len(xs)},
+        "drafts per pass (k)",
+        "single-stream verify decoding against the AR twin",
+    )
+
+
+def verify_pipeline(
+    path: Path | None, pipe: Pipeline, load_kwargs: dict[str, Any]
+) -> Pipeline | None:
+    """The drafting model to time: ``path``, else ``pipe`` itself when it is causal and drafts."""
+    from ..pipeline import load
+
+    if path is not None:
+        return load(path, **load_kwargs)
+    if pipe.config.attention == "causal" and pipe.config.draft_length > 0:
+        return pipe
+    return None
