@@ -31,6 +31,16 @@ def tiny_block_ckpt(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 @pytest.fixture(scope="session")
+def tiny_causal_ckpt(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A causal model: decoded by the verify decoder (random drafts: its AR output, slowly)."""
+    from quicksilver.models.init import init_model
+
+    return init_model(
+        tmp_path_factory.mktemp("ckpt") / "tiny-causal", "tiny", seed=2, attention="causal"
+    )
+
+
+@pytest.fixture(scope="session")
 def tiny_pipe(tiny_ckpt: Path):  # type: ignore[no-untyped-def]
     import quicksilver
 

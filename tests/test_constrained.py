@@ -190,12 +190,16 @@ def test_skeleton_is_prefilled_and_slots_are_budgeted() -> None:
     assert all(canvas.constraint.slot_of[p] == -1 for p in canvas.prefill)
 
 
-def decode(pipe, schema, temperature: float, seed: int, prompt: str = "Give me JSON"):  # type: ignore[no-untyped-def]
+def decode(
+    pipe, schema, temperature: float, seed: int, prompt: str = "Give me JSON", draft: int = 3
+):  # type: ignore[no-untyped-def]
     tok = pipe.tokenizer
     canvas = build_canvas(schema_pieces(schema, True, tok.encode), tok, tok.pad_id)
     cfg = SamplerConfig(
         max_new_tokens=canvas.length, temperature=temperature, seed=seed, threshold=0.5
     )
+    if pipe.config.attention == "causal":  # drafts checked against the constrained distribution
+        cfg = cfg.replace(policy="verify", draft=draft)
     row = pipe.decoder.new_row(
         pipe.encode_prompt(prompt, chat=True),
         cfg,
@@ -207,7 +211,7 @@ def decode(pipe, schema, temperature: float, seed: int, prompt: str = "Give me J
     return tok.decode(row.result().tokens), row
 
 
-@pytest.mark.parametrize("which", ["tiny_ckpt", "tiny_block_ckpt"])
+@pytest.mark.parametrize("which", ["tiny_ckpt", "tiny_block_ckpt", "tiny_causal_ckpt"])
 def test_decoding_under_a_schema_always_validates(
     which: str, request: pytest.FixtureRequest
 ) -> None:
@@ -223,6 +227,13 @@ def test_decoding_under_a_schema_always_validates(
             )  # the canvas is the layout: it ends full, never early
 
 
+def test_verify_under_a_schema_is_the_constrained_ar_output(tiny_causal_ckpt: Path) -> None:
+    """Greedy drafts checked against the constrained causal logits: the constrained AR output."""
+    pipe = quicksilver.load(tiny_causal_ckpt)
+    for schema in SCHEMAS:
+        assert decode(pipe, schema, 0.0, 0, draft=4)[0] == decode(pipe, schema, 0.0, 0, draft=0)[0]
+
+
 def test_without_the_constraint_a_random_model_writes_no_json(tiny_ckpt: Path) -> None:
     """The check above can fail: the same model, unconstrained, does not produce valid JSON."""
     pipe = quicksilver.load(tiny_ckpt)
@@ -231,8 +242,9 @@ def test_without_the_constraint_a_random_model_writes_no_json(tiny_ckpt: Path) -
         json.loads(res.text)
 
 
-def test_ban_tokens(tiny_ckpt: Path) -> None:
-    pipe = quicksilver.load(tiny_ckpt)
+@pytest.mark.parametrize("which", ["tiny_ckpt", "tiny_causal_ckpt"])
+def test_ban_tokens(which: str, request: pytest.FixtureRequest) -> None:
+    pipe = quicksilver.load(request.getfixturevalue(which))
     free = pipe.generate(
         "hi", chat=True, max_new_tokens=24, temperature=1.0, seed=3, stop_at_eos=False
     ).tokens

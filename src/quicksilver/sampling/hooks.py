@@ -20,6 +20,13 @@ if TYPE_CHECKING:
     from .state import Row
 
 
+class CanvasRow(Protocol):
+    """What a constraint reads of a row: its canvas (N,) and which positions are committed (N,)."""
+
+    canvas: torch.Tensor
+    committed: torch.Tensor
+
+
 class Constraint(Protocol):
     """Restricts what a row may commit (structured output, tool arguments).
 
@@ -28,9 +35,9 @@ class Constraint(Protocol):
     far. At the leftmost masked position some token must be allowed, so decoding always progresses.
     """
 
-    def mask_logits(self, row: Row, lo: int, logits: torch.Tensor) -> torch.Tensor: ...
+    def mask_logits(self, row: CanvasRow, lo: int, logits: torch.Tensor) -> torch.Tensor: ...
 
-    def allow(self, row: Row, pos: int, token: int) -> bool: ...
+    def allow(self, row: CanvasRow, pos: int, token: int) -> bool: ...
 
 
 # ---- revision ---------------------------------------------------------------------------------

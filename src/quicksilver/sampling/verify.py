@@ -18,7 +18,12 @@ the first rejected one is replaced by a draw from norm(max(0, p_j - q_j)); so ev
 follows the model's AR distribution p at the request's temperature and top_p. When every draft is
 kept the bonus comes from p_n and the masks' predictions become the next pass's drafts (they
 assumed every draft kept); otherwise they are void and the next pass drafts afresh. ``draft = 0``
-feeds no masks: plain AR decoding of the same weights, one token per pass. Policy ``threshold`` is
+feeds no masks: plain AR decoding of the same weights, one token per pass. A row with a
+``Constraint`` (structured output, tool calls, banned tokens, logprobs) checks its drafts left to
+right against the constrained causal distribution (``accept_constrained``): each position's logits
+are masked by the constraint, the pick must be allowed, and a draft is kept only if it is that pick
+(greedy) or passes the p/q test against it (sampling), so every structured reply stays valid and
+is the constrained AR output. Policy ``threshold`` is
 the lossy mode of the same weights (greedy rows): a draft is also kept, unverified, when its own
 confidence reaches the threshold. Prefilled canvas
 positions (a forced ``<think>``, a structured skeleton) are forced: a draft there is the forced
@@ -62,6 +67,7 @@ class VerifyRow:
     generator: torch.Generator | None = None
     prefill: dict[int, int] = field(default_factory=dict)  # canvas position -> forced token
     tag: object = None
+    constraint: Constraint | None = None
     host_tokens: list[int] = field(default_factory=list)  # final output tokens
     drafts: list[int] = field(default_factory=list)  # unverified, after host_tokens
     conf: list[float] = field(default_factory=list)  # the drafts' own probabilities (greedy)
@@ -77,6 +83,11 @@ class VerifyRow:
 
     def __post_init__(self) -> None:
         self.P, self.N = len(self.prompt_ids), self.cfg.max_new_tokens
+        # the canvas as constraints read it (0 = the first output token): final + forced positions
+        self.canvas = torch.full((self.N,), self.mask_id, dtype=torch.long)  # (N,)
+        self.committed = torch.zeros(self.N, dtype=torch.bool)  # (N,)
+        for pos, tok in self.prefill.items():
+            self.canvas[pos], self.committed[pos] = tok, True
         self._take_forced()
 
     @property
@@ -184,6 +195,62 @@ def accept_greedy(row: VerifyRow, top: list[int]) -> tuple[list[int], bool]:
     return out, True
 
 
+def pick_allowed(row: VerifyRow, pos: int, logits: torch.Tensor) -> tuple[int, torch.Tensor]:
+    """The constrained choice at canvas position ``pos`` from causal logits (V,): the argmax (or a
+    draw, sampling) among the tokens the constraint allows; and the masked logits it came from."""
+    assert row.constraint is not None
+    lg = row.constraint.mask_logits(row, pos, logits[None].clone())[0]  # (V,)
+    while True:
+        if row.cfg.temperature > 0:
+            tok = draw(probabilities(lg[None], row.cfg)[0], row.generator)
+        else:
+            tok = int(lg.argmax())
+        if lg[tok] == float("-inf"):
+            raise RuntimeError(f"constraint allows no token at canvas position {pos}")
+        if row.constraint.allow(row, pos, tok):
+            return tok, lg
+        lg[tok] = float("-inf")  # allow() is the final word where mask_logits could not enumerate
+
+
+def draw_residual(row: VerifyRow, pos: int, resid: torch.Tensor) -> int | None:
+    """A draw from norm(resid) (V,) that the constraint allows; None when no such token is left."""
+    assert row.constraint is not None
+    while float(resid.sum()) > 0:
+        tok = draw(resid / resid.sum(), row.generator)
+        if row.constraint.allow(row, pos, tok):
+            return tok
+        resid[tok] = 0.0
+    return None
+
+
+def accept_constrained(row: VerifyRow, causal: torch.Tensor) -> tuple[list[int], bool]:
+    """Drafts checked left to right against the constrained causal logits (n + 1, V); each new
+    final token is written on the canvas before the next position is asked."""
+    base, out = len(row.host_tokens), []
+    u = torch.rand(len(row.drafts), generator=row.generator, dtype=torch.float64)
+    for j in range(min(len(row.drafts) + 1, row.N - base)):  # nothing past the canvas
+        pos = base + j
+        d = row.drafts[j] if j < len(row.drafts) else None
+        tok = row.forced(pos)
+        if tok is None and d is not None and row.cfg.temperature > 0 and row.q is not None:
+            assert row.constraint is not None
+            lg = row.constraint.mask_logits(row, pos, causal[j][None].clone())[0]  # (V,)
+            pj, qj = probabilities(lg[None], row.cfg)[0], row.q[j].to(lg.device)
+            if float(u[j]) * float(qj[d]) <= float(pj[d]) and row.constraint.allow(row, pos, d):
+                tok = d
+            else:
+                tok = draw_residual(row, pos, (pj - qj).clamp_min(0))
+                if tok is None:
+                    tok, _ = pick_allowed(row, pos, causal[j])
+        elif tok is None:
+            tok, _ = pick_allowed(row, pos, causal[j])
+        out.append(tok)
+        row.canvas[pos], row.committed[pos] = tok, True
+        if tok != d:
+            return out, d is None
+    return out, True
+
+
 def probabilities(logits: torch.Tensor, cfg: SamplerConfig) -> torch.Tensor:
     """The sampling distribution (n, V) float64 at the request's temperature and top_p."""
     return filter_top_p(logits.double() / cfg.temperature, cfg.top_p).softmax(-1)
@@ -265,11 +332,6 @@ class VerifyDecoder:
             raise ConfigError(
                 f"a causal model decodes with policy verify (or threshold, lossy), not {cfg.policy}"
             )
-        if constraint is not None:
-            raise ConfigError(
-                "verify decoding does not take a grammar constraint yet; use a diffusion model "
-                "for structured output"
-            )
         if prefill and any(not 0 <= p < cfg.max_new_tokens for p in prefill):
             raise ConfigError("prefilled positions must lie inside the canvas")
         k = mcfg.draft_length if cfg.draft is None else cfg.draft
@@ -293,6 +355,7 @@ class VerifyDecoder:
             gen,
             dict(prefill or {}),
             tag,
+            constraint,
         )
 
     @torch.no_grad()
@@ -321,7 +384,16 @@ class VerifyDecoder:
             r.nfe += 1
             n, m = len(r.drafts), s.draft
             q, dconf = None, []
-            if greedy[i]:
+            if r.constraint is not None:
+                new, kept = accept_constrained(r, logits[i, : n + 1].clone())
+                drafts = top[i][n + 1 : n + 1 + m] if greedy[i] else []
+                if kept and m and not greedy[i]:
+                    mask = logits[i, n + 1 : n + 1 + m]  # (m, V)
+                    q = probabilities(mask, r.cfg)
+                    drafts = sample_tokens(
+                        mask, r.cfg.temperature, r.cfg.top_p, r.generator
+                    ).tolist()
+            elif greedy[i]:
                 new, kept = accept_greedy(r, top[i][: n + 1])
                 drafts = top[i][n + 1 : n + 1 + m]
                 dconf = conf[i][n + 1 : n + 1 + m] if conf else []
