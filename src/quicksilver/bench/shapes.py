@@ -16,7 +16,11 @@ into an exact KV cache, then times, against that cache:
 - one AR token step: 1 position through the network (what an AR decoder pays per token);
 - one diffusion step over a window of w positions (w = 1, 4, 8, 16, 32): the positions a step
   recomputes, the rest of the block served from the cache;
-- tok/s at forced commit rates: k tokens committed per step of the default window (k = 1..8).
+- tok/s at forced commit rates: k tokens committed per step of the default window (k = 1..8);
+- the verify pass at k = 4 and 8 (sampling/verify.py): 1 + k tokens on the stream and k masks,
+  1 + 2k positions; with ``--verify-tpf`` (tokens per pass measured by ``bench speed``'s verify on
+  our model) the projected verify tok/s over AR = tpf / (pass / AR token). Random weights have no
+  acceptance of their own, so the projection borrows the measured one.
 
 Ends with one JSON line whose top level holds ``step_vs_ar_token``: the default window's step over
 an AR token step at the 1.5B shape in the default CPU dtype for its size (``default_dtype``:
@@ -122,17 +126,23 @@ def default_format(n_params: int) -> str:
     return dtype_name(default_dtype(n_params, torch.device("cpu")))
 
 
+VERIFY_KS = (4, 8)
+
+
+def headline_row(results: list[dict[str, Any]]) -> dict[str, Any] | None:
+    """The 1.5B shape's figures in its default CPU format (None when it was not run)."""
+    shape = next((s for s in results if s["shape"] == "fast-dllm-v2-1.5b"), None)
+    if shape is None:
+        return None
+    fmt = default_format(shape["parameters"])
+    return next((r for r in shape["formats"] if r["format"] == fmt), None)
+
+
 def headline_ratio(results: list[dict[str, Any]], window: int) -> tuple[float | None, str | None]:
     """The 1.5B shape's step / AR token at ``window`` in its default CPU format, and that format
     (None, None when the shape was not run)."""
-    shape = next((s for s in results if s["shape"] == "fast-dllm-v2-1.5b"), None)
-    if shape is None:
-        return None, None
-    fmt = default_format(shape["parameters"])
-    ratio = next(
-        (r["step_vs_ar_token"][str(window)] for r in shape["formats"] if r["format"] == fmt), None
-    )
-    return ratio, fmt
+    row = headline_row(results)
+    return (None, None) if row is None else (row["step_vs_ar_token"][str(window)], row["format"])
 
 
 def time_ms(fn: Any, iters: int) -> float:
@@ -165,6 +175,7 @@ def bench_format(cfg: ModelConfig, fmt: str, args: argparse.Namespace) -> dict[s
 
     ar_ms = time_ms(step(1), args.iters)
     windows = {str(w): round(time_ms(step(w), args.iters), 3) for w in args.windows}
+    verify = {str(k): round(time_ms(step(1 + 2 * k), args.iters), 3) for k in VERIFY_KS}
     default_ms = windows[str(args.window)]
     rates = {str(k): round(1e3 * k / default_ms, 2) for k in range(1, min(8, args.window) + 1)}
     out = {
@@ -176,8 +187,14 @@ def bench_format(cfg: ModelConfig, fmt: str, args: argparse.Namespace) -> dict[s
         "step_ms": windows,
         "step_vs_ar_token": {w: round(ms / ar_ms, 3) for w, ms in windows.items()},
         "tok_s_at_k": rates,
+        "verify_pass_ms": verify,
+        "verify_vs_ar_token": {k: round(ms / ar_ms, 3) for k, ms in verify.items()},
         "cache_bytes": cache.nbytes(),
     }
+    if args.verify_tpf:
+        out["verify_projected_vs_ar"] = {
+            k: round(args.verify_tpf / (ms / ar_ms), 2) for k, ms in verify.items()
+        }
     return out
 
 
@@ -255,6 +272,8 @@ def run(args: argparse.Namespace) -> int:
             "bench": "shapes",
             "random_weights": True,
             "step_vs_ar_token": headline,
+            "verify_vs_ar_token": (headline_row(results) or {}).get("verify_vs_ar_token"),
+            "verify_projected_vs_ar": (headline_row(results) or {}).get("verify_projected_vs_ar"),
             "headline_format": headline_format,
             "window": args.window,
             "context": args.context,
@@ -281,6 +300,13 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--context", type=int, default=256, help="prompt positions in the KV cache")
     p.add_argument("--iters", type=int, default=3, help="timed calls per measurement (median)")
     p.add_argument("--threads", type=int, default=0, help="torch threads (0: the default)")
+    p.add_argument(
+        "--verify-tpf",
+        type=float,
+        default=0.0,
+        dest="verify_tpf",
+        help="tokens per verify pass measured on our model (bench speed): projects verify tok/s",
+    )
     p.add_argument("--tiny", action="store_true", help="toy sizes (tests; seconds)")
     p.add_argument("--out", default="runs/bench_shapes", help="directory for the PNG plot")
     p.add_argument("--json", action="store_true", help="(the JSON line is always printed last)")

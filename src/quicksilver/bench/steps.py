@@ -1,8 +1,9 @@
 """``quicksilver bench steps``: ms per step of each CPU step backend, at 1 and 2 threads.
 
-On the shipped models (or ``--model`` / ``--ar-model``): one AR token step of the AR twin and one
-diffusion step of 8, 9 (a window of 8 with its predictor), 32 and 64 positions against a cache of
-``--context`` committed positions, for every backend named in ``--backends`` and every thread count
+On the shipped models (or ``--model`` / ``--ar-model``): one AR token step of the AR twin, one
+diffusion step of 8, 9 (a window of 8 with its predictor), 32 and 64 positions, and the verify pass
+of the causal model at k = 4 and 8 (1 token + k drafts on the causal stream + k masks, the draft
+block layout of sampling/verify.py) against a cache of ``--context`` committed positions, for every backend named in ``--backends`` and every thread count
 in ``--threads``. Backends and thread counts are interleaved round by round (``--rounds``) and each
 figure is the median over rounds of the mean over ``--repeats`` steps, so a noisy machine hurts
 every candidate alike. The last line is JSON: ``ms[backend][threads][shape]``.
@@ -25,6 +26,7 @@ from ..pipeline import load
 from .common import emit_json, hardware, median, print_table
 
 SHAPES = {"ar_token": 1, "step_8": 8, "step_9": 9, "step_32": 32, "step_64": 64}
+VERIFY = {"verify_4": 4, "verify_8": 8}  # k: a pass of 1 + 2k positions on the causal model
 
 
 def _filled_cache(model: DiffusionLM, n: int) -> KVCache:
@@ -34,11 +36,12 @@ def _filled_cache(model: DiffusionLM, n: int) -> KVCache:
     return cache
 
 
-def _time_step(model: DiffusionLM, context: int, T: int, repeats: int) -> float:
-    """Mean ms of ``repeats`` passes of T new tokens after ``context`` cached ones (not appended)."""
+def _time_step(model: DiffusionLM, context: int, T: int, repeats: int, draft: int = 0) -> float:
+    """Mean ms of ``repeats`` passes of T new tokens after ``context`` cached ones (not appended;
+    the last ``draft`` of them a draft block)."""
     cache = _filled_cache(model, context)
     ids = torch.randint(5, model.config.vocab_size, (T,))  # (T,)
-    seg = Segment(ids, context, 0, T, cache, append=0)
+    seg = Segment(ids, context, 0, T, cache, append=0, draft=draft)
     for _ in range(3):
         model.forward_segments([seg])
     t0 = time.perf_counter()
@@ -55,7 +58,7 @@ def run_steps_bench(args: argparse.Namespace) -> int:
     dlm = load(args.model or embedded_model_path()).model
     backends = [b for b in args.backends.split(",") if b]
     threads = [int(t) for t in args.threads.split(",") if t]
-    longest = max(SHAPES.values())
+    longest = max(*SHAPES.values(), *(1 + 2 * k for k in VERIFY.values()))
     if not 1 <= args.context <= min(ar.config.max_seq_len, dlm.config.max_seq_len) - longest:
         raise QuicksilverError(f"--context must leave room for a {longest}-token step")
     runners = {}
@@ -74,12 +77,15 @@ def run_steps_bench(args: argparse.Namespace) -> int:
                     model = ar if shape == "ar_token" else dlm
                     ms = _time_step(model, args.context, T, args.repeats)
                     samples.setdefault((b, n_threads, shape), []).append(ms)
+                for shape, k in VERIFY.items():
+                    ms = _time_step(ar, args.context, 1 + 2 * k, args.repeats, draft=k)
+                    samples.setdefault((b, n_threads, shape), []).append(ms)
     ms: dict[str, Any] = {}
     for (b, n_threads, shape), xs in samples.items():
         ms.setdefault(b, {}).setdefault(str(n_threads), {})[shape] = median(xs)
     print_table(
         f"bench steps — ms per step, {args.context} cached positions, medians of {args.rounds} rounds",
-        ["backend", "threads", *SHAPES],
+        ["backend", "threads", *SHAPES, *VERIFY],
         [[b, t, *ms[b][str(t)].values()] for b in backends for t in threads],
     )
     emit_json(
