@@ -143,6 +143,7 @@ runs/small-ar-v2-twin6k/final/config.json:
 	git archive $(V2_COMMIT) src/quicksilver/assets/model-ar | tar -x --strip-components=4 -C runs/small-ar-v2-twin6k/final
 
 train-draft: $(STAMP) runs/small-ar-v2-twin6k/final/config.json
+	$(BIN)/quicksilver train --recipe small-ar-draft --steps 1500 --eval-every 500 --stop-at 600
 	$(BIN)/quicksilver train --recipe small-ar-draft
 
 train-draft-ablation: $(STAMP) runs/small-ar-v2-twin6k/final/config.json

@@ -12,7 +12,10 @@ import pytest
 import torch
 
 import quicksilver
-from quicksilver.assets import embedded_ar_model_path, embedded_model_path
+from quicksilver.assets import (
+    embedded_ar_model_path,
+    embedded_diffusion_model_path,
+)
 from quicksilver.errors import ConfigError
 from quicksilver.models.cpu_backends import attach_backend, native_bf16, resolve_backend
 from quicksilver.models.kvcache import KVCache
@@ -33,7 +36,10 @@ def ar_pipe():  # type: ignore[no-untyped-def]
 
 @pytest.fixture(scope="module")
 def dlm_pipes():  # type: ignore[no-untyped-def]
-    return {b: quicksilver.load(embedded_model_path(), backend=b) for b in ["torch", *RUNTIMES]}
+    return {
+        b: quicksilver.load(embedded_diffusion_model_path(), backend=b)
+        for b in ["torch", *RUNTIMES]
+    }
 
 
 def _prompt(pipe) -> list[int]:  # type: ignore[no-untyped-def]
@@ -227,7 +233,8 @@ def test_bench_steps_reports_every_backend_and_shape(capsys) -> None:  # type: i
     assert main([*argv, "--repeats", "1", "--context", "64"]) == 0
     out = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
     assert set(out["ms"]) == {"torch", "onnx"}
-    assert set(out["ms"]["onnx"]["1"]) == {"ar_token", "step_8", "step_9", "step_32", "step_64"}
+    shapes = {"ar_token", "step_8", "step_9", "step_32", "step_64", "verify_4", "verify_8"}
+    assert set(out["ms"]["onnx"]["1"]) == shapes
 
 
 def test_window_rows_skip_prefilled_sub_blocks(dlm_pipes) -> None:  # type: ignore[no-untyped-def]

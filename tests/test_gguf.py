@@ -11,7 +11,10 @@ import numpy as np
 import pytest
 import torch
 
-from quicksilver.assets import embedded_ar_model_path, embedded_model_path
+from quicksilver.assets import (
+    embedded_ar_model_path,
+    embedded_diffusion_model_path,
+)
 from quicksilver.errors import ConfigError
 from quicksilver.models.checkpoint import load_checkpoint
 from quicksilver.models.gguf_export import export_gguf, neox_to_interleaved
@@ -108,7 +111,7 @@ def test_rope_reorder_is_a_per_head_permutation() -> None:
 
 
 def test_diffusion_checkpoints_are_refused(tmp_path: Path) -> None:
-    src = embedded_model_path()
+    src = embedded_diffusion_model_path()
     assert src is not None
     with pytest.raises(ConfigError, match="only causal"):
         export_gguf(src, tmp_path / "x.gguf")

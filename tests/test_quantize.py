@@ -9,7 +9,10 @@ import pytest
 import torch
 
 import quicksilver
-from quicksilver.assets import embedded_ar_model_path, embedded_model_path
+from quicksilver.assets import (
+    embedded_ar_model_path,
+    embedded_diffusion_model_path,
+)
 from quicksilver.errors import ConfigError
 from quicksilver.models.quantize import quantize_model
 from quicksilver.sampling.autoregressive import ar_generate
@@ -45,7 +48,7 @@ def test_int8_replaces_every_linear_and_stays_close_to_float() -> None:
 
 def test_int8_decodes_diffusion_and_ar() -> None:
     chat = [{"role": "user", "content": "What is the capital of France?"}]
-    diff, ar = embedded_model_path(), embedded_ar_model_path()
+    diff, ar = embedded_diffusion_model_path(), embedded_ar_model_path()
     assert diff is not None and ar is not None
     ref, q = quicksilver.load(diff), quicksilver.load(diff, quantize="int8")
     assert q.generate(chat, max_new_tokens=32).text == ref.generate(chat, max_new_tokens=32).text

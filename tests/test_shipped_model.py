@@ -9,14 +9,14 @@ import json
 import pytest
 
 import quicksilver
-from quicksilver.assets import embedded_model_path
+from quicksilver.assets import embedded_diffusion_model_path
 from quicksilver.cli import main
 from quicksilver.eval.evaluate import decode_items
 from quicksilver.sampling import SamplerConfig
 from quicksilver.train.data import prompt_text
 from quicksilver.train.tasks import get_task
 
-PATH = embedded_model_path()
+PATH = embedded_diffusion_model_path()
 pytestmark = pytest.mark.skipif(PATH is None, reason="no embedded model in this build")
 
 

@@ -1,4 +1,10 @@
-"""Where the package's shipped files live (the embedded model and its AR baseline)."""
+"""Where the package's shipped files live: the embedded model, its AR twin and the diffusion model.
+
+The embedded default (``assets/model``) is the joint network (causal, drafts by diffusion and
+verifies itself: sampling/verify.py); ``assets/model-ar`` its equal-size AR twin (separate weights,
+the speed baseline); ``assets/model-diffusion`` the block-diffusion model it replaced (the diffusion
+decoder's own shipped model: threshold decoding, revision, infilling with a suffix, canvas views).
+"""
 
 from __future__ import annotations
 
@@ -7,6 +13,7 @@ from pathlib import Path
 ASSETS = Path(__file__).parent / "assets"
 EMBEDDED_MODEL = ASSETS / "model"
 EMBEDDED_AR_MODEL = ASSETS / "model-ar"
+EMBEDDED_DIFFUSION_MODEL = ASSETS / "model-diffusion"
 
 
 def _present(path: Path) -> Path | None:
@@ -14,10 +21,28 @@ def _present(path: Path) -> Path | None:
 
 
 def embedded_model_path() -> Path | None:
-    """The embedded default (diffusion) model's directory, or None if this build ships none."""
+    """The embedded default model's directory, or None if this build ships none."""
     return _present(EMBEDDED_MODEL)
 
 
 def embedded_ar_model_path() -> Path | None:
     """The equal-size autoregressive baseline shipped beside it, if any."""
     return _present(EMBEDDED_AR_MODEL)
+
+
+def _attention(path: Path) -> str | None:
+    import json
+
+    try:
+        return str(json.loads((path / "config.json").read_text()).get("attention"))
+    except (OSError, ValueError):
+        return None
+
+
+def embedded_diffusion_model_path() -> Path | None:
+    """The shipped block-diffusion model: ``assets/model-diffusion``, or the embedded default
+    itself in a build where that one is a diffusion model."""
+    found = _present(EMBEDDED_DIFFUSION_MODEL)
+    if found is None and _attention(EMBEDDED_MODEL) not in (None, "causal"):
+        return _present(EMBEDDED_MODEL)
+    return found

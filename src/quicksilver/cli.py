@@ -416,7 +416,7 @@ def build_parser() -> argparse.ArgumentParser:
     bs = bsub.add_parser(
         "speed", help="AR vs reference vs one-token-per-step vs default, single stream"
     )
-    bs.add_argument("--model", help="diffusion checkpoint (default: the embedded model)")
+    bs.add_argument("--model", help="diffusion checkpoint (default: the embedded diffusion model)")
     bs.add_argument(
         "--ar-model",
         dest="ar_model",

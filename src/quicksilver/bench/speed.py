@@ -173,7 +173,7 @@ def run_speed_bench(args: argparse.Namespace) -> int:
     ar = load(ar_path, dtype=DTYPES.get(ar_dtype_arg), **opts)
     if ar.config.attention != "causal":
         raise QuicksilverError(f"{ar_path} is not a causal (AR) model")
-    vpath = getattr(args, "verify_model", None)
+    vpath = getattr(args, "verify_model", None) or embedded_model_path()
     vpipe = verify_pipeline(
         Path(vpath) if vpath else None, pipe, dict(dtype=DTYPES.get(dtype_arg), **opts)
     )

@@ -52,10 +52,10 @@ def _time_step(model: DiffusionLM, context: int, T: int, repeats: int, draft: in
 
 @torch.no_grad()
 def run_steps_bench(args: argparse.Namespace) -> int:
-    from ..assets import embedded_ar_model_path, embedded_model_path
+    from ..assets import embedded_ar_model_path, embedded_diffusion_model_path
 
     ar = load(args.ar_model or embedded_ar_model_path()).model
-    dlm = load(args.model or embedded_model_path()).model
+    dlm = load(args.model or embedded_diffusion_model_path()).model
     backends = [b for b in args.backends.split(",") if b]
     threads = [int(t) for t in args.threads.split(",") if t]
     longest = max(*SHAPES.values(), *(1 + 2 * k for k in VERIFY.values()))
@@ -103,7 +103,7 @@ def run_steps_bench(args: argparse.Namespace) -> int:
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--model", help="diffusion checkpoint (default: the embedded model)")
+    p.add_argument("--model", help="diffusion checkpoint (default: the embedded diffusion model)")
     p.add_argument("--ar-model", dest="ar_model", help="AR checkpoint (default: the AR twin)")
     p.add_argument(
         "--backends",

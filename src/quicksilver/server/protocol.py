@@ -11,7 +11,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-Policy = Literal["low_confidence", "threshold", "margin", "entropy", "random"]
+Policy = Literal["low_confidence", "threshold", "margin", "entropy", "random", "verify"]
 
 
 class OpenAIBaseModel(BaseModel):
@@ -76,6 +76,12 @@ class DiffusionExtras(OpenAIBaseModel):
         default=None, gt=0.0, le=1.0, description="confidence bound of `threshold`"
     )
     policy: Policy | None = Field(default=None, description="unmasking policy")
+    draft: int | None = Field(
+        default=None,
+        ge=0,
+        le=64,
+        description="verify policy (causal models): masks drafted per pass; 0 = one token per pass",
+    )
     diffusing: bool | None = Field(
         default=False, description="stream canvas states at each step (see docs)"
     )
