@@ -14,7 +14,10 @@ from typing import Any
 import pytest
 from fastapi.testclient import TestClient
 
-from quicksilver.assets import embedded_ar_model_path, embedded_model_path
+from quicksilver.assets import (
+    embedded_ar_model_path,
+    embedded_diffusion_model_path,
+)
 from quicksilver.engine import EngineRequest
 from quicksilver.errors import ConfigError
 from quicksilver.sampling import SamplerConfig
@@ -251,7 +254,7 @@ def test_twin_only_beside_the_embedded_default(causal_ckpt: Path) -> None:
     if embedded_ar_model_path() is not None:
         twin = build_twin_backend(ServerConfig(), "quicksilver")
         assert twin is not None and twin.name == "quicksilver-ar" and twin.attention == "causal"
-    emb = embedded_model_path()
+    emb = embedded_diffusion_model_path()
     if emb is not None:
         with pytest.raises(ConfigError, match="causal"):
             ar_backend(emb, "bad", ServerConfig())  # the diffusion model cannot be the twin

@@ -77,7 +77,7 @@ def bar_plot(path: Path, labels: list[str], series: dict[str, list[float]], titl
 
 
 def line_plot(
-    path: Path, xs: list[float], series: dict[str, list[float]], xlabel: str, title: str
+    path: Path, xs: Sequence[float], series: dict[str, list[float]], xlabel: str, title: str
 ) -> Path:
     """One axis, one line per series over ``xs``."""
     import matplotlib

@@ -147,6 +147,13 @@ def reference_run(pipe: Pipeline, ids: list[int], n: int, block: int) -> Run:
     return Run(out, res.nfe, dt, dt)
 
 
+def verify_method(
+    v: Pipeline, cfg: SamplerConfig
+) -> Callable[[Pipeline, Pipeline, list[int], int], Run]:
+    """A method that decodes on the drafting model ``v`` with ``cfg`` (the others' models unused)."""
+    return lambda p, a, ids, n: engine_run(v, ids, cfg.replace(max_new_tokens=n))
+
+
 def _backend_name(p: Pipeline) -> str:
     return p.model.step_backend.name if p.model.step_backend is not None else "torch"
 
@@ -173,10 +180,9 @@ def run_speed_bench(args: argparse.Namespace) -> int:
     ar = load(ar_path, dtype=DTYPES.get(ar_dtype_arg), **opts)
     if ar.config.attention != "causal":
         raise QuicksilverError(f"{ar_path} is not a causal (AR) model")
-    vpath = getattr(args, "verify_model", None) or embedded_model_path()
-    vpipe = verify_pipeline(
-        Path(vpath) if vpath else None, pipe, dict(dtype=DTYPES.get(dtype_arg), **opts)
-    )
+    given = getattr(args, "verify_model", None)
+    vpath = Path(given) if given else embedded_model_path()
+    vpipe = verify_pipeline(vpath, bool(given), pipe, dict(dtype=DTYPES.get(dtype_arg), **opts))
     diffusion = pipe.config.attention != "causal"
     tok = pipe.tokenizer
     block = pipe.config.block_size if pipe.config.attention == "block_causal" else 32
@@ -206,9 +212,7 @@ def run_speed_bench(args: argparse.Namespace) -> int:
     sweep = [int(k) for k in (getattr(args, "draft_sweep", None) or "").split(",") if k.strip()]
     if vpipe is not None:
         for name, vcfg in verify_configs(getattr(args, "draft", None), sweep).items():
-            methods[name] = lambda p, a, ids, n, c=vcfg, v=vpipe: engine_run(
-                v, ids, c.replace(max_new_tokens=n)
-            )
+            methods[name] = verify_method(vpipe, vcfg)
     llama = None
     if getattr(args, "vs_llama_cpp", False):
         from .llama_cpp import LlamaCppRunner

@@ -13,6 +13,7 @@ from typing import Any
 
 import torch
 
+from ..errors import QuicksilverError
 from ..models.transformer import DiffusionLM
 from ..pipeline import Pipeline
 from ..sampling import SamplerConfig
@@ -69,14 +70,31 @@ def k_plot(out: Path, summary: dict[str, dict[str, Any]], ar_tok_s: float) -> Pa
     )
 
 
+def same_tokenizer(a: Path | None, b: Path | None) -> bool:
+    """Whether two checkpoint directories ship the same tokenizer (the same prompts' token ids)."""
+    if a is None or b is None:
+        return False
+    fa, fb = a / "tokenizer.json", b / "tokenizer.json"
+    return fa.is_file() and fb.is_file() and fa.read_bytes() == fb.read_bytes()
+
+
 def verify_pipeline(
-    path: Path | None, pipe: Pipeline, load_kwargs: dict[str, Any]
+    path: Path | None, explicit: bool, pipe: Pipeline, load_kwargs: dict[str, Any]
 ) -> Pipeline | None:
-    """The drafting model to time: ``path``, else ``pipe`` itself when it is causal and drafts."""
+    """The drafting model to time: ``pipe`` itself when it is one, else the causal checkpoint at
+    ``path`` — the embedded default only where it shares ``pipe``'s tokenizer (the prompts are
+    ``pipe``'s token ids); one named ``explicit``-ly must."""
     from ..pipeline import load
 
-    if path is not None:
-        return load(path, **load_kwargs)
     if pipe.config.attention == "causal" and pipe.config.draft_length > 0:
         return pipe
-    return None
+    if path is None or path == pipe.path:
+        return None
+    if not same_tokenizer(path, pipe.path):
+        if explicit:
+            raise QuicksilverError(f"{path}: its tokenizer differs from {pipe.path}'s")
+        return None
+    v = load(path, **load_kwargs)
+    if v.config.attention != "causal":
+        raise QuicksilverError(f"{path} is not a causal model; verify decodes causal drafters")
+    return v

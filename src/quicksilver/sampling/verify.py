@@ -336,7 +336,9 @@ class VerifyDecoder:
         if prefill and any(not 0 <= p < cfg.max_new_tokens for p in prefill):
             raise ConfigError("prefilled positions must lie inside the canvas")
         if cfg.window is not None:
-            raise ConfigError("the decode window applies to block-causal models; this one is causal")
+            raise ConfigError(
+                "the decode window applies to block-causal models; this one is causal"
+            )
         k = mcfg.draft_length if cfg.draft is None else cfg.draft
         gen = None
         if cfg.temperature > 0:
