@@ -141,12 +141,11 @@ class VerifyRow:
             self.accepted.append(len(new) - 1)
         self.cache.truncate(self.P + base + len(new) - 1)  # the kept drafts; the bonus is uncached
         self.drafts, self.q, self.conf = [], None, []
-        stop = next((i for i, t in enumerate(new) if t in self.stop_ids), None)
-        if stop is not None:
-            new = new[:stop]
         new = new[: self.N - base]
-        self.host_tokens.extend(new)
-        committed = [(base + i, t) for i, t in enumerate(new)]
+        stop = next((i for i, t in enumerate(new) if t in self.stop_ids), None)
+        # the stop token is committed (its event says which stop ended the row), never output
+        committed = [(base + i, t) for i, t in enumerate(new if stop is None else new[: stop + 1])]
+        self.host_tokens.extend(new if stop is None else new[:stop])
         if stop is not None or len(self.host_tokens) >= self.N:
             self.done, self.finish_reason = True, "stop" if stop is not None else "length"
             self.seconds = time.perf_counter() - self.t0
