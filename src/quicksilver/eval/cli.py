@@ -226,12 +226,15 @@ def handle(args: argparse.Namespace) -> int:
     if not args.sweep:
 
         def run(p: Any) -> dict[str, Any]:
+            cfg = base  # a causal drafting model decodes under its own default (verify)
+            if args.policy is None and p.config.attention == "causal":
+                cfg = base.replace(policy=p.generation_defaults.get("policy", "verify"))
             rep = evaluate(
                 p.model,
                 p.tokenizer,
                 tasks,
                 args.limit,
-                base,
+                cfg,
                 args.instant,
                 args.batch_size,
                 args.seed,
