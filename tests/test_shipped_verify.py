@@ -83,3 +83,24 @@ def test_threshold_is_the_lossy_mode_of_the_same_weights() -> None:
 
     assert tpf(lossy) > tpf(exact)
     assert [r.reply for r in lossy] != [r.reply for r in exact]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("phrasing", ["templated", "held-out"])
+def test_verify_is_the_ar_output_on_the_whole_suite(phrasing: str) -> None:
+    """200 items per task: greedy verify (batched) == one token per pass, every item; any
+    difference must be a near-tie (top-2 gap < 1e-3 at the first differing token), listed."""
+    from quicksilver.bench.verify import identity
+
+    pipe = quicksilver.load(PATH)
+    items = [it for t in TASKS for it in get_task(t).test_items(200, phrasing=phrasing)]
+    ids = [pipe.tokenizer.encode(prompt_text(it, pipe.tokenizer, False)) for it in items]
+    cfgs = [
+        SamplerConfig(policy="verify", max_new_tokens=get_task(it.task).max_answer_tokens + 8)
+        for it in items
+    ]
+    ours = [r.tokens for r in pipe.decoder.generate(ids, cfgs)]
+    ar = [r.tokens for r in pipe.decoder.generate(ids, [c.replace(draft=0) for c in cfgs])]
+    rep = identity(pipe.model, ids, ours, ar)
+    print(f"{phrasing}: identical {rep['identical_to_ar']:.4f} of {len(items)}", rep["differences"])
+    assert all(d["top2_gap"] < 1e-3 for d in rep["differences"]), rep["differences"]

@@ -468,9 +468,15 @@ async function racePane(pane, model, prompt) {
   return rec;
 }
 
+// the model the twin races: the one whose id the twin's extends (the served default)
+function racedBy(models, twin) {
+  const base = twin.id.slice(0, -"-ar".length);
+  return models.find((m) => m.id === base) || models.find((m) => m.id !== twin.id);
+}
+
 async function race(prompt) {
   const twin = twinOf(state.models);
-  const diffusion = state.models.find((m) => m.attention !== "causal");
+  const diffusion = twin && racedBy(state.models, twin);
   if (!twin || !diffusion) return;
   $("#race-go").disabled = true;
   const left = () => racePane($("#pane-diffusion"), diffusion.id, prompt);
