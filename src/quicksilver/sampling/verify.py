@@ -164,8 +164,16 @@ class VerifyRow:
             end=len(self.host_tokens) if self.done else self.N,
             done=self.done,
             finish_reason=self.finish_reason,
-            canvas=list(self.host_tokens) if self.cfg.record_canvas else None,
+            canvas=self.view() if self.cfg.record_canvas else None,
         )
+
+    def view(self) -> list[int]:
+        """The live canvas: final tokens, then the positions the next pass drafts or checks (mask id:
+        not final yet)."""
+        if self.done:
+            return list(self.host_tokens)
+        pending = min(len(self.drafts) + 1 + self._masks(), self.N - len(self.host_tokens))
+        return self.host_tokens + [self.mask_id] * pending
 
     def result(self) -> DecodeResult:
         return DecodeResult(

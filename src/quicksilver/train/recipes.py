@@ -258,11 +258,11 @@ RECIPES: dict[str, TrainConfig] = {
     "small-ar-draft": V3_DRAFT,
     # ablations (fewer steps, the same schedule shape): the draft loss weight and the block size
     "small-ar-draft-w03": dataclasses.replace(
-        V3_DRAFT, out="runs/small-ar-draft-w03", draft_weight=0.3, steps=400
+        V3_DRAFT, out="runs/small-ar-draft-w03", draft_weight=0.3, steps=250
     ),
-    "small-ar-draft-w1s": dataclasses.replace(V3_DRAFT, out="runs/small-ar-draft-w1s", steps=400),
+    "small-ar-draft-w1s": dataclasses.replace(V3_DRAFT, out="runs/small-ar-draft-w1s", steps=250),
     "small-ar-draft-k4": dataclasses.replace(
-        V3_DRAFT, out="runs/small-ar-draft-k4", draft_len=4, draft_blocks=10, steps=400
+        V3_DRAFT, out="runs/small-ar-draft-k4", draft_len=4, draft_blocks=10, steps=250
     ),
     # ablation: no substitution noise
     "small-nosub": TrainConfig(out="runs/small-nosub", sub_prob=0.0),
