@@ -159,11 +159,11 @@ def _backend_name(p: Pipeline) -> str:
 
 
 def run_speed_bench(args: argparse.Namespace) -> int:
-    from ..assets import embedded_ar_model_path, embedded_model_path
+    from ..assets import embedded_ar_model_path, embedded_diffusion_model_path, embedded_model_path
     from ..train.data import prompt_text
     from ..train.tasks import get_task, split_reply
 
-    model_path = Path(args.model) if args.model else embedded_model_path()
+    model_path = Path(args.model) if args.model else embedded_diffusion_model_path()
     ar_path = Path(args.ar_model) if args.ar_model else embedded_ar_model_path()
     if model_path is None:
         raise QuicksilverError("no --model given and no embedded model is installed")
