@@ -168,12 +168,11 @@ class VerifyRow:
         )
 
     def view(self) -> list[int]:
-        """The live canvas: final tokens, then the positions the next pass drafts or checks (mask id:
-        not final yet)."""
+        """The live canvas, as a diffusion row shows its own: the final tokens, then the rest of
+        the ``max_new_tokens`` positions masked (not decided yet)."""
         if self.done:
             return list(self.host_tokens)
-        pending = min(len(self.drafts) + 1 + self._masks(), self.N - len(self.host_tokens))
-        return self.host_tokens + [self.mask_id] * pending
+        return self.host_tokens + [self.mask_id] * (self.N - len(self.host_tokens))
 
     def result(self) -> DecodeResult:
         return DecodeResult(
