@@ -24,6 +24,7 @@ from ..models.transformer import DiffusionLM
 from .caches import CACHE_CHOICES, resolve_cache_mode, resolve_window
 from .config import SamplerConfig
 from .hooks import Constraint, apply_stop, commit_constrained, remask, revision_inputs
+from .noise import request_generator
 from .policies import POLICIES
 from .select import choose, draw_noise, draw_tokens, forbid, pad_windows, policy_scores
 from .state import DecodeResult, Row, RowEvent
@@ -209,10 +210,7 @@ class Decoder:
         bl = cfg.block_length or (mcfg.block_size if block_causal else min(32, cfg.max_new_tokens))
         gen = None
         if cfg.temperature > 0 or POLICIES[cfg.policy].needs_noise:
-            gen = torch.Generator(device=self.device)
-            gen.manual_seed(
-                cfg.seed if cfg.seed is not None else int(torch.randint(0, 2**62, ()).item())
-            )
+            gen = request_generator(cfg.seed, self.device)
         mode = self.resolve_cache_mode()
         w = resolve_window(
             cfg.window, mcfg.block_size if block_causal else None, mode, self.device.type

@@ -16,6 +16,13 @@ def filter_top_p(logits: torch.Tensor, top_p: float) -> torch.Tensor:
     return torch.empty_like(logits).scatter_(-1, idx, sorted_logits)
 
 
+def request_generator(seed: int | None, device: torch.device) -> torch.Generator:
+    """One request's generator: seeded by ``seed``, or by a fresh random seed when it has none."""
+    g = torch.Generator(device=device)
+    g.manual_seed(seed if seed is not None else int(torch.randint(0, 2**62, ()).item()))
+    return g
+
+
 def gumbel(
     shape: tuple[int, ...], generator: torch.Generator | None, device: torch.device
 ) -> torch.Tensor:

@@ -47,7 +47,7 @@ from ..models.transformer import DiffusionLM, Segment
 from .config import SamplerConfig
 from .decoder import Decoder
 from .hooks import Constraint
-from .noise import filter_top_p, sample_tokens
+from .noise import filter_top_p, request_generator, sample_tokens
 from .policies import POLICIES
 from .select import forbid, pad_windows
 from .state import DecodeResult, RowEvent
@@ -348,10 +348,7 @@ class VerifyDecoder:
         k = mcfg.draft_length if cfg.draft is None else cfg.draft
         gen = None
         if cfg.temperature > 0:
-            gen = torch.Generator(device=self.device)
-            gen.manual_seed(
-                cfg.seed if cfg.seed is not None else int(torch.randint(0, 2**62, ()).item())
-            )
+            gen = request_generator(cfg.seed, self.device)
         stops = (self.stop_ids if cfg.stop_at_eos else frozenset()) | frozenset(
             int(t) for t in extra_stops or ()
         )
