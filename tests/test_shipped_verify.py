@@ -22,7 +22,15 @@ from quicksilver.train.tasks import get_task
 PATH = embedded_model_path()
 pytestmark = pytest.mark.skipif(PATH is None, reason="no embedded model in this build")
 TASKS = ["path_star", "sudoku4", "countdown3", "multiply", "tool_call", "chat", "fim", "tool_loop"]
-BACKENDS = ["torch", *(b for b in ("onnx", "openvino", "openvino-bf16") if available(b))]
+# torch and the default CPU runtime in the default suite; the other runtimes under -m slow
+BACKENDS = [
+    "torch",
+    *(
+        b if b == "openvino-bf16" else pytest.param(b, marks=pytest.mark.slow)
+        for b in ("onnx", "openvino", "openvino-bf16")
+        if available(b)
+    ),
+]
 
 
 def test_size_and_format() -> None:
