@@ -30,11 +30,11 @@ $(CHROMIUM):
 run: $(STAMP)
 	$(BIN)/quicksilver serve --host $(HOST) --port $(PORT) $(if $(MODEL),--model $(MODEL)) $(ARGS)
 
-# Formatter, linter and types (mypy on engine/ and server/), then the default suite.
+# Formatter, linter and types (mypy on the whole package), then the default suite.
 lint: $(STAMP)
 	$(BIN)/ruff format --check src tests
 	$(BIN)/ruff check src tests
-	$(BIN)/python -m mypy src/quicksilver/engine src/quicksilver/server
+	$(BIN)/python -m mypy src/quicksilver
 
 test: lint $(CHROMIUM)
 	$(BIN)/python -m pytest

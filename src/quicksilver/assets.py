@@ -10,6 +10,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from .errors import QuicksilverError
+
 ASSETS = Path(__file__).parent / "assets"
 EMBEDDED_MODEL = ASSETS / "model"
 EMBEDDED_AR_MODEL = ASSETS / "model-ar"
@@ -45,4 +47,23 @@ def embedded_diffusion_model_path() -> Path | None:
     found = _present(EMBEDDED_DIFFUSION_MODEL)
     if found is None and _attention(EMBEDDED_MODEL) not in (None, "causal"):
         return _present(EMBEDDED_MODEL)
+    return found
+
+
+EMBEDDED = {
+    "model": embedded_model_path,
+    "AR twin": embedded_ar_model_path,
+    "diffusion model": embedded_diffusion_model_path,
+}
+
+
+def resolve_model(path: str | Path | None, ar: bool = False, which: str | None = None) -> Path:
+    """A --model argument, or the shipped model (``ar``: its AR twin; ``which``: a key of
+    ``EMBEDDED``) when none is given; a one-line QuicksilverError if this build ships none."""
+    if path:
+        return Path(path)
+    name = which or ("AR twin" if ar else "model")
+    found = EMBEDDED[name]()
+    if found is None:
+        raise QuicksilverError(f"no --model given and no embedded {name} is installed")
     return found

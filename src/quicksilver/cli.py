@@ -9,7 +9,14 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from .cli_util import add_dataclass_args, dataclass_from_args, fail
+from .assets import resolve_model
+from .cli_util import (
+    add_backend_arg,
+    add_dataclass_args,
+    add_quantize_arg,
+    dataclass_from_args,
+    fail,
+)
 from .errors import QuicksilverError
 
 SAMPLER_RENAME = {"max_new_tokens": "max-tokens"}
@@ -38,20 +45,6 @@ def command(
         return fn
 
     return deco
-
-
-def resolve_model(path: str | None, ar: bool = False) -> Path:
-    """The --model argument, or the embedded model (``ar``: its AR twin) shipped in the package."""
-    if path:
-        return Path(path)
-    from .assets import embedded_ar_model_path, embedded_model_path
-
-    emb = embedded_ar_model_path() if ar else embedded_model_path()
-    if emb is None:
-        raise QuicksilverError(
-            f"no --model given and no embedded {'AR twin' if ar else 'model'} is installed"
-        )
-    return emb
 
 
 def load_pipeline(args: argparse.Namespace) -> Any:
@@ -225,30 +218,6 @@ def cmd_bench(args: argparse.Namespace) -> int:
 
 
 DTYPE_CHOICES = ("auto", "bfloat16", "float16", "float32")  # auto: models/checkpoint.default_dtype
-
-
-def add_quantize_arg(p: argparse.ArgumentParser) -> None:
-    from .models.quantize import QUANTIZE_CHOICES
-
-    p.add_argument(
-        "--quantize",
-        default="none",
-        choices=QUANTIZE_CHOICES,
-        help="int8: dynamic int8 linear layers on the CPU (fbgemm; ~4x less weight memory)",
-    )
-
-
-def add_backend_arg(p: argparse.ArgumentParser, default: str = "auto") -> None:
-    from .models.cpu_backends import BACKEND_CHOICES
-
-    p.add_argument(
-        "--backend",
-        default=default,
-        choices=BACKEND_CHOICES,
-        help="runtime of single-sequence steps: torch (eager reference), onnx (ONNX Runtime), "
-        "openvino, openvino-bf16 (OpenVINO in bf16, CPUs with bf16 only), auto (the measured "
-        "winner on a float32 CPU model, else torch)",
-    )
 
 
 def add_cache_args(p: argparse.ArgumentParser) -> None:

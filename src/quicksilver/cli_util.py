@@ -1,4 +1,6 @@
-"""Helpers for the command line: dataclass fields become flags (1:1), errors become one line."""
+"""Helpers for the command line: dataclass fields become flags (1:1), the flags several commands
+share, errors become one line. Model modules are imported inside the flag helpers so that `--help`
+starts without torch."""
 
 from __future__ import annotations
 
@@ -66,3 +68,27 @@ def dataclass_from_args(
 def fail(message: str, code: int = 2) -> NoReturn:
     print(f"quicksilver: error: {message}", file=sys.stderr)
     raise SystemExit(code)
+
+
+def add_quantize_arg(p: argparse.ArgumentParser) -> None:
+    from .models.quantize import QUANTIZE_CHOICES
+
+    p.add_argument(
+        "--quantize",
+        default="none",
+        choices=QUANTIZE_CHOICES,
+        help="int8: dynamic int8 linear layers on the CPU (fbgemm; ~4x less weight memory)",
+    )
+
+
+def add_backend_arg(p: argparse.ArgumentParser, default: str = "auto") -> None:
+    from .models.cpu_backends import BACKEND_CHOICES
+
+    p.add_argument(
+        "--backend",
+        default=default,
+        choices=BACKEND_CHOICES,
+        help="runtime of single-sequence steps: torch (eager reference), onnx (ONNX Runtime), "
+        "openvino, openvino-bf16 (OpenVINO in bf16, CPUs with bf16 only), auto (the measured "
+        "winner on a float32 CPU model, else torch)",
+    )

@@ -109,7 +109,7 @@ class Pipeline:
         ids = self.encode_prompt(prompt, chat)
         cfg = self.sampler_config(**options)
         t0 = time.perf_counter()
-        drive = self.decoder.drive([self.decoder.new_row(ids, cfg)])
+        drive = self.decoder.drive([self.decoder.new_row(ids, cfg)])  # type: ignore[list-item]  # the row is its own decoder's
         while True:
             try:
                 yield from next(drive)

@@ -101,9 +101,8 @@ def run_decode_bench(model_path: Path, args: argparse.Namespace) -> int:
         ["method", "tokens", "NFE", "TPF", "tok/s", "× reference", "× one/step"],
         rows,
     )
-    out = Path(args.out)
     png = bar_plot(
-        out / "decode.png",
+        Path(args.out) / "decode.png",
         list(summary),
         {k: [summary[m][k] for m in summary] for k in ("tok_s", "tpf", "nfe")},
         f"decode benchmark (canvas {n})",

@@ -91,6 +91,7 @@ TINY_QWEN = {**TINY, "num_attention_heads": 4, "num_key_value_heads": 2, "head_d
 def shape_config(name: str, tiny: bool) -> ModelConfig:
     """The ModelConfig a real checkpoint of ``name`` would get (``tiny``: toy sizes for tests)."""
     where = Path(f"<{name} config.json>")
+    cj: dict[str, Any]
     if name == "llada-8b-slice":
         cj = {
             **LLADA_8B,

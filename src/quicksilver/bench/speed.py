@@ -175,7 +175,7 @@ def run_speed_bench(args: argparse.Namespace) -> int:
     compile_ = bool(getattr(args, "compile", False))
     quantize = getattr(args, "quantize", "none")
     backend = getattr(args, "backend", "torch")
-    opts = dict(compile=compile_, quantize=quantize, backend=backend)
+    opts: dict[str, Any] = dict(compile=compile_, quantize=quantize, backend=backend)
     pipe = load(model_path, dtype=DTYPES.get(dtype_arg), **opts)  # auto: None, the default
     ar = load(ar_path, dtype=DTYPES.get(ar_dtype_arg), **opts)
     if ar.config.attention != "causal":

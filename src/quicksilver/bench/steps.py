@@ -18,6 +18,7 @@ from typing import Any
 
 import torch
 
+from ..assets import resolve_model
 from ..errors import QuicksilverError
 from ..models.cpu_backends import BACKEND_CHOICES, attach_backend
 from ..models.kvcache import KVCache
@@ -52,10 +53,8 @@ def _time_step(model: DiffusionLM, context: int, T: int, repeats: int, draft: in
 
 @torch.no_grad()
 def run_steps_bench(args: argparse.Namespace) -> int:
-    from ..assets import embedded_ar_model_path, embedded_diffusion_model_path
-
-    ar = load(args.ar_model or embedded_ar_model_path()).model
-    dlm = load(args.model or embedded_diffusion_model_path()).model
+    ar = load(resolve_model(args.ar_model, ar=True)).model
+    dlm = load(resolve_model(args.model, which="diffusion model")).model
     backends = [b for b in args.backends.split(",") if b]
     threads = [int(t) for t in args.threads.split(",") if t]
     longest = max(*SHAPES.values(), *(1 + 2 * k for k in VERIFY.values()))
@@ -75,11 +74,11 @@ def run_steps_bench(args: argparse.Namespace) -> int:
                 ar.step_backend, dlm.step_backend = runners[b, n_threads]
                 for shape, T in SHAPES.items():
                     model = ar if shape == "ar_token" else dlm
-                    ms = _time_step(model, args.context, T, args.repeats)
-                    samples.setdefault((b, n_threads, shape), []).append(ms)
+                    t = _time_step(model, args.context, T, args.repeats)
+                    samples.setdefault((b, n_threads, shape), []).append(t)
                 for shape, k in VERIFY.items():
-                    ms = _time_step(ar, args.context, 1 + 2 * k, args.repeats, draft=k)
-                    samples.setdefault((b, n_threads, shape), []).append(ms)
+                    t = _time_step(ar, args.context, 1 + 2 * k, args.repeats, draft=k)
+                    samples.setdefault((b, n_threads, shape), []).append(t)
     ms: dict[str, Any] = {}
     for (b, n_threads, shape), xs in samples.items():
         ms.setdefault(b, {}).setdefault(str(n_threads), {})[shape] = median(xs)

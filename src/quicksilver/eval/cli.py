@@ -10,7 +10,8 @@ import json
 from pathlib import Path
 from typing import Any
 
-from ..cli_util import add_dataclass_args
+from ..assets import resolve_model
+from ..cli_util import add_backend_arg, add_dataclass_args, add_quantize_arg
 from ..errors import ConfigError
 from ..sampling.config import SamplerConfig
 from ..train.tasks.phrasing import PHRASINGS
@@ -91,8 +92,6 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
         "--examples", type=int, default=0, help="include this many replies per task in the JSON"
     )
     e.add_argument("--json", action="store_true", help="print only the JSON line")
-    from ..cli import add_backend_arg, add_quantize_arg
-
     add_quantize_arg(e)
     add_backend_arg(e, default="torch")  # packed rows always run in torch: use with --batch-size 1
     e.add_argument(
@@ -197,7 +196,6 @@ def handle(args: argparse.Namespace) -> int:
         return 0
     import quicksilver
 
-    from ..cli import resolve_model
     from .evaluate import evaluate
 
     if args.benchmark == "gsm8k":
@@ -259,7 +257,12 @@ def handle(args: argparse.Namespace) -> int:
             from .served import served_tool_calls
 
             rep["tasks"]["tool_call"]["served"] = served_tool_calls(
-                pipe.path, args.tool_choice, args.limit, args.seed, base.threshold, args.phrasing
+                resolve_model(args.model),
+                args.tool_choice,
+                args.limit,
+                args.seed,
+                base.threshold,
+                args.phrasing,
             )
         if args.loss:
             from .likelihood import heldout_loss

@@ -17,6 +17,7 @@ from typing import Any
 
 from ..errors import ConfigError
 from ..train.tasks import get_task
+from ..train.tasks.tool_call import ToolCall
 
 CHOICES = ("auto", "required")
 
@@ -49,6 +50,7 @@ def served_tool_calls(
     if choice not in CHOICES:
         raise ConfigError(f"--tool-choice must be one of {', '.join(CHOICES)}, got {choice!r}")
     task = get_task("tool_call")
+    assert isinstance(task, ToolCall)  # its parseable() scores a call turn
     items = [it for it in task.test_items(limit, seed, phrasing) if it.stratum == "call"]
     cfg = ServerConfig(model=str(model))
     backend = build_backend(cfg)

@@ -47,6 +47,12 @@ def _fuse(linears: tuple[nn.Linear, ...]) -> nn.Linear:
     return fused
 
 
+def _drop(module: nn.Module, names: tuple[str, ...]) -> None:
+    """Empty the float linears that an int8 one replaced (nn.Module keeps None submodule slots)."""
+    for name in names:
+        setattr(module, name, None)
+
+
 def quantize_model(model: DiffusionLM, mode: str) -> DiffusionLM:
     """Quantize ``model`` in place (``mode``: none | int8) and return it."""
     if mode not in QUANTIZE_CHOICES:
@@ -60,10 +66,10 @@ def quantize_model(model: DiffusionLM, mode: str) -> DiffusionLM:
     for m in model.modules():
         if isinstance(m, Attention) and m.q_proj is not None:
             m.qkv_int8 = _fuse((m.q_proj, m.k_proj, m.v_proj))
-            m.q_proj = m.k_proj = m.v_proj = None
+            _drop(m, ("q_proj", "k_proj", "v_proj"))
         elif isinstance(m, MLP) and m.gate_proj is not None:
             m.gate_up_int8 = _fuse((m.gate_proj, m.up_proj))
-            m.gate_proj = m.up_proj = None
+            _drop(m, ("gate_proj", "up_proj"))
     engine = "x86" if "x86" in torch.backends.quantized.supported_engines else "fbgemm"
     torch.backends.quantized.engine = engine
     with warnings.catch_warnings():  # the eager API's migration notice (see the module docstring)

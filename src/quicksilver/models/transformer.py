@@ -51,6 +51,10 @@ def rotate_half(x: torch.Tensor) -> torch.Tensor:
 class Rotary(nn.Module):
     """Half-split (NeoX / HF-Llama) rotary embedding; cos/sin tables in fp32, looked up by position."""
 
+    inv_freq: torch.Tensor  # buffers: (hd/2,) and (n, hd)
+    cos_table: torch.Tensor
+    sin_table: torch.Tensor
+
     def __init__(self, head_dim: int, theta: float, max_len: int = 4096) -> None:
         super().__init__()
         inv = 1.0 / (theta ** (torch.arange(0, head_dim, 2, dtype=torch.float32) / head_dim))
@@ -392,6 +396,7 @@ class DiffusionLM(nn.Module):
         because its shapes follow the packed batch). Measured slower on the 2-core CPU (docs/LOG.md);
         meant for GPUs."""
         for layer in self.model.layers:
+            assert isinstance(layer, Block)
             for mod in (layer.mlp, layer.input_layernorm, layer.post_attention_layernorm):
                 mod.forward = torch.compile(mod.forward, mode=mode, dynamic=dynamic)  # type: ignore[method-assign]
         self.model.norm.forward = torch.compile(self.model.norm.forward, mode=mode, dynamic=dynamic)  # type: ignore[method-assign]
@@ -430,7 +435,8 @@ class DiffusionLM(nn.Module):
         B, T = input_ids.shape
         L = cache.length if cache is not None else 0
         if positions is None:
-            base = int(cache.positions[0, L - 1]) + 1 if cache is not None and L else 0
+            last = cache.positions if cache is not None and L else None  # (B, capacity)
+            base = int(last[0, L - 1]) + 1 if last is not None else 0
             positions = (torch.arange(T, device=input_ids.device) + base)[None, :].expand(
                 B, T
             )  # (B, T)

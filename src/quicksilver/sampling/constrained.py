@@ -259,8 +259,8 @@ def _machine(schema: Any, ctx: _Ctx) -> tuple[Machine, int]:
         item, ib = _machine(s.get("items", {}), sub)
         lo, hi = int(s.get("minItems", 0)), s.get("maxItems")
         n = int(hi) if hi is not None else max(lo, ctx.budgets.array_items)
-        body = Rep(item, SEP_COMMA, lo=max(lo, 1), hi=None if hi is None else int(hi))
-        return Seq([Lit("["), body if lo > 0 else opt(body), Lit("]")]), 2 + n * (ib + 1)
+        items = Rep(item, SEP_COMMA, lo=max(lo, 1), hi=None if hi is None else int(hi))
+        return Seq([Lit("["), items if lo > 0 else opt(items), Lit("]")]), 2 + n * (ib + 1)
     # object
     props: dict[str, Any] = s.get("properties") or {}
     _check_required(s, props, ctx)

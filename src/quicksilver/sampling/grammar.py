@@ -26,7 +26,7 @@ PAD_STATE: State = ("<pad>",)
 
 
 # ---- byte-level NFA combinators ------------------------------------------------------------------
-def _pair(s: State) -> tuple[int, State]:
+def _pair(s: State) -> tuple[Any, Any]:
     assert isinstance(s, tuple) and len(s) == 2
     return s[0], s[1]
 
@@ -457,11 +457,11 @@ class TokenTrie:
 
     def exact(self, data: bytes) -> int | None:
         """The id of a token spelling exactly ``data`` (None if there is none)."""
-        node = self.root
+        node: dict[Any, Any] = self.root
         for b in data:
-            node = node.get(b)
-            if node is None:
+            if b not in node:
                 return None
+            node = node[b]
         ids = node.get(None)
         return ids[0] if ids else None
 

@@ -8,6 +8,7 @@ import sys
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from ..assets import resolve_model
 from ..engine import Engine, EngineConfig
 from ..errors import QuicksilverError
 from .async_engine import AsyncEngine
@@ -63,7 +64,6 @@ def load_pipeline(cfg: ServerConfig, device: str | None = None) -> Pipeline:
 
     import quicksilver
 
-    from ..cli import resolve_model
     from ..models.checkpoint import DTYPES as TORCH_DTYPES
 
     path = resolve_model(cfg.model)
@@ -97,7 +97,6 @@ def load_pipeline(cfg: ServerConfig, device: str | None = None) -> Pipeline:
 def pipeline_backend(cfg: ServerConfig, pipe: Pipeline, engine: Engine) -> Backend:
     """The served model: ``pipe`` stepped by ``engine`` (on the engine thread)."""
     from ..assets import embedded_model_path
-    from ..cli import resolve_model
 
     path = resolve_model(cfg.model)
     name = cfg.served_model_name or (

@@ -264,6 +264,13 @@ RECIPES: dict[str, TrainConfig] = {
     "small-ar-draft-k4": dataclasses.replace(
         V3_DRAFT, out="runs/small-ar-draft-k4", draft_len=4, draft_blocks=10, steps=250
     ),
+    # the ablation's winner at full length: draft weight 0.3, at v3's and at half its learning rate
+    "small-ar-draft-w03-full": dataclasses.replace(
+        V3_DRAFT, out="runs/small-ar-draft-w03-full", draft_weight=0.3
+    ),
+    "small-ar-draft-w03-lr1": dataclasses.replace(
+        V3_DRAFT, out="runs/small-ar-draft-w03-lr1", draft_weight=0.3, lr=1e-4
+    ),
     # ablation: no substitution noise
     "small-nosub": TrainConfig(out="runs/small-nosub", sub_prob=0.0),
     # a bidirectional (LLaDA-style) chat model: measures what the approximate prefix/dual caches cost

@@ -319,7 +319,8 @@ class Trainer:
             from tqdm import tqdm
 
             bar = tqdm(total=cfg.steps, initial=self.step, desc=cfg.objective, dynamic_ncols=True)
-        t_last, tok_last, fwd_last, losses = time.perf_counter(), 0, 0, {}
+        t_last, tok_last, fwd_last = time.perf_counter(), 0, 0
+        losses: dict[str, list[float]] = {}
         start = time.perf_counter() - self.elapsed
         stopped = False
         while self.step < cfg.steps:
@@ -332,7 +333,7 @@ class Trainer:
                 losses.setdefault(k, []).append(v)
             if self.step % cfg.log_every == 0 or self.step == cfg.steps:
                 dt = time.perf_counter() - t_last
-                rec = {
+                rec: dict[str, Any] = {
                     "step": self.step,
                     "tokens": self.tokens,
                     **{k: round(sum(v) / len(v), 4) for k, v in losses.items()},

@@ -29,13 +29,18 @@ QWEN2_PATTERN = (
 _MISSING = object()
 
 
+# the readers below are named after the types they check, so their annotations use these
+Key = str | Sequence[str]
+Ids = list[int]
+
+
 class Fields:
     """Typed access to config.json: ``f.int("hidden_size")``; a bad or absent field is a CheckpointError."""
 
     def __init__(self, path: Path, cj: dict[str, Any], family: str) -> None:
         self.path, self.cj, self.family = path, cj, family
 
-    def _get(self, key: str | Sequence[str], default: Any) -> tuple[str, Any]:
+    def _get(self, key: Key, default: Any) -> tuple[str, Any]:
         keys = [key] if isinstance(key, str) else list(key)
         for k in keys:
             if k in self.cj and self.cj[k] is not None:
@@ -46,7 +51,7 @@ class Fields:
             )
         return keys[0], default
 
-    def int(self, key: str | Sequence[str], default: Any = _MISSING) -> Any:
+    def int(self, key: Key, default: Any = _MISSING) -> Any:
         k, v = self._get(key, default)
         if v is None or (isinstance(v, int) and not isinstance(v, bool)):
             return v
@@ -54,31 +59,31 @@ class Fields:
             return int(v)
         raise CheckpointError(f"{self.path}/config.json: {k!r} must be an integer, got {v!r}")
 
-    def float(self, key: str | Sequence[str], default: Any = _MISSING) -> Any:
+    def float(self, key: Key, default: Any = _MISSING) -> Any:
         k, v = self._get(key, default)
         if v is None or (isinstance(v, (int, float)) and not isinstance(v, bool)):
             return None if v is None else float(v)
         raise CheckpointError(f"{self.path}/config.json: {k!r} must be a number, got {v!r}")
 
-    def bool(self, key: str | Sequence[str], default: Any = _MISSING) -> Any:
+    def bool(self, key: Key, default: Any = _MISSING) -> Any:
         k, v = self._get(key, default)
         if v is None or isinstance(v, bool):
             return v
         raise CheckpointError(f"{self.path}/config.json: {k!r} must be true or false, got {v!r}")
 
-    def str(self, key: str | Sequence[str], default: Any = _MISSING) -> Any:
+    def str(self, key: Key, default: Any = _MISSING) -> Any:
         k, v = self._get(key, default)
         if v is None or isinstance(v, str):
             return v
         raise CheckpointError(f"{self.path}/config.json: {k!r} must be a string, got {v!r}")
 
-    def list(self, key: str | Sequence[str], default: Any = _MISSING) -> Any:
+    def list(self, key: Key, default: Any = _MISSING) -> Any:
         k, v = self._get(key, default)
         if v is None or isinstance(v, list):
             return v
         raise CheckpointError(f"{self.path}/config.json: {k!r} must be a list, got {v!r}")
 
-    def ids(self, key: str, default: Any = _MISSING) -> list[int]:
+    def ids(self, key: Key, default: Any = _MISSING) -> Ids:
         """A token id or a list of them (``eos_token_id`` may be either)."""
         k, v = self._get(key, default)
         vals = v if isinstance(v, list) else [v]
