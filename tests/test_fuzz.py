@@ -1,5 +1,7 @@
 """A bounded schemathesis run over the whole OpenAPI surface (the app with the mock engine, in
-process): valid and invalid requests generated from the schema; any 5xx fails (issue 14).
+process): valid and invalid requests generated from the schema; any 5xx fails, and so does a
+server-fault error event inside a streamed 200 (after the first chunk an error can only be an
+event).
 
 Run with ``make test-fuzz`` (CI runs it after ``make test``). ``FUZZ_EXAMPLES`` sets the examples
 per operation and mode (default 60: about 3,000 requests, two minutes on 2 shared cores); every response is
@@ -8,8 +10,10 @@ counted and the total printed, so a run can show how many requests it made.
 
 from __future__ import annotations
 
+import json
 import os
 from collections import Counter
+from typing import Any
 
 import pytest
 import schemathesis
@@ -29,19 +33,62 @@ schema.config.generation.update(
     no_shrink=True,
 )
 STATUSES: Counter[int] = Counter()
+STREAMS = 0  # 200 responses whose event stream was read for errors
+
+
+# error codes that mean the server failed, not the request (server/errors.py, generation.py)
+SERVER_FAULTS = {"internal_error", "engine_error"}
+
+
+def stream_faults(body: str) -> list[dict[str, Any]]:
+    """The server-fault errors inside a streamed body: the chat/completions envelope
+    (``data: {"error": ...}``) or the Responses API's ``error`` event."""
+    faults = []
+    for line in body.splitlines():
+        if not line.startswith("data: ") or line == "data: [DONE]":
+            continue
+        try:
+            obj = json.loads(line[len("data: ") :])
+        except ValueError:
+            continue
+        if not isinstance(obj, dict):
+            continue
+        err = obj if obj.get("type") == "error" else obj.get("error")
+        if isinstance(err, dict) and err.get("code") in SERVER_FAULTS:
+            faults.append(err)
+    return faults
+
+
+def test_stream_faults_sees_errors_inside_a_200_stream() -> None:
+    chunk = 'data: {"choices": [{"delta": {"content": "hi"}}]}'
+    internal = 'data: {"error": {"message": "internal error: KeyError", "code": "internal_error"}}'
+    typed = 'event: error\ndata: {"type": "error", "code": "engine_error", "message": "x"}'
+    refused = 'data: {"error": {"message": "busy", "code": "server_overloaded"}}'
+    assert stream_faults("\n\n".join([chunk, "data: [DONE]"])) == []
+    assert stream_faults("\n\n".join([chunk, refused, "data: [DONE]"])) == []
+    assert len(stream_faults("\n\n".join([chunk, internal, "data: [DONE]"]))) == 1
+    assert len(stream_faults("\n\n".join([chunk, typed]))) == 1
 
 
 @pytest.fixture(scope="module", autouse=True)
 def report() -> object:
     yield
     total = sum(STATUSES.values())
-    print(f"\nfuzz: {total} requests, statuses {dict(sorted(STATUSES.items()))}")
+    print(
+        f"\nfuzz: {total} requests ({EXAMPLES} examples per operation and mode, "
+        f"{STREAMS} streamed bodies read), statuses {dict(sorted(STATUSES.items()))}"
+    )
 
 
 @pytest.mark.fuzz
 @schema.parametrize()
 @settings(deadline=None, suppress_health_check=list(HealthCheck))
 def test_no_request_gets_a_5xx(case: schemathesis.Case) -> None:
+    global STREAMS
     response = case.call()
     STATUSES[response.status_code] += 1
     assert response.status_code < 500, (case.as_curl_command(), response.text[:500])
+    if "text/event-stream" in response.headers.get("content-type", ""):
+        STREAMS += 1
+        faults = stream_faults(response.text)
+        assert not faults, (case.as_curl_command(), faults)

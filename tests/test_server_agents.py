@@ -424,7 +424,7 @@ def test_tool_guarantees_on_the_embedded_model() -> None:
     ]
     cfg = ServerConfig()
     with TestClient(build_app(build_backend(cfg), cfg)) as c:
-        for ask in ("Please get the weather in Paris.", "What time is it in Rome?", "Hello!"):
+        for ask, call in CALLS_ASKED.items():
             body = {
                 "messages": [{"role": "user", "content": ask}],
                 "tools": tools,
@@ -432,5 +432,54 @@ def test_tool_guarantees_on_the_embedded_model() -> None:
             }
             ch = c.post("/v1/chat/completions", json=body).json()["choices"][0]
             check_turn(ch["message"], ch["finish_reason"], tools)
-            r = c.post("/v1/chat/completions", json={**body, "stream": True})
-            check_turn(*streamed_turn(r.text), tools)
+            streamed = streamed_turn(
+                c.post("/v1/chat/completions", json={**body, "stream": True}).text
+            )
+            check_turn(*streamed, tools)
+            for msg in (ch["message"], streamed[0]):  # the turns that need a call make that call
+                made = [
+                    (t["function"]["name"], json.loads(t["function"]["arguments"]))
+                    for t in msg.get("tool_calls") or []
+                ]
+                assert call is None or made == [call], (ask, made)
+
+
+# asks of the embedded model's tool turns: the one call each needs (None: either way, checked only
+# for the guarantees)
+CALLS_ASKED: dict[str, tuple[str, dict[str, str]] | None] = {
+    "Please get the weather in Paris.": ("get_weather", {"city": "Paris"}),
+    "What time is it in Rome?": ("get_time", {"city": "Rome"}),
+    "What's the time in Oslo?": ("get_time", {"city": "Oslo"}),
+    "Hello!": None,
+}
+
+
+def test_auto_tools_that_cannot_fit_answer_in_text_without_markup(small: TestClient) -> None:
+    """Near the end of the context, an ``auto`` turn whose call canvas no longer fits answers in
+    text with the call tag banned, counted in /metrics (never dropped silently)."""
+    from quicksilver.server.protocol_chat import ChatCompletionRequest
+
+    tools = FORMATS[-1]["tools"]
+    serving = small.app.state.qs.chat.default  # type: ignore[attr-defined]
+    open_id = serving.b.tokenizer.token_to_id("<tool_call>")
+    roomy = ChatCompletionRequest(messages=[{"role": "user", "content": "hi"}], tools=tools)
+    plan = serving.plan(roomy)
+    assert plan.calls is not None and open_id not in plan.ban_ids  # the call can be made
+    for chars in range(SMALL_CONTEXT):  # the prompt (the tools' schemas and x * chars) grows
+        req = ChatCompletionRequest(
+            messages=[{"role": "user", "content": "x" * chars}], tools=tools
+        )
+        try:
+            plan = serving.plan(req)
+        except Exception:  # the prompt itself no longer fits: past the edge
+            break
+        if plan.calls is None:
+            break
+    assert plan.calls is None, "no prompt length left the call canvas without room"
+    assert open_id in plan.ban_ids  # text only: the model cannot open a call in content
+    metric = [
+        ln
+        for ln in small.get("/metrics").text.splitlines()
+        if ln.startswith("quicksilver:tool_calls_unavailable_total")
+    ]
+    assert metric and float(metric[0].rsplit(" ", 1)[1]) >= 1, metric

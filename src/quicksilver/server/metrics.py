@@ -39,6 +39,10 @@ COUNTERS: dict[str, tuple[str, tuple[str, ...]]] = {
     "generation_tokens_total": ("Generated tokens of finished requests (reasoning included).", ()),
     "reasoning_tokens_total": ("Tokens generated in reasoning phases.", ()),
     "diffusion_remasked_tokens_total": ("Committed tokens re-masked by revision.", ()),
+    "tool_calls_unavailable_total": (
+        "Turns under tool_choice auto answered in text because no call fitted the context.",
+        (),
+    ),
     "structured_requests_total": (
         "Canvases decoded under a JSON schema (response_format or a tool call).",
         (),

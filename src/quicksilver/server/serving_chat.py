@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import time
 import uuid
 from collections.abc import AsyncGenerator, Callable
@@ -30,6 +31,9 @@ from .protocol_chat import ChatCompletionRequest, NamedToolChoice, Tool
 from .serving_engine import GenerationServing, usage_chunk, usage_extras
 from .sse import sse_chunk
 from .tools import CLOSE_TAG, OPEN_TAG, forced_call_pieces, template_messages, tool_dicts
+
+
+log = logging.getLogger("quicksilver.server")
 
 
 class OpenAIServingChat(GenerationServing):
@@ -192,7 +196,10 @@ class OpenAIServingChat(GenerationServing):
         sampler = self.sampler(
             req, effort, req.temperature, req.top_p, req.seed, req.reasoning_effort is not None
         )
-        ban = tok.token_to_id(OPEN_TAG) if mode == "none" and tools else None
+        if mode == "auto" and calls is None:
+            self._calls_unavailable(room)
+        # offered tools without a call canvas: the reply is text, and text never holds call markup
+        ban = tok.token_to_id(OPEN_TAG) if tools and calls is None else None
         return Plan(
             ids,
             sampler,
@@ -204,6 +211,16 @@ class OpenAIServingChat(GenerationServing):
             diffusing=bool(req.diffusing),
             calls=calls,
             logprobs=(req.top_logprobs or 0) if req.logprobs else None,
+        )
+
+    def _calls_unavailable(self, room: int) -> None:
+        """Under ``auto``, no call fits the room left beside the prompt: the turn answers in text
+        (docs/SERVER.md, "Tools"); counted and logged, never silent."""
+        self.metrics.inc("tool_calls_unavailable_total")
+        log.warning(
+            "tool_choice auto: no tool call fits the %d tokens left beside the prompt; "
+            "the turn answers in text",
+            room,
         )
 
     @staticmethod
