@@ -42,6 +42,27 @@ def dlm_pipes():  # type: ignore[no-untyped-def]
     }
 
 
+class Spy:
+    """Counts the segments a model's exported step ran (non-None results), so a backend test can
+    show its backend ran rather than torch behind a declining ``covers``."""
+
+    def __init__(self, model) -> None:  # type: ignore[no-untyped-def]
+        self.step, self.ran = model.step_backend, 0
+        assert self.step is not None, "no exported step attached"
+        inner = self.step.forward_segment
+
+        def counted(seg):  # type: ignore[no-untyped-def]
+            out = inner(seg)
+            self.ran += out is not None
+            return out
+
+        self.step.forward_segment = counted
+
+    def close(self) -> int:
+        del self.step.forward_segment  # back to the class's method
+        return self.ran
+
+
 def _prompt(pipe) -> list[int]:  # type: ignore[no-untyped-def]
     return pipe.tokenizer.encode("Tell me a story about a cat who learns to sing.")
 
@@ -66,9 +87,11 @@ def test_ar_step_equals_eager(ar_pipe, name: str) -> None:  # type: ignore[no-un
     try:
         assert attach_backend(model, name) == name
         assert model.step_backend is not None and model.step_backend.name == name
+        spy = Spy(model)
         logits = _teacher_forced(model, prompt, ref[:80])
         assert (logits - ref_logits).abs().max().item() < ATOL
         assert ar_generate(model, prompt, 150, []).tokens == ref  # crosses cache capacity 64 -> 256
+        assert spy.close() >= 80 + 149  # every one-token step ran in the exported graph
     finally:
         attach_backend(model, "torch")
 
@@ -84,7 +107,9 @@ def test_openvino_bf16_stays_close_to_eager(ar_pipe, dlm_pipes, pipe: str) -> No
     ref_logits = _teacher_forced(model, prompt, ref)
     try:
         assert attach_backend(model, "openvino-bf16") == "openvino-bf16"
+        spy = Spy(model)
         logits = _teacher_forced(model, prompt, ref)
+        assert spy.close() == len(ref)
         drift = (logits - ref_logits).abs().max().item()
         agree = (logits.argmax(-1) == ref_logits.argmax(-1)).float().mean().item()
         assert 0 < drift < BF16_ATOL and agree >= 0.95  # > 0: it does compute in bf16
@@ -98,9 +123,11 @@ def test_bound_slot_follows_truncation_and_torch_turns(ar_pipe, name: str) -> No
     that torch wrote in between, step for step equal to eager torch on a twin cache."""
     model, prompt = ar_pipe.model, _prompt(ar_pipe)
 
-    def steps(backend: str) -> torch.Tensor:
+    def steps(backend: str) -> tuple[torch.Tensor, int]:
+        """The planned steps' logits, and how many of them the exported graph ran."""
         attach_backend(model, backend)
         step, cache, out = model.step_backend, KVCache(), []
+        spy = Spy(model) if step is not None else None
         with torch.no_grad():
             for i, plan in enumerate(["prefill", 1, 1, 1, "cut", 1, 1, "torch", 1, 1]):
                 model.step_backend = None if plan in ("prefill", "torch") else step
@@ -111,11 +138,14 @@ def test_bound_slot_follows_truncation_and_torch_turns(ar_pipe, name: str) -> No
                 T = int(x.shape[0])
                 seg = Segment(x, cache.length, T - 1, T, cache, append=T)
                 out.append(model.forward_segments([seg])[0])
-        return torch.cat(out)
+        model.step_backend = step
+        return torch.cat(out), spy.close() if spy is not None else 0
 
     try:
-        ref = steps("torch")
-        assert (steps(name) - ref).abs().max().item() < ATOL
+        ref, _ = steps("torch")
+        got, ran = steps(name)
+        assert (got - ref).abs().max().item() < ATOL
+        assert ran == 7  # the seven steps planned for the exported graph
     finally:
         attach_backend(model, "torch")
 
@@ -137,11 +167,20 @@ def _items(pipe, n: int = 2) -> list[list[int]]:  # type: ignore[no-untyped-def]
 def test_diffusion_step_equals_eager(dlm_pipes, name: str, window: int) -> None:  # type: ignore[no-untyped-def]
     ref, other = dlm_pipes["torch"], dlm_pipes[name]
     cfg = SamplerConfig(max_new_tokens=80, window=window)
-    for ids in _items(ref):
-        assert (
-            other.decoder.generate([ids], cfg)[0].tokens
-            == ref.decoder.generate([ids], cfg)[0].tokens
-        )
+    spy = Spy(other.model)
+    try:
+        for ids in _items(ref):
+            before = spy.ran
+            got = other.decoder.generate([ids], cfg)[0]
+            assert got.tokens == ref.decoder.generate([ids], cfg)[0].tokens
+            assert spy.ran - before == got.nfe  # every pass ran in the exported graph
+            # the logits, not only the tokens: a first diffusion step of the same row
+            with torch.no_grad():
+                a = ref.model.forward_segments([ref.decoder.new_row(ids, cfg).segment()])[0]
+                b = other.model.forward_segments([other.decoder.new_row(ids, cfg).segment()])[0]
+            assert (a - b).abs().max().item() < ATOL
+    finally:
+        spy.close()
 
 
 def test_window_of_the_whole_block_is_the_block_cache(dlm_pipes, monkeypatch) -> None:  # type: ignore[no-untyped-def]
