@@ -1,4 +1,5 @@
-"""The request lifecycle on a real server (the mock engine, over real sockets): header-only sockets,
+"""The request lifecycle on a real server (the mock engine, over real sockets): sockets that never
+finish their headers, header-only sockets,
 chunked bodies over the limit, request deadlines, graceful drain on SIGTERM, the catch-all 500 that
 keeps the connection, overload decided before the first byte, 405 with ``Allow`` (issue 14)."""
 
@@ -118,6 +119,8 @@ def server() -> Iterator[RemoteServer]:
         "4",
         "--body-timeout",
         "2",
+        "--header-timeout",
+        "2",
         "--request-timeout",
         "1.5",
         "--max-body-bytes",
@@ -154,6 +157,34 @@ def test_sockets_that_send_headers_and_no_body_hold_no_slot(server: RemoteServer
         for s in socks:
             s.close()
     assert server.metric("requests_rejected_total") >= 16  # reason="body_timeout"
+
+
+def test_sockets_that_never_finish_their_headers_are_closed_in_time(server: RemoteServer) -> None:
+    """64 slowloris sockets (a request line and some headers, then a byte now and then) leave a
+    real request unaffected and are all closed by the header timeout (2 s), whatever they send."""
+    socks = []
+    for i in range(64):
+        s = socket.create_connection(("127.0.0.1", server.port))
+        s.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\n" if i % 2 else b"")
+        socks.append(s)
+    try:
+        t0 = time.perf_counter()
+        r = httpx.post(
+            server.url + "/v1/chat/completions",
+            json={"messages": USER, "reasoning_effort": "none", "max_tokens": 8},
+            timeout=10,
+        )
+        assert r.status_code == 200, r.text
+        assert time.perf_counter() - t0 < 1.5  # served at once beside the stuck heads
+        for s in socks[1::2]:  # a trickle of header bytes does not push the deadline back
+            s.sendall(b"X-Slow: 1\r\n")
+        for s in socks:
+            s.settimeout(4)
+            assert s.recv(200) == b""  # closed by the server, no response to a head never sent
+        assert time.perf_counter() - t0 < 4.5
+    finally:
+        for s in socks:
+            s.close()
 
 
 def test_a_chunked_body_over_the_limit_is_413(server: RemoteServer) -> None:

@@ -24,6 +24,7 @@ MAX_WAITING = 256  # engine queue before 503
 MAX_REASONING_TOKENS = 1024  # the reasoning phase's budget never exceeds this
 MAX_TOOL_CALLS = 8  # calls in one turn with parallel_tool_calls
 MAX_TOP_LOGPROBS = 20
+HEADER_TIMEOUT = 10.0  # seconds a connection has to send a whole request head (closed after)
 BODY_TIMEOUT = 10.0  # seconds to receive a request body once its headers are in (408 after)
 REQUEST_TIMEOUT = 600.0  # seconds a generating request may run (0: no limit)
 DRAIN_TIMEOUT = 30.0  # on SIGTERM/SIGINT: seconds in-flight requests get to finish
@@ -74,6 +75,7 @@ class ServerConfig:
     json_string_tokens: int = 24  # structured output: token budget of a free string value
     json_number_tokens: int = 12  # ... of a number (integers get this minus 2)
     json_object_tokens: int = 64  # ... of a free-form object nested in a schema
+    header_timeout: float = HEADER_TIMEOUT
     body_timeout: float = BODY_TIMEOUT
     request_timeout: float = REQUEST_TIMEOUT
     drain_timeout: float = DRAIN_TIMEOUT
@@ -118,6 +120,7 @@ SERVER_HELP = {
     "max_reasoning_tokens": "cap of the reasoning phase's own budget",
     "max_tool_calls": "most tool calls in one turn (parallel_tool_calls)",
     "chat_template": "a Jinja chat template file to use instead of the checkpoint's (sandboxed)",
+    "header_timeout": "seconds a connection has to send a request's headers (closed after)",
     "body_timeout": "seconds to receive a request body after its headers (408 after)",
     "request_timeout": "seconds a generating request may run before it is cancelled (0: no limit)",
     "drain_timeout": "on SIGTERM/SIGINT, seconds in-flight requests get to finish (then error + [DONE])",

@@ -13,6 +13,7 @@ from ..engine import Engine, EngineConfig
 from ..errors import QuicksilverError
 from .async_engine import AsyncEngine
 from .config import ServerConfig
+from .connections import protocol_with_header_timeout
 from .generation import Backend
 from .twin import build_twin_backend
 
@@ -148,7 +149,12 @@ def run_server(cfg: ServerConfig, backend: Backend, twins: list[Backend], note: 
         flush=True,
     )
     config = uvicorn.Config(
-        app, host=cfg.host, port=cfg.port, log_level=cfg.log_level, timeout_graceful_shutdown=5
+        app,
+        host=cfg.host,
+        port=cfg.port,
+        log_level=cfg.log_level,
+        timeout_graceful_shutdown=5,
+        http=protocol_with_header_timeout(cfg.header_timeout),
     )
     DrainingServer(config, app.state.qs.drain, cfg.drain_timeout).run()
     return 0

@@ -32,7 +32,6 @@ from .serving_engine import GenerationServing, usage_chunk, usage_extras
 from .sse import sse_chunk
 from .tools import CLOSE_TAG, OPEN_TAG, forced_call_pieces, template_messages, tool_dicts
 
-
 log = logging.getLogger("quicksilver.server")
 
 
