@@ -85,7 +85,9 @@ def test_exported_file_computes_the_same_logits(exported: tuple[Path, Path]) -> 
     with torch.no_grad():
         ours = model(torch.tensor([ids]))[0].double().numpy()  # (T, V)
     theirs = gguf_forward(out, ids)
-    assert np.abs(ours - theirs).max() < 1e-4  # measured 1.3e-5 (float64 reference of the GGUF tensors)
+    assert (
+        np.abs(ours - theirs).max() < 1e-4
+    )  # measured 1.3e-5 (float64 reference of the GGUF tensors)
     assert (ours.argmax(-1) == theirs.argmax(-1)).all()
 
 

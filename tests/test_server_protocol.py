@@ -350,7 +350,7 @@ def test_models_health_metrics(client: TestClient) -> None:
     m = client.get("/v1/models").json()
     assert m["object"] == "list" and m["data"][0]["id"] == "quicksilver-mock"
     assert client.get("/v1/models/quicksilver-mock").status_code == 200
-    assert client.get("/health").json() == {"status": "ok"}
+    assert client.get("/health").json()["status"] == "ok"
     assert "/v1/fim/completions" in client.get("/openapi.json").json()["paths"]
     text = client.get("/metrics").text
     for name in (
@@ -515,6 +515,7 @@ def test_an_engine_failure_is_a_500_envelope_or_an_error_event() -> None:
     def boom(rows: Any) -> Any:
         raise RuntimeError("device lost")
 
+    good = backend.engine.engine.decoder.step  # type: ignore[attr-defined]
     backend.engine.engine.decoder.step = boom  # type: ignore[attr-defined, method-assign]
     with TestClient(build_app(backend, cfg)) as c:
         e = err(c.post("/v1/chat/completions", json={"messages": USER}), 500, None)
@@ -526,7 +527,24 @@ def test_an_engine_failure_is_a_500_envelope_or_an_error_event() -> None:
             json={"messages": USER, "reasoning_effort": "none", "stream": True},
         )
         assert "device lost" in err(r, 500, None)["message"]
-        assert c.get("/health").status_code == 200  # the engine itself goes on
+        health = c.get("/health")
+        assert health.status_code == 200  # the engine itself goes on
+        assert health.json() == {
+            "status": "ok",
+            "runtime": {"quicksilver-mock": "torch"},
+            "step_errors": 2,
+        }
+        err(c.post("/v1/chat/completions", json={"messages": USER}), 500, None)
+        health = c.get("/health")  # three failing steps in a row: take no traffic
+        assert health.status_code == 503 and health.json()["status"] == "degraded"
+        assert c.head("/health").status_code == 503
+        assert (
+            'quicksilver:engine_step_errors_total{model_name="quicksilver-mock"} 3.0'
+            in c.get("/metrics").text
+        )
+        backend.engine.engine.decoder.step = good  # type: ignore[attr-defined, method-assign]
+        assert c.post("/v1/chat/completions", json={"messages": USER}).status_code == 200
+        assert c.get("/health").json()["status"] == "ok"  # one good step: healthy again
 
 
 def test_structured_budgets_shrink_to_fit_max_tokens(client: TestClient) -> None:

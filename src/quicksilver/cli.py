@@ -115,6 +115,7 @@ def cmd_generate(args: argparse.Namespace) -> int:
                         "prompt_tokens",
                     )
                 }
+                | {"runtime": pipe.runtime}
             )
         )
     elif not args.show:

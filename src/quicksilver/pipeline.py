@@ -80,6 +80,13 @@ class Pipeline:
         if isinstance(self.decoder, VerifyDecoder):  # lossless by default: the model's AR output
             self.generation_defaults.setdefault("policy", "verify")
 
+    @property
+    def runtime(self) -> str:
+        """What runs the single-sequence passes (``--backend`` resolved): torch, onnx, openvino or
+        openvino-bf16. Packed batches and passes no exported bucket holds run in torch."""
+        step = self.model.step_backend
+        return step.name if step is not None else "torch"
+
     def encode_prompt(
         self, prompt: str | Messages, chat: bool | None = None, **template_kwargs: Any
     ) -> list[int]:

@@ -154,10 +154,6 @@ def verify_method(
     return lambda p, a, ids, n: engine_run(v, ids, cfg.replace(max_new_tokens=n))
 
 
-def _backend_name(p: Pipeline) -> str:
-    return p.model.step_backend.name if p.model.step_backend is not None else "torch"
-
-
 def run_speed_bench(args: argparse.Namespace) -> int:
     from ..assets import embedded_ar_model_path, embedded_diffusion_model_path, embedded_model_path
     from ..train.data import prompt_text
@@ -299,7 +295,7 @@ def run_speed_bench(args: argparse.Namespace) -> int:
             "identical_to_ar": v["identical_to_ar"],
             "model": str(vpipe.path),
             "draft": vpipe.config.draft_length if args.draft is None else args.draft,
-            "backend": _backend_name(vpipe),
+            "backend": vpipe.runtime,
             "k_plot": str(k_plot(out, summary, ar_tok_s) or ""),
         }
         if llama is not None:
@@ -332,8 +328,8 @@ def run_speed_bench(args: argparse.Namespace) -> int:
                 "ar_dtype": dtype_name(ar.model.model.embed_tokens.weight.dtype),
                 "compile": compile_,
                 "quantize": quantize,
-                "backend": _backend_name(pipe),
-                "ar_backend": _backend_name(ar),
+                "backend": pipe.runtime,
+                "ar_backend": ar.runtime,
             },
             "plot": str(png),
             "hardware": hardware(),

@@ -123,6 +123,7 @@ class Engine:
         self._pending_ids: set[str] = set()
         self.step_count = 0
         self.totals = collections.Counter[str]()
+        self.failing_steps = 0  # steps in a row that raised (0 after one that did not)
         mcfg = decoder.model.config
         self.prefix_cache: PrefixCache | None = None
         if self.config.prefix_cache_mb > 0 and decoder.resolve_cache_mode() == "block":
@@ -248,12 +249,15 @@ class Engine:
             rows: list[Any] = [lv.row for lv in live]  # the decoder's own row type
             row_events = self.decoder.step(rows)
         except Exception as e:  # a failed step fails its requests, never the engine
+            self.totals["step_errors"] += 1
+            self.failing_steps += 1
             now = time.perf_counter()
             for lv in live:
                 del self._running[lv.req.request_id]
                 events.append(self._final(lv, "error", now, f"{type(e).__name__}: {e}"))
             return events
         now = time.perf_counter()
+        self.failing_steps = 0
         self.totals["steps"] += 1
         self.totals["forward_passes"] += 1
         for lv, ev in zip(live, row_events):

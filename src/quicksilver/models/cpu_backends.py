@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import functools
 import importlib.util
+import logging
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Protocol
@@ -41,8 +42,10 @@ from .transformer import DiffusionLM, Segment
 
 # new tokens per pass: the AR step, windows (w, or w + 1 with the predictor on the left), a block,
 # two blocks (a finished one appended with the next), prefills (padded: compute-bound anyway)
-TOKEN_BUCKETS = (1, 8, 9, 16, 17, 32, 64, 128, 256, 384)
+# (buckets to 4,096 hold any pass of a model up to that context; longer passes run in torch)
+TOKEN_BUCKETS = (1, 8, 9, 16, 17, 32, 64, 128, 256, 384, 512, 768, 1024, 1536, 2048, 3072, 4096)
 NEG = np.float32(-np.inf)
+log = logging.getLogger("quicksilver")
 Feeds = dict[str, np.ndarray]
 
 
@@ -294,9 +297,13 @@ def resolve_backend(name: str, model: DiffusionLM) -> str:
     if name == "auto":
         try:
             check_supported(model)
-        except ConfigError:
+        except ConfigError as e:
+            log.warning("--backend auto runs this model in torch: %s", e)
             return "torch"
-        return next((n for n in AUTO_ORDER if available(n)), "torch")
+        found = next((n for n in AUTO_ORDER if available(n)), None)
+        if found is None:
+            log.warning("--backend auto runs in torch: no ONNX Runtime or OpenVINO is installed")
+        return found or "torch"
     if name != "torch" and not installed(name):
         raise ConfigError(
             f"backend {name!r} needs the {RUNNERS[name][0]} package: pip install 'quicksilver[cpu]'"

@@ -40,6 +40,7 @@ class EngineLike(Protocol):
     def num_waiting(self) -> int: ...
 
     totals: Any  # a Counter of engine-wide numbers (steps, forward passes, committed tokens)
+    failing_steps: int  # steps in a row that failed their requests (0 after one that did not)
     prefix_cache: Any  # the cross-request prefix cache (query_tokens, hit_tokens), or None
 
 

@@ -64,6 +64,7 @@ class Backend:
     defaults: dict[str, Any] = field(
         default_factory=dict
     )  # the family's / checkpoint's sampler settings
+    runtime: str = "torch"  # what runs its single-sequence passes (Pipeline.runtime)
 
     def tid(self, text: str) -> int | None:
         return self.tokenizer.token_to_id(text)

@@ -112,6 +112,7 @@ def pipeline_backend(cfg: ServerConfig, pipe: Pipeline, engine: Engine) -> Backe
         list(pipe.stop_ids),
         pipe.config.mask_token_id,
         dict(pipe.generation_defaults),
+        pipe.runtime,
     )
 
 
@@ -143,7 +144,8 @@ def run_server(cfg: ServerConfig, backend: Backend, twins: list[Backend], note: 
     key = "on" if cfg.resolved_api_key() else "off"
     also = "".join(f" and its AR twin {t.name!r}" for t in twins)
     print(
-        f"quicksilver: serving {backend.name!r} ({backend.attention}, context {backend.max_context})"
+        f"quicksilver: serving {backend.name!r} ({backend.attention}, context {backend.max_context},"
+        f" steps on {backend.runtime})"
         f"{also}{note} on http://{cfg.host}:{cfg.port} (API key {key}; playground at /)",
         file=sys.stderr,
         flush=True,

@@ -71,6 +71,10 @@ ENGINE_COUNTERS = {
         "diffusion_committed_tokens_total",
         "Canvas positions committed (revisions count again).",
     ),
+    "step_errors": (
+        "engine_step_errors_total",
+        "Engine steps (or AR-twin forwards) that raised; their requests ended with an error.",
+    ),
 }
 
 

@@ -146,18 +146,35 @@ async def detokenize(req: DetokenizeRequest, request: Request) -> dict[str, Any]
     return {"prompt": tok.decode(req.tokens, skip_special_tokens=False)}
 
 
+FAILING_STEPS = 3  # steps in a row that fail their requests before /health reports degraded
+
+
+def _status(request: Request) -> str:
+    """ok, or why this server should get no traffic: its engine stopped, or keeps failing steps."""
+    backends = _state(request).backends
+    if not all(b.engine.alive or not b.engine.engine.has_work for b in backends):
+        return "engine stopped"
+    if any(b.engine.engine.failing_steps >= FAILING_STEPS for b in backends):
+        return "degraded"
+    return "ok"
+
+
 def _healthy(request: Request) -> bool:
-    return all(b.engine.alive or not b.engine.engine.has_work for b in _state(request).backends)
+    return _status(request) == "ok"
 
 
 @router.get("/health")
 async def health(request: Request) -> Response:
-    if _state(request).drain.draining:
+    st = _state(request)
+    if st.drain.draining:
         return JSONResponse({"status": "draining"}, status_code=503)
-    ok = _healthy(request)
-    return JSONResponse(
-        {"status": "ok" if ok else "engine stopped"}, status_code=200 if ok else 503
-    )
+    status = _status(request)
+    body = {
+        "status": status,
+        "runtime": {b.name: b.runtime for b in st.backends},
+        "step_errors": sum(b.engine.engine.totals["step_errors"] for b in st.backends),
+    }
+    return JSONResponse(body, status_code=200 if status == "ok" else 503)
 
 
 @router.head("/health", include_in_schema=False)

@@ -73,6 +73,7 @@ class AREngine:
         self._running: dict[str, _ARLive] = {}
         self.step_count = 0
         self.totals = collections.Counter[str]()
+        self.failing_steps = 0  # steps in a row whose forwards all raised
         self.prefix_cache = None  # AR prompts are prefilled whole: no cross-request cache
 
     # ---- thread-safe commands -------------------------------------------------------------------
@@ -196,12 +197,15 @@ class AREngine:
         if not self._running:
             return events
         self.step_count += 1
-        for rid, lv in list(self._running.items()):
+        failed, live = 0, list(self._running.items())
+        for rid, lv in live:
             try:
                 new, finish = self._advance(lv)
                 error = None
             except Exception as e:  # a failed forward fails its request, never the engine
                 new, finish, error = [], "error", f"{type(e).__name__}: {e}"
+                failed += 1
+                self.totals["step_errors"] += 1
             now = time.perf_counter()
             self.totals["forward_passes"] += 1
             if new and lv.stats.first_token is None:
@@ -216,6 +220,7 @@ class AREngine:
                 self.totals["requests_" + finish] += 1
                 self.totals["generated_tokens"] += len(lv.tokens)
             events.append(self._event(lv, new, finish, error))
+        self.failing_steps = self.failing_steps + 1 if failed == len(live) else 0
         self.totals["steps"] += 1
         return events
 
@@ -239,7 +244,12 @@ def ar_backend(path: Path, name: str, cfg: ServerConfig) -> Backend:
 
     dtype = TORCH_DTYPES.get(cfg.dtype or "auto")  # auto: None, models/checkpoint.default_dtype
     pipe = quicksilver.load(
-        path, dtype=dtype, device=cfg.device, cache="none", quantize=cfg.quantize
+        path,
+        dtype=dtype,
+        device=cfg.device,
+        cache="none",
+        quantize=cfg.quantize,
+        backend=cfg.backend,  # the same runtime as the model it is raced against
     )
     if pipe.config.attention != "causal":
         raise ConfigError(
@@ -255,6 +265,7 @@ def ar_backend(path: Path, name: str, cfg: ServerConfig) -> Backend:
         pipe.config.attention,
         list(pipe.stop_ids),
         pipe.config.mask_token_id,
+        runtime=pipe.runtime,
     )
 
 
