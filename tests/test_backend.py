@@ -150,6 +150,30 @@ def test_bound_slot_follows_truncation_and_torch_turns(ar_pipe, name: str) -> No
         attach_backend(model, "torch")
 
 
+def test_a_prefill_longer_than_384_tokens_runs_in_the_exported_graph(ar_pipe) -> None:  # type: ignore[no-untyped-def]
+    """The buckets reach the model's context: a 700-token prefill is one exported pass (it ran in
+    torch when the largest bucket was 384), its logits those of torch."""
+    model = ar_pipe.model
+    ids = (_prompt(ar_pipe) * 64)[:700]
+    assert len(ids) == 700 < model.config.max_seq_len
+
+    def prefill() -> torch.Tensor:
+        with torch.no_grad():
+            seg = Segment(torch.tensor(ids), 0, 0, len(ids), KVCache(), append=len(ids))
+            return model.forward_segments([seg])[0]
+
+    attach_backend(model, "torch")
+    ref = prefill()
+    try:
+        attach_backend(model, "openvino")
+        spy = Spy(model)
+        got = prefill()
+        assert spy.close() == 1
+        assert (got - ref).abs().max().item() < ATOL
+    finally:
+        attach_backend(model, "torch")
+
+
 def _items(pipe, n: int = 2) -> list[list[int]]:  # type: ignore[no-untyped-def]
     from quicksilver.train.data import prompt_text
     from quicksilver.train.tasks import get_task
