@@ -84,6 +84,49 @@ def test_a_row_of_a_batched_call_equals_it_alone_bit_for_bit(attention: str, cac
         assert torch.allclose(a, b, atol=1e-5)
 
 
+@pytest.mark.parametrize("attention", ["block_causal", "causal"])
+@pytest.mark.parametrize("cached", [False, True])
+def test_rows_padded_to_different_key_lengths_batch_like_alone(
+    attention: str, cached: bool
+) -> None:
+    """Rows whose keys fall in different buckets above 1,024 (alone, a short row pads its keys to
+    512; beside a 1,300-token row, to 1,536): the padding never reaches a row's numbers."""
+    m = _model(attention, "batched", max_seq_len=2048)
+    torch.manual_seed(2)
+    segs = []
+    for n, pre in [(1300, 1290), (6, 0), (700, 690), (1100, 0)]:
+        ids = torch.randint(3, 96, (n,))
+        if cached:
+            segs.append(Segment(ids[pre:], pre, 0, n - pre, KVCache(), append=0))
+            segs[-1].prefix = ids[:pre]  # type: ignore[attr-defined]
+        else:
+            segs.append(Segment(ids, 0, n - 4, n))
+    keys = {key_length(s.start + s.length, 2048) for s in segs}
+    assert len(keys) >= 3 and max(keys) > 1024  # the rows really pad to different lengths
+    together = _run(m, segs, cached)
+    for i, s in enumerate(segs):
+        alone = _run(m, [s], cached)[0]
+        if BITWISE:
+            assert torch.equal(together[i], alone)
+        else:
+            assert torch.allclose(together[i], alone, atol=1e-5, rtol=0)
+    ref = _model(attention, "per_sequence", max_seq_len=2048)
+    for a, b in zip(together, _run(ref, segs, cached)):
+        assert torch.allclose(a, b, atol=1e-5)
+
+
+def test_long_and_short_prompts_decode_together_as_alone() -> None:
+    """Decoding with prompts of 5 to 1,200 tokens in one batch (keys padded per batch above
+    1,024): every row's tokens and passes equal its decode alone."""
+    dec = Decoder(_model("block_causal", "batched", max_seq_len=2048), MASK, [EOS], vocab_limit=96)
+    prompts = [[3 + (5 * i + j) % 90 for j in range(n)] for i, n in enumerate((1200, 5, 800, 30))]
+    cfgs = [_mixed(i).replace(temperature=0.0) for i in range(4)]
+    together = dec.generate(prompts, cfgs)
+    alone = [dec.generate([p], c)[0] for p, c in zip(prompts, cfgs)]
+    assert [r.tokens for r in together] == [r.tokens for r in alone]
+    assert [r.nfe for r in together] == [r.nfe for r in alone]
+
+
 @pytest.mark.parametrize("batch", [1, 4, 16])
 def test_one_attention_call_per_layer_whatever_the_batch(
     batch: int, monkeypatch: pytest.MonkeyPatch
