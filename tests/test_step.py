@@ -69,6 +69,10 @@ def test_the_sync_counter_sees_every_kind_of_read() -> None:
             read()
         assert c.total == 1, (read, c.counts)
     assert torch.Tensor.tolist is orig  # the patches are undone on exit
+    with SyncCounter() as c:
+        torch.tensor([1, 2, 3])  # host data: an upload on a GPU
+        t[0] = 5.0  # a scalar is passed by value: none
+    assert (c.uploads, c.blocking_uploads, c.total) == (1, 0, 0)
 
 
 @pytest.mark.parametrize("batch", [1, 4, 16])
@@ -81,12 +85,16 @@ def test_one_device_to_host_transfer_per_batched_step(
 ) -> None:
     dec = Decoder(_model(attention), MASK, [EOS], vocab_limit=96, cache_mode=cache)
     rows = [dec.new_row(_prompt(i), _mixed(i)) for i in range(batch)]
-    per_step = []
+    per_step, uploads = [], []
     while not all(r.done for r in rows):
         with SyncCounter() as c:
             dec.step(rows)
         per_step.append(c.total)
+        uploads.append(c.uploads)
     assert len(per_step) > 3 and max(per_step) == 1, per_step
+    # host-built tensors per step, whatever the batch and the mix of policies: k and tau in one,
+    # revision's bounds, the rows of each policy in one (13 at batch 4 before models/host.py)
+    assert max(uploads) <= 3, uploads
 
 
 def test_the_engine_step_keeps_one_transfer_with_the_prefix_cache() -> None:

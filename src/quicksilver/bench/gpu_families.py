@@ -25,11 +25,14 @@ line of JSON.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import platform
 import resource
 import sys
 import time
+import warnings
+from collections.abc import Iterator
 from functools import partial
 from pathlib import Path
 from typing import Any
@@ -144,6 +147,21 @@ def random_model(
 def _sync(device: torch.device) -> None:
     if device.type == "cuda":
         torch.cuda.synchronize(device)
+
+
+@contextlib.contextmanager
+def sync_debug(device: torch.device) -> Iterator[list[warnings.WarningMessage]]:
+    """CUDA's own check (``torch.cuda.set_sync_debug_mode("warn")``) over a block: the warnings
+    of every synchronizing call in it, recorded (none on the CPU)."""
+    with warnings.catch_warnings(record=True) as seen:
+        warnings.simplefilter("always")
+        if device.type == "cuda":
+            torch.cuda.set_sync_debug_mode("warn")
+        try:
+            yield seen
+        finally:
+            if device.type == "cuda":
+                torch.cuda.set_sync_debug_mode("default")
 
 
 def _rate(fn: Any, device: torch.device, iters: int, warmup: int) -> float:
@@ -266,7 +284,7 @@ def bench_decode(
             _sync(device)
             dt = time.perf_counter() - t0
             fresh = [dec.new_row(p, sc) for p in prompts]
-            with SyncCounter() as syncs:
+            with SyncCounter() as syncs, sync_debug(device) as flagged:
                 dec.step(fresh)
             nfe = res[0].nfe
             rows.append(
@@ -279,6 +297,9 @@ def bench_decode(
                     "tok_s_aggregate": round(batch * args.gen / dt, 1),
                     "ms_per_step": round(dt / nfe * 1e3, 3),
                     "syncs_per_step": syncs.total,
+                    "uploads_per_step": syncs.uploads,
+                    "blocking_uploads_per_step": syncs.blocking_uploads,
+                    "sync_debug_warnings": len(flagged),
                 }
             )
             print(

@@ -22,6 +22,7 @@ import torch.nn.functional as F
 
 from ..errors import ConfigError
 from .config import ModelConfig
+from .host import to_device
 from .kvcache import KVCache
 from .packing import LAYOUTS, Layout, PerSequence, plan_batched, token_bucket
 
@@ -499,7 +500,7 @@ class DiffusionLM(nn.Module):
             k_pos = torch.cat((seg.cache.committed_positions()[0], seg.positions))  # (L+T,)
         draft_from = None
         if seg.draft_from is not None:
-            draft_from = torch.tensor([seg.draft_from], device=seg.ids.device)
+            draft_from = to_device([seg.draft_from], torch.long, seg.ids.device)  # (1,)
         return build_attention_mask(
             cfg.attention, cfg.block_size, seg.positions[None], k_pos[None], None, draft_from
         )
@@ -527,8 +528,10 @@ class DiffusionLM(nn.Module):
         draft_from = None
         if any(s.draft for s in segments):
             none = cfg.max_seq_len + max(s.start + s.length for s in segments)  # past every query
-            draft_from = torch.tensor(
-                [none if s.draft_from is None else s.draft_from for s in segments], device=device
+            draft_from = to_device(
+                [none if s.draft_from is None else s.draft_from for s in segments],
+                torch.long,
+                device,
             )  # (R,)
 
         def mask(q_pos: torch.Tensor, k_pos: torch.Tensor, k_valid: torch.Tensor) -> torch.Tensor:

@@ -19,6 +19,7 @@ from dataclasses import dataclass
 import torch
 
 from ..errors import ConfigError
+from ..models.host import to_device
 from ..models.kvcache import KVCache
 from ..models.transformer import DiffusionLM
 from .caches import CACHE_CHOICES, resolve_cache_mode, resolve_window
@@ -123,11 +124,12 @@ def select_commits(
     inf = float("inf")
     tau = [r.cfg.threshold if POLICIES[r.cfg.policy].rule == "threshold" else inf for r in rows]
     score = policy_scores(probs, x0, noise, names)  # (R, W)
-    k = torch.tensor(w.k, device=dev)  # (R,)
-    take, order = choose(score, w.masked, k, torch.tensor(tau, device=dev))  # (R, W) each
+    k_tau = to_device([w.k, tau], torch.float32, dev)  # (2, R): one upload for both
+    take, order = choose(score, w.masked, k_tau[0].long(), k_tau[1])  # (R, W) each
     bad = None
     if w.cur is not None and w.eligible is not None:
-        bad = remask(probs, w.cur, w.masked, w.eligible, torch.tensor(w.bound, device=dev))
+        bound = to_device(w.bound, torch.float32, dev)  # (R,)
+        bad = remask(probs, w.cur, w.masked, w.eligible, bound)
     return take, x0, bad, order
 
 

@@ -9,10 +9,12 @@ whose score reaches its ``tau``. Nothing here reads the device from the host.
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Sequence
 
 import torch
 
+from ..models.host import to_device
 from .noise import sample_tokens
 from .policies import POLICIES
 
@@ -72,9 +74,11 @@ def policy_scores(
     if len(names) == 1:
         return POLICIES[names[0]].score(probs, x0, noise).float()  # (R, W)
     score = torch.empty(x0.shape, dtype=torch.float32, device=x0.device)  # (R, W)
-    for name in names:
-        rows = [i for i, p in enumerate(policies) if p == name]
-        idx = torch.tensor(rows, device=x0.device)
+    groups = [[i for i, p in enumerate(policies) if p == name] for name in names]
+    order = to_device([i for g in groups for i in g], torch.long, x0.device)  # (R,): one upload
+    ends = itertools.accumulate(len(g) for g in groups)
+    for name, end, g in zip(names, ends, groups):
+        idx = order[end - len(g) : end]  # this policy's rows
         part = POLICIES[name].score(
             probs[idx], x0[idx], None if noise is None else noise[idx]
         )  # (r, W)

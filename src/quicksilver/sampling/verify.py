@@ -42,6 +42,7 @@ from dataclasses import dataclass, field
 import torch
 
 from ..errors import ConfigError
+from ..models.host import to_device
 from ..models.kvcache import KVCache
 from ..models.transformer import DiffusionLM, Segment
 from .config import SamplerConfig
@@ -113,7 +114,7 @@ class VerifyRow:
         start = self.cache.length
         feed = seq[start:] + self.drafts
         m = self._masks()
-        ids = torch.tensor(feed + [self.mask_id] * m, dtype=torch.long, device=self.device)
+        ids = to_device(feed + [self.mask_id] * m, torch.long, self.device)
         lo = len(seq) - start - 1
         return Segment(ids, start, lo, len(ids), self.cache, append=len(feed), draft=m)
 
