@@ -20,6 +20,7 @@ from quicksilver.tokenizer import Tokenizer
 from quicksilver.train.data import Mixture, collate, render
 from quicksilver.train.objective import (
     NoiseConfig,
+    ar_draft_loss,
     ar_loss,
     corrupt,
     diffusion_loss,
@@ -87,6 +88,38 @@ def test_ar_loss_uniform_is_ln_v() -> None:
     out = ar_loss(Uniform(300), b, NoiseConfig(2, 8), None)  # type: ignore[arg-type]
     assert out.loss.item() == pytest.approx(math.log(300), rel=1e-6)
     assert out.n_masked == int(b.answer.sum()) - 0  # every answer token (stop included) is a target
+
+
+class Lookup(torch.nn.Module):
+    """A stand-in network whose logits at a position are a learned row of its token: every row
+    starts as the same vector ``v``."""
+
+    def __init__(self, v: torch.Tensor) -> None:
+        super().__init__()
+        self.rows = torch.nn.Parameter(v.repeat(len(v), 1))  # (V, V)
+
+    def forward(self, ids: torch.Tensor, **kw) -> torch.Tensor:  # type: ignore[no-untyped-def]
+        return self.rows[ids]  # (B, T, V)
+
+
+@pytest.mark.parametrize("teacher", ["data", "self"])
+def test_draft_teacher_self_trains_blocks_on_the_streams_own_detached_logits(teacher: str) -> None:
+    """With every row equal to v, the stream's distribution is softmax(v) everywhere: the "self"
+    draft loss is its entropy exactly (the data's tokens play no part), and its gradient reaches
+    only the mask token's row (the teacher is detached); the "data" loss is the data's CE."""
+    _, b = _batch(pad=False)
+    v = torch.randn(300, generator=torch.Generator().manual_seed(0))
+    net = Lookup(v)
+    cfg = NoiseConfig(2, 8, draft_len=4, draft_blocks=2, draft_teacher=teacher)
+    out = ar_draft_loss(net, b, cfg, torch.Generator().manual_seed(1))  # type: ignore[arg-type]
+    p = v.softmax(-1)
+    entropy = -(p * p.log()).sum().item()
+    draft = out.parts["draft"]
+    assert (abs(draft.item() - entropy) < 1e-4) == (teacher == "self"), (draft.item(), entropy)
+    draft.backward()
+    touched = net.rows.grad.abs().sum(-1).nonzero().flatten().tolist()  # type: ignore[union-attr]
+    assert touched == [2]  # the mask id: the blocks' only input
+    assert out.parts["ar"].item() > 0
 
 
 def test_diffusion_loss_uniform_matches_formula() -> None:

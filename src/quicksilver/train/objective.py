@@ -35,6 +35,11 @@ p+j predicts token p+j+1 (the same next-token head as the stream: the stream's o
 token p+1, the block drafts the k after it). Stream positions never attend to a block, so the
 stream loss is exactly the AR loss and the AR model is never left. Anchors are drawn uniformly over
 the answer; the block size per batch is drawn from [k - k/2, k + k/2] ("sizes around the decode k").
+The block's targets are the data's tokens (``draft_teacher="data"``) or the network's own causal
+distribution at the same positions, detached (``"self"``: soft cross-entropy against the stream's
+logit for that token): what ``verify`` accepts is agreement with the causal head, not with the data,
+so "self" trains the drafts toward exactly that (the EAGLE / self-speculation way of training a
+drafter on the target model's own predictions).
 """
 
 from __future__ import annotations
@@ -63,6 +68,9 @@ class NoiseConfig:
     draft_len: int = 8  # ar_draft: the decode k the appended mask blocks are sized around
     draft_blocks: int = 6  # ar_draft: mask blocks appended per sequence
     draft_weight: float = 1.0  # ar_draft: weight of the masked-token loss beside the AR loss
+    draft_teacher: str = (
+        "data"  # ar_draft: the blocks' targets, the data or the stream's own logits
+    )
 
 
 @dataclass
@@ -289,7 +297,13 @@ def ar_draft_loss(
     mask = draft_mask(L, anchors, k, valid)
     logits = model(seq, positions=pos, attn_mask=mask, raw=True)  # (B, L + nb*k, V)
     ar, _ = next_token_ce(logits[:, : L - 1], batch)
-    dce = F.cross_entropy(logits[:, L:].float().transpose(1, 2), x0, reduction="none")  # (B, nb*k)
+    draft_logits = logits[:, L:].float()  # (B, nb*k, V)
+    if cfg.draft_teacher == "self":  # the stream's logit at tpos - 1 predicts token tpos
+        at = (tpos - 1).clamp_max(L - 1)[:, :, None].expand(-1, -1, logits.shape[-1])
+        teacher = logits[:, :L].detach().float().gather(1, at).softmax(-1)  # (B, nb*k, V)
+        dce = -(teacher * draft_logits.log_softmax(-1)).sum(-1)  # (B, nb*k)
+    else:
+        dce = F.cross_entropy(draft_logits.transpose(1, 2), x0, reduction="none")  # (B, nb*k)
     draft = ((dce * t_ok).sum(1) / t_ok.sum(1).clamp_min(1)).mean()
     loss = ar + cfg.draft_weight * draft
     return LossOut(loss, int(t_ok.sum()), int(valid.sum()) + B * nb * k, {"ar": ar, "draft": draft})

@@ -57,6 +57,7 @@ class TrainConfig:
     draft_len: int = 8  # decode k the appended all-[MASK] blocks are sized around
     draft_blocks: int = 6  # mask blocks appended per sequence
     draft_weight: float = 1.0  # weight of the masked-token loss beside the AR loss
+    draft_teacher: str = "data"  # the mask blocks' targets: data, or self (the stream's own logits)
     # optimisation
     batch_size: int = 32  # global, split over data-parallel processes
     bucket: int = 8  # batches generated at once and grouped by length (less padding)
@@ -105,6 +106,8 @@ class TrainConfig:
         ):
             if getattr(self, name) <= 0:
                 raise ConfigError(f"{name} must be positive, got {getattr(self, name)}")
+        if self.draft_teacher not in ("data", "self"):
+            raise ConfigError(f"draft_teacher must be data or self, got {self.draft_teacher!r}")
         if not 0 <= self.distill_frac <= 1:
             raise ConfigError(f"distill_frac must be in [0, 1], got {self.distill_frac}")
         if not 0 <= self.sub_prob < 1 or not 0 <= self.instant_frac <= 1:
@@ -171,6 +174,15 @@ V3_DRAFT = TrainConfig(
     warmup=20,
     eval_every=600,
     cpu_bf16=True,
+)
+
+V3_DRAFT_MORE = dataclasses.replace(
+    V3_DRAFT,
+    init_from="runs/small-ar-draft-w03-full/final",
+    draft_weight=0.3,
+    seed=11,
+    steps=600,
+    lr=1e-4,
 )
 
 RECIPES: dict[str, TrainConfig] = {
@@ -271,6 +283,11 @@ RECIPES: dict[str, TrainConfig] = {
     "small-ar-draft-w03-lr1": dataclasses.replace(
         V3_DRAFT, out="runs/small-ar-draft-w03-lr1", draft_weight=0.3, lr=1e-4
     ),
+    # 600 more steps from w03-full: drafts trained on the stream's own logits, and the control
+    "small-ar-draft-self": dataclasses.replace(
+        V3_DRAFT_MORE, out="runs/small-ar-draft-self", draft_teacher="self"
+    ),
+    "small-ar-draft-more": dataclasses.replace(V3_DRAFT_MORE, out="runs/small-ar-draft-more"),
     # ablation: no substitution noise
     "small-nosub": TrainConfig(out="runs/small-nosub", sub_prob=0.0),
     # a bidirectional (LLaDA-style) chat model: measures what the approximate prefix/dual caches cost

@@ -131,6 +131,7 @@ class Trainer:
             cfg.draft_len,
             cfg.draft_blocks,
             cfg.draft_weight,
+            cfg.draft_teacher,
         )
         decay = [p for p in self.model.parameters() if p.dim() >= 2]
         other = [p for p in self.model.parameters() if p.dim() < 2]
