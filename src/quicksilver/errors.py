@@ -13,11 +13,3 @@ class CheckpointError(QuicksilverError):
 
 class ConfigError(QuicksilverError, ValueError):
     """A configuration or sampler option is out of range or unknown."""
-
-
-class InputTooLongError(ConfigError):
-    """The prompt plus the requested canvas does not fit in the model's context."""
-
-
-class Cancelled(QuicksilverError):
-    """A request was cancelled (client disconnect or explicit cancel)."""

@@ -47,7 +47,7 @@ from ..models.transformer import DiffusionLM, KVCache, Rotary
 from ..sampling import Decoder, SamplerConfig
 from .syncs import SyncCounter
 
-# Published config.json files (shared/reference/model_formats.md §1.2, §2.2), the fields that shape the network.
+# Published config.json files (GSAI-ML/LLaDA-8B-Instruct and Dream-org/Dream-v0-Instruct-7B on the Hugging Face Hub), the fields that shape the network.
 LLADA_8B = {
     "architectures": ["LLaDAModelLM"],
     "block_type": "llama",

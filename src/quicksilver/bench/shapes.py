@@ -8,7 +8,7 @@ hidden 2048, 28 layers, 16 / 8 heads of 128, MLP 6144, QK-norm, tied) and a 4-la
 LLaDA-8B (hidden 4096, 32 heads, MLP 12288, vocabulary 126,464; the slice keeps the embedding and
 head, so per-layer cost x 32 + head gives the whole model). Sources: the Qwen2.5-1.5B / Qwen3-1.7B
 configs as published (e.g. web-llm's qwen2 1.5B model_config; THUDM slime's qwen3-1.7B model
-arguments), LLaDA-8B from shared/reference/model_formats.md.
+arguments), LLaDA-8B from its published config.json (GSAI-ML/LLaDA-8B-Instruct).
 
 For each shape and weight format (float32, bfloat16, int8 dynamic) it prefills a realistic prompt
 into an exact KV cache, then times, against that cache:

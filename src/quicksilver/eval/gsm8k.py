@@ -2,7 +2,7 @@
 
 ``quicksilver eval --benchmark gsm8k --data FILE.jsonl --model DIR`` (nothing is downloaded: the
 file is the user's, one ``{"question": ..., "answer": "... #### 42"}`` per line, as in the GSM8K
-release). Presets carry the settings of the published numbers (shared/reference/quality_anchors.md):
+release). Presets carry the settings of the published numbers (the LLaDA paper, arXiv 2502.09992, and the Fast-dLLM paper, arXiv 2505.22618):
 
 - ``llada``: LLaDA-8B-Instruct, 0-shot chat, gen_length 256, semi-AR blocks of 8, steps = 256,
   low-confidence remasking, greedy -> GSM8K 78.6 (internal) / 78.9 (OpenCompass).

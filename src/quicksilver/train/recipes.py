@@ -288,6 +288,24 @@ RECIPES: dict[str, TrainConfig] = {
         V3_DRAFT_MORE, out="runs/small-ar-draft-self", draft_teacher="self"
     ),
     "small-ar-draft-more": dataclasses.replace(V3_DRAFT_MORE, out="runs/small-ar-draft-more"),
+    # 900 more from -more: the same recipe, and the draft weight back at 1 (the lever on drafts)
+    "small-ar-draft-more2": dataclasses.replace(
+        V3_DRAFT_MORE,
+        out="runs/small-ar-draft-more2",
+        init_from="runs/small-ar-draft-more/final",
+        seed=12,
+        steps=900,
+        eval_every=900,
+    ),
+    "small-ar-draft-more-w1": dataclasses.replace(
+        V3_DRAFT_MORE,
+        out="runs/small-ar-draft-more-w1",
+        init_from="runs/small-ar-draft-more/final",
+        seed=12,
+        steps=900,
+        eval_every=900,
+        draft_weight=1.0,
+    ),
     # ablation: no substitution noise
     "small-nosub": TrainConfig(out="runs/small-nosub", sub_prob=0.0),
     # a bidirectional (LLaDA-style) chat model: measures what the approximate prefix/dual caches cost

@@ -1,6 +1,6 @@
 """Dream-v0 (Dream-org Dream-v0-Base-7B / -Instruct-7B): Qwen2.5 weights run bidirectionally, shifted logits.
 
-Facts (shared/reference/model_formats.md §2): architecture ``DreamModel`` (``model_type`` "Dream");
+Facts (config.json and remote code of huggingface.co/Dream-org/Dream-v0-Instruct-7B): architecture ``DreamModel`` (``model_type`` "Dream");
 Qwen2 config keys and weight names (q/k/v biases, no o_proj bias, untied head); attention is never
 causal; the hidden state at position i predicts token i+1, so logits are re-aligned by one
 (``logit_shift``). ``mask_token_id`` 151666 (``<|mask|>``), eos = pad 151643, ``<|im_end|>`` ends a

@@ -5,7 +5,7 @@ with the real keys, weights under the upstream names (sharded with ``model.safet
 where the real one is sharded), tokenizer files in the family's format (``tokenizer.json``, or only
 ``vocab.json`` + ``merges.txt`` for Dream and Fast-dLLM v2), special tokens by their real names,
 and a chat template — at a toy size with random weights. Nothing here is upstream code: names,
-keys and token strings are the facts of shared/reference/model_formats.md.
+keys and token strings are those of the published checkpoints (each family module names its source).
 """
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ from .common import QWEN2_PATTERN
 
 FAMILY_NAMES = ("llada", "dream", "fast_dllm_v2", "sdar", "sdar_moe", "llada_moe", "llada2")
 
-# LLaDA's chat template as published in its tokenizer_config.json (model_formats.md §1.5).
+# LLaDA's chat template as published in its tokenizer_config.json (huggingface.co/GSAI-ML/LLaDA-8B-Instruct).
 LLADA_TEMPLATE = (
     "{% set loop_messages = messages %}{% for message in loop_messages %}{% set content = "
     "'<|start_header_id|>' + message['role'] + '<|end_header_id|>\\n\\n'+ message['content'] | trim + "
@@ -38,7 +38,7 @@ CHATML_TEMPLATE = (
     "{{- '<|im_start|>' + message['role'] + '\\n' + message['content'] + '<|im_end|>\\n' }}{%- endif %}"
     "{%- endfor %}{%- if add_generation_prompt %}{{- '<|im_start|>assistant\\n' }}{%- endif %}"
 )
-# The Ling / LLaDA-MoE / LLaDA2 role format (model_formats.md §3.1).
+# The Ling / LLaDA-MoE / LLaDA2 role format (huggingface.co/inclusionAI/LLaDA-MoE-7B-A1B-Instruct).
 ROLE_TEMPLATE = (
     "{%- for m in messages -%}{{- '<role>' + {'system': 'SYSTEM', 'user': 'HUMAN', 'assistant': 'ASSISTANT'}"
     "[m['role']] + '</role>' + m['content'] + '<|role_end|>' -}}{%- endfor -%}"

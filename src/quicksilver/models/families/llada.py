@@ -1,13 +1,13 @@
 """LLaDA (GSAI-ML LLaDA-8B-Base / -Instruct, LLaDA-1.5): a bidirectional LLaMA-shaped masked-diffusion LM.
 
-Facts (shared/reference/model_formats.md §1): architecture ``LLaDAModelLM``; OLMo-style config keys
+Facts (config.json, modeling_llada.py and tokenizer_config.json of huggingface.co/GSAI-ML/LLaDA-8B-Instruct): architecture ``LLaDAModelLM``; OLMo-style config keys
 (``d_model``, ``n_heads``, ``n_kv_heads``, ``n_layers``, ``mlp_hidden_size``, ``embedding_size``,
 ``rms_norm_eps``, ``rope_theta``, ``weight_tying``, ``mask_token_id`` 126336); weights under
 ``model.transformer.*`` with ``attn_norm``/``attn_out``/``ff_norm``/``ff_proj`` (gate, SiLU)/
 ``up_proj``/``ff_out`` (down) and ``transformer.ff_out`` as the LM head. Half-split RoPE, RMSNorm,
 no bias, no causal mask, no logit shift. ``<|mdm_mask|>`` is not declared as the tokenizer's mask
 token and ``<|eot_id|>`` ends a turn. Decoding as published: low-confidence remasking in
-semi-autoregressive blocks of 32 (generate.py / chat.py), temperature 0.
+semi-autoregressive blocks of 32 (ML-GSAI/LLaDA generate.py / chat.py), temperature 0.
 """
 
 from __future__ import annotations

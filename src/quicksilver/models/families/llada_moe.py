@@ -1,6 +1,6 @@
 """The mixture-of-experts diffusion LMs of inclusionAI: LLaDA-MoE (bidirectional) and LLaDA2.x (block-causal).
 
-LLaDA-MoE-7B-A1B (shared/reference/model_formats.md §3.1): architecture ``LLaDAMoEModelLM`` (its
+LLaDA-MoE-7B-A1B (its config.json and remote code, huggingface.co/inclusionAI/LLaDA-MoE-7B-A1B-Instruct): architecture ``LLaDAMoEModelLM`` (its
 ``model_type`` is "llada", like the dense model: dispatch is on ``architectures``). OLMoE-like:
 Qwen-style names, QK-norm over head_dim before RoPE, optional ``clip_qkv``, ``o_proj`` bias =
 ``attention_bias``; per layer ``moe_layer_freq[i]`` picks a sparse block (1) or a dense MLP of

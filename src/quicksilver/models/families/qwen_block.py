@@ -3,7 +3,7 @@
 Both attend block-causally (a token sees its own block and every earlier one; blocks are aligned
 at position 0), so a finished block's keys/values never change and the KV cache is exact.
 
-- Fast-dLLM v2 (shared/reference/model_formats.md §4.3): ``Fast_dLLM_QwenForCausalLM``; Qwen2 keys
+- Fast-dLLM v2 (huggingface.co/Efficient-Large-Model/Fast_dLLM_v2_7B; arXiv 2509.26328): ``Fast_dLLM_QwenForCausalLM``; Qwen2 keys
   and names with q/k/v biases; block size ``bd_size`` (32); logits shifted by one like Dream; mask
   ``|<MASK>|`` 151665 (an added token, not in config.json); eos = pad ``<|im_end|>`` 151645.
   Decoding as published: 32-token blocks decoded in sub-blocks of 8, commit every token whose
