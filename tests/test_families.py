@@ -10,12 +10,12 @@ import pytest
 import torch
 
 import quicksilver
+from family_fixtures import FAMILY_NAMES, SPECIALS, write_tiny
 from quicksilver import CheckpointError
 from quicksilver.cli import main as cli_main
 from quicksilver.models import KVCache
 from quicksilver.models.families import FAMILIES, generation_defaults
 from quicksilver.models.families.common import bpe_tokenizer_from_vocab
-from quicksilver.models.families.fixtures import FAMILY_NAMES, SPECIALS, write_tiny
 
 TEXTS = [
     "Hello, world! The cat's 123 numbers\n\n  spaced   out",

@@ -11,6 +11,7 @@ import pytest
 import torch
 
 import quicksilver
+from family_fixtures import write_tiny
 from quicksilver.bench import gpu_families
 from quicksilver.errors import ConfigError
 from quicksilver.eval.gsm8k import (
@@ -21,7 +22,6 @@ from quicksilver.eval.gsm8k import (
     normalize_number,
     run,
 )
-from quicksilver.models.families.fixtures import write_tiny
 
 ROWS = [
     {

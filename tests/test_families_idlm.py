@@ -12,10 +12,10 @@ import pytest
 import torch
 
 import quicksilver
+from family_fixtures import write_tiny_idlm
 from quicksilver import CheckpointError
 from quicksilver.models.checkpoint import load_checkpoint
 from quicksilver.models.families import family_of, generation_defaults
-from quicksilver.models.families.fixtures import write_tiny_idlm
 from quicksilver.sampling import SamplerConfig
 from quicksilver.sampling.autoregressive import ar_generate
 from quicksilver.sampling.verify import VerifyDecoder

@@ -1,7 +1,7 @@
 """Parity of the dense families with an independent implementation: Hugging Face ``transformers``.
 
 Each test writes a tiny random checkpoint in the family's upstream layout and names
-(quicksilver.models.families.fixtures), loads it with ``quicksilver.load`` and compares the logits
+(tests/family_fixtures.py), loads it with ``quicksilver.load`` and compares the logits
 with the transformers model of the same body, given the same weights under transformers' names
 and the family's attention pattern as an explicit 4-D additive mask (transformers returns a 4-D
 mask as it is, so causality is off):
@@ -26,8 +26,8 @@ import torch
 transformers = pytest.importorskip("transformers")
 
 import quicksilver  # noqa: E402
+from family_fixtures import write_tiny  # noqa: E402
 from quicksilver.models.checkpoint import read_safetensors  # noqa: E402
-from quicksilver.models.families.fixtures import write_tiny  # noqa: E402
 
 TOL = 1e-4
 T = 12  # three blocks of 4 for the block-causal families

@@ -27,8 +27,8 @@ import torch
 
 transformers = pytest.importorskip("transformers")
 
+from family_fixtures import write_tiny  # noqa: E402
 from quicksilver.models.checkpoint import read_safetensors  # noqa: E402
-from quicksilver.models.families.fixtures import write_tiny  # noqa: E402
 from test_parity_dense import TOL, T, additive, block_causal, check_block_causal, ids_for, ours  # noqa: E402
 
 

@@ -15,7 +15,7 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
-from quicksilver.models.families.fixtures import write_tiny
+from family_fixtures import write_tiny
 
 FAMILIES = ("llada", "llada2", "sdar")  # dense bidirectional, MoE, dense block-causal (KV cache)
 pytestmark = pytest.mark.timeout(120)

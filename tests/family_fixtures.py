@@ -19,7 +19,7 @@ from safetensors.torch import save_file
 from tokenizers import AddedToken, Regex, decoders, models, normalizers, pre_tokenizers
 from tokenizers import Tokenizer as FastTokenizer
 
-from .common import QWEN2_PATTERN
+from quicksilver.models.families.common import QWEN2_PATTERN
 
 FAMILY_NAMES = ("llada", "dream", "fast_dllm_v2", "sdar", "sdar_moe", "llada_moe", "llada2")
 
