@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Generator, Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 from typing import Any
 
@@ -75,7 +75,7 @@ class Pipeline:
         # The family's published decoding settings (+ the checkpoint's sampler_config.json): the
         # base that every request's options are applied on (CLI flags, API fields).
         self.generation_defaults: dict[str, Any] = generation_defaults(
-            self.config.architecture, self.path
+            self.config.architecture, self.path, [f.name for f in fields(SamplerConfig)]
         )
         if isinstance(self.decoder, VerifyDecoder):  # lossless by default: the model's AR output
             self.generation_defaults.setdefault("policy", "verify")

@@ -14,7 +14,7 @@ these and applies each request's options on top.
 
 from __future__ import annotations
 
-import dataclasses
+from collections.abc import Collection
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -54,10 +54,12 @@ def family_of(architecture: str) -> Family | None:
     return BY_ARCHITECTURE.get(architecture)
 
 
-def generation_defaults(architecture: str, path: str | Path | None = None) -> dict[str, Any]:
-    """SamplerConfig fields: the family's published settings, then ``sampler_config.json``."""
-    from ...sampling import SamplerConfig
-
+def generation_defaults(
+    architecture: str, path: str | Path | None = None, known: Collection[str] | None = None
+) -> dict[str, Any]:
+    """Decoding options (SamplerConfig fields): the family's published settings, then the
+    checkpoint's ``sampler_config.json``, whose keys must be among ``known`` (the caller's option
+    names; the sampler sits above this layer)."""
     fam = family_of(architecture)
     out = dict(fam.defaults) if fam is not None else {}
     if path is not None and (Path(path) / SAMPLER_CONFIG_FILE).is_file():
@@ -65,8 +67,7 @@ def generation_defaults(architecture: str, path: str | Path | None = None) -> di
 
         f = Path(path) / SAMPLER_CONFIG_FILE
         extra = read_json_object(f, "a JSON object of sampler options")
-        known = {fl.name for fl in dataclasses.fields(SamplerConfig)}
-        unknown = sorted(set(extra) - known)
+        unknown = sorted(set(extra) - set(known)) if known is not None else []
         if unknown:
             raise CheckpointError(f"{f}: unknown sampler options {unknown}")
         out.update(extra)
