@@ -17,6 +17,7 @@ from quicksilver.train.data import prompt_text
 from quicksilver.train.tasks import get_task
 
 PATH = embedded_diffusion_model_path()
+SUITE = ["path_star", "sudoku4", "countdown3", "multiply", "tool_call", "chat", "fim", "tool_loop"]
 pytestmark = pytest.mark.skipif(PATH is None, reason="no embedded model in this build")
 
 
@@ -30,12 +31,12 @@ def test_size_and_format() -> None:
     assert (PATH / "train_config.json").is_file()
 
 
-# What the shipped model reliably does today (docs/MODEL.md has the measured accuracies on 200
-# items per task), with margin for a 2-core CPU's numerics. Today's model (v2, stage 3): chat 10/10,
-# sudoku4 5/12, countdown3 7/12, tool_loop 7/12. Raise these bars when a better model ships.
+# Today's greedy counts minus one (docs/MODEL.md has the 200-item accuracies): the v2 diffusion
+# model solves chat 10/10, sudoku4 12/24, countdown3 12/24, tool_loop 13/24 (2026-12-02, AMD EPYC
+# and Intel Xeon alike). Raise these bars when a better model ships.
 @pytest.mark.parametrize(
     "task,n,need",
-    [("chat", 10, 9), ("sudoku4", 12, 3), ("countdown3", 12, 4), ("tool_loop", 12, 4)],
+    [("chat", 10, 9), ("sudoku4", 24, 11), ("countdown3", 24, 11), ("tool_loop", 24, 12)],
 )
 def test_solves_fixed_items(task: str, n: int, need: int) -> None:
     pipe = quicksilver.load(PATH)
@@ -45,10 +46,10 @@ def test_solves_fixed_items(task: str, n: int, need: int) -> None:
     assert sum(r.nfe for r in res) < sum(r.tokens for r in res)  # parallel decoding: TPF > 1
 
 
-@pytest.mark.parametrize("task,n,need", [("chat", 10, 9), ("tool_loop", 12, 3)])
+@pytest.mark.parametrize("task,n,need", [("chat", 10, 9), ("tool_loop", 24, 10)])
 def test_understands_held_out_wordings(task: str, n: int, need: int) -> None:
     """The same puzzles worded with templates no training item used (v2's phrasing split). Today:
-    chat 10/10, tool_loop 5/12."""
+    chat 10/10, tool_loop 11/24."""
     pipe = quicksilver.load(PATH)
     items = get_task(task).test_items(n, phrasing="held-out")
     res = decode_items(pipe.model, pipe.tokenizer, items, SamplerConfig())
@@ -100,3 +101,17 @@ def test_forced_tool_calls_through_the_server_always_parse() -> None:
     assert PATH is not None
     rep = served_tool_calls(PATH, "required", limit=8, seed=1234)
     assert rep["n"] >= 3 and rep["failed"] == 0 and rep["parseable"] == 1.0, rep
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("phrasing,measured", [("templated", 0.383), ("held-out", 0.301)])
+def test_the_200_item_suite_holds_its_measured_accuracy(phrasing: str, measured: float) -> None:
+    """200 items per task, 8 tasks, default decoding: the 8-task mean docs/MODEL.md reports, to a
+    point."""
+    pipe = quicksilver.load(PATH)
+    means = []
+    for t in SUITE:
+        items = get_task(t).test_items(200, phrasing=phrasing)
+        res = decode_items(pipe.model, pipe.tokenizer, items, SamplerConfig())
+        means.append(sum(r.correct for r in res) / len(res))
+    assert sum(means) / len(means) >= measured - 0.01, means
