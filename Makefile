@@ -9,7 +9,7 @@ PORT    ?= 8000
 CHROMIUM := /usr/bin/chromium
 SUDO    := $(if $(filter 0,$(shell id -u)),,sudo)
 
-.PHONY: install run lint test test-fuzz test-llama-cpp test-slow test-all screenshots train-ar train-model train-ar-v2 train-model-v2 train-model-v2-cf distill-v2 distill-v2-self distill-v2-self2 train-model-v2-kd train-model-v2-sdcf2 train-ar-v2-twin train-draft train-draft-ablation clean
+.PHONY: install run lint test test-fuzz test-llama-cpp test-slow test-all screenshots train-ar train-model train-ar-v2 train-model-v2 train-model-v2-cf distill-v2 distill-v2-self distill-v2-self2 train-model-v2-kd train-model-v2-sdcf2 train-ar-v2-twin train-draft train-draft-v3 train-draft-levers train-draft-ablation clean
 
 $(STAMP): pyproject.toml Makefile
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
@@ -142,9 +142,19 @@ runs/small-ar-v2-twin6k/final/config.json:
 	mkdir -p runs/small-ar-v2-twin6k/final
 	git archive $(V2_COMMIT) src/quicksilver/assets/model-ar | tar -x --strip-components=4 -C runs/small-ar-v2-twin6k/final
 
+# v3.1 (assets/model since 2026-12-02): draft weight 0.3, 1,200 + 600 + 900 steps (~1.5 h, one thread)
 train-draft: $(STAMP) runs/small-ar-v2-twin6k/final/config.json
+	for r in small-ar-draft-w03-full small-ar-draft-more small-ar-draft-more2; do $(BIN)/quicksilver train --recipe $$r || exit 1; done
+
+# v3 (the fifth sitting's shipped run, draft weight 1) and the levers measured against v3.1
+train-draft-v3: $(STAMP) runs/small-ar-v2-twin6k/final/config.json
 	$(BIN)/quicksilver train --recipe small-ar-draft --steps 1500 --eval-every 500 --stop-at 600
 	$(BIN)/quicksilver train --recipe small-ar-draft
+
+train-draft-levers: $(STAMP) runs/small-ar-v2-twin6k/final/config.json
+	$(BIN)/quicksilver train --recipe small-ar-draft-w03-full
+	for r in small-ar-draft-w03-lr1 small-ar-draft-more small-ar-draft-self; do $(BIN)/quicksilver train --recipe $$r || exit 1; done
+	$(BIN)/quicksilver train --recipe small-ar-draft-more-w1
 
 train-draft-ablation: $(STAMP) runs/small-ar-v2-twin6k/final/config.json
 	for r in small-ar-draft-w1s small-ar-draft-w03 small-ar-draft-k4; do $(BIN)/quicksilver train --recipe $$r || exit 1; done
