@@ -131,6 +131,18 @@ def server() -> Iterator[RemoteServer]:
     srv.stop()
 
 
+def served_at_once(server: RemoteServer) -> None:
+    """A real request beside stuck sockets is answered within 1.5 s."""
+    t0 = time.perf_counter()
+    r = httpx.post(
+        server.url + "/v1/chat/completions",
+        json={"messages": USER, "reasoning_effort": "none", "max_tokens": 8},
+        timeout=10,
+    )
+    assert r.status_code == 200, r.text
+    assert time.perf_counter() - t0 < 1.5
+
+
 def test_sockets_that_send_headers_and_no_body_hold_no_slot(server: RemoteServer) -> None:
     head = (
         b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
@@ -142,14 +154,7 @@ def test_sockets_that_send_headers_and_no_body_hold_no_slot(server: RemoteServer
         s.sendall(head)
         socks.append(s)
     try:
-        t0 = time.perf_counter()
-        r = httpx.post(
-            server.url + "/v1/chat/completions",
-            json={"messages": USER, "reasoning_effort": "none", "max_tokens": 8},
-            timeout=10,
-        )
-        assert r.status_code == 200, r.text
-        assert time.perf_counter() - t0 < 1.5  # served at once, not after the stuck bodies
+        served_at_once(server)  # not after the stuck bodies
         for s in socks:
             s.settimeout(5)
             assert s.recv(200).startswith(b"HTTP/1.1 408")  # the body timeout (2 s)
@@ -169,13 +174,7 @@ def test_sockets_that_never_finish_their_headers_are_closed_in_time(server: Remo
         socks.append(s)
     try:
         t0 = time.perf_counter()
-        r = httpx.post(
-            server.url + "/v1/chat/completions",
-            json={"messages": USER, "reasoning_effort": "none", "max_tokens": 8},
-            timeout=10,
-        )
-        assert r.status_code == 200, r.text
-        assert time.perf_counter() - t0 < 1.5  # served at once beside the stuck heads
+        served_at_once(server)  # beside the stuck heads
         for s in socks[1::2]:  # a trickle of header bytes does not push the deadline back
             s.sendall(b"X-Slow: 1\r\n")
         for s in socks:

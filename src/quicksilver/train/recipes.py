@@ -185,6 +185,10 @@ V3_DRAFT_MORE = dataclasses.replace(
     lr=1e-4,
 )
 
+V3_DRAFT_MORE2 = dataclasses.replace(  # v3.1, assets/model since 2026-12-02
+    V3_DRAFT_MORE, init_from="runs/small-ar-draft-more/final", seed=12, steps=900, eval_every=900
+)
+
 RECIPES: dict[str, TrainConfig] = {
     # phase 1 (superseded): block-causal diffusion from scratch, ~3.0M parameters
     "small": TrainConfig(out="runs/small"),
@@ -289,22 +293,9 @@ RECIPES: dict[str, TrainConfig] = {
     ),
     "small-ar-draft-more": dataclasses.replace(V3_DRAFT_MORE, out="runs/small-ar-draft-more"),
     # 900 more from -more: the same recipe, and the draft weight back at 1 (the lever on drafts)
-    "small-ar-draft-more2": dataclasses.replace(
-        V3_DRAFT_MORE,
-        out="runs/small-ar-draft-more2",
-        init_from="runs/small-ar-draft-more/final",
-        seed=12,
-        steps=900,
-        eval_every=900,
-    ),
+    "small-ar-draft-more2": dataclasses.replace(V3_DRAFT_MORE2, out="runs/small-ar-draft-more2"),
     "small-ar-draft-more-w1": dataclasses.replace(
-        V3_DRAFT_MORE,
-        out="runs/small-ar-draft-more-w1",
-        init_from="runs/small-ar-draft-more/final",
-        seed=12,
-        steps=900,
-        eval_every=900,
-        draft_weight=1.0,
+        V3_DRAFT_MORE2, out="runs/small-ar-draft-more-w1", draft_weight=1.0
     ),
     # ablation: no substitution noise
     "small-nosub": TrainConfig(out="runs/small-nosub", sub_prob=0.0),
