@@ -591,3 +591,23 @@ def test_parallel_tool_calls_decode_each_call_on_its_own_canvas(client: TestClie
     for c in calls:
         tool = {t["function"]["name"]: t["function"] for t in TOOLS}[c["name"]]
         jsonschema.validate(json.loads(c["arguments"]), tool["parameters"])
+
+
+def test_a_tool_description_with_a_line_separator_is_served(client: TestClient) -> None:
+    """U+2028 inside a tool's description (json.dumps keeps it as is): a fuzz finding that made the
+    mock engine's prompt parser fail (500)."""
+    tool = {
+        "type": "function",
+        "function": {"name": "f", "description": "a\u2028b\x1cc", "parameters": {"type": "object"}},
+    }
+    r = client.post(
+        "/v1/chat/completions",
+        json={
+            "messages": USER,
+            "tools": [tool],
+            "tool_choice": "required",
+            "reasoning_effort": "none",
+        },
+    )
+    assert r.status_code == 200, r.text
+    assert r.json()["choices"][0]["message"]["tool_calls"][0]["function"]["name"] == "f"

@@ -61,7 +61,9 @@ def continuing(prompt: str, reply: str) -> str:
 def _calls(prompt: str, tools_json: str) -> str:
     """A call of each offered tool the user's last message names (in the order offered), else of
     the first tool."""
-    fns = [json.loads(line) for line in tools_json.splitlines()]
+    # one JSON object per "\n" line (not splitlines: it also splits at U+2028 and the other
+    # separators that json.dumps leaves inside strings)
+    fns = [json.loads(line) for line in tools_json.split("\n") if line.strip()]
     fns = [f.get("function", f) for f in fns]
     user = prompt.rsplit("<|im_start|>user\n", 1)[-1].split("<|im_end|>", 1)[0]
     chosen = [f for f in fns if f["name"] in user] or fns[:1]
