@@ -317,3 +317,65 @@ def test_window_rows_skip_prefilled_sub_blocks(dlm_pipes) -> None:  # type: igno
             (res,) = stop.value
             break
     assert len(res.tokens) == 64 and all(res.tokens[p] == 5 for p in prefill)
+
+
+@pytest.mark.parametrize("name", RUNTIMES)
+def test_a_pooled_cache_keeps_its_bindings_and_stays_exact(ar_pipe, name: str) -> None:  # type: ignore[no-untyped-def]
+    """A finished request's cache goes back to the model's pool with the runtime buffers bound to
+    it: the next request of the same shapes binds nothing new, and the stale keys/values a longer
+    request left behind change no token."""
+    model = ar_pipe.model
+    long_prompt = _prompt(ar_pipe) * 3
+    short_prompt = ar_pipe.tokenizer.encode("Write a haiku about rain.")
+    attach_backend(model, "torch")
+    ref = ar_generate(model, short_prompt, 60, []).tokens
+    try:
+        attach_backend(model, name)
+        step = model.step_backend
+        binds = []
+        inner = step.runner.bind
+
+        def counted(inputs, outs):  # type: ignore[no-untyped-def]
+            binds.append(inputs["mask"].shape)
+            return inner(inputs, outs)
+
+        step.runner.bind = counted
+        ar_generate(model, long_prompt, 60, [])  # leaves its keys/values in the pooled memory
+        assert ar_generate(model, short_prompt, 60, []).tokens == ref
+        first = len(binds)
+        assert first > 0 and model.kv_pool.hits > 0
+        assert ar_generate(model, short_prompt, 60, []).tokens == ref
+        assert len(binds) == first  # every slot of the second run came from the pool
+    finally:
+        attach_backend(model, "torch")
+
+
+def test_kv_pool_reuses_by_shape_and_evicts_beyond_its_budget() -> None:
+    from quicksilver.models.kvcache import KVPool
+
+    pool = KVPool(
+        max_bytes=3 * 2 * 64 * 4 * 4 + 3 * 64 * 9
+    )  # room for three (1, 1, 1, 64, 4) caches
+    cpu = torch.device("cpu")
+    caches = [KVCache(pool) for _ in range(4)]
+    for c in caches:
+        c.reserve(1, 1, 1, 4, 10, torch.float32, cpu)
+        c.commit(5)
+    memory = [c.kv.data_ptr() for c in caches]  # type: ignore[union-attr]
+    for c in caches:
+        c.release()
+        assert c.length == 0 and c.capacity == 0
+    assert pool.bytes <= pool.max_bytes and len(pool._free) == 3  # the oldest was evicted
+    again = KVCache(pool)
+    again.reserve(1, 1, 1, 4, 10, torch.float32, cpu)
+    assert again.kv.data_ptr() in memory[1:]  # type: ignore[union-attr]
+    other = KVCache(pool)
+    other.reserve(1, 1, 2, 4, 10, torch.float32, cpu)  # another shape: fresh memory
+    assert other.kv.data_ptr() not in memory  # type: ignore[union-attr]
+    grown = KVCache(pool)
+    grown.reserve(1, 1, 1, 4, 10, torch.float32, cpu)
+    grown.k[0][:, :, :3] = 7.0
+    grown.commit(3)
+    grown.reserve(1, 1, 1, 4, 100, torch.float32, cpu)  # grows: keeps what is committed
+    assert grown.capacity == 128 and bool((grown.k[0][:, :, :3] == 7.0).all())
+    assert len(pool._free) == 2  # the 64-slot memory it grew out of went back

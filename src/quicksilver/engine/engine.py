@@ -219,6 +219,8 @@ class Engine:
         res = lv.row.result()
         if reason in ("cancelled", "error"):
             res.finish_reason = reason
+        if reason == "cancelled":  # a failed step may have left its cache's bindings half-written
+            _free(lv.row)
         return EngineEvent(
             lv.req.request_id,
             self.step_count,
@@ -297,9 +299,18 @@ class Engine:
                     lv.prompt_cached,
                 )
             )
+            if ev.done:
+                _free(row)
         return events
 
     def run_until_idle(self) -> Iterator[EngineEvent]:
         """Step until nothing is left (offline use: CLI, benchmarks, tests)."""
         while self.has_work:
             yield from self.step()
+
+
+def _free(row: Any) -> None:
+    """Hand a finished row's cache memory back to its model's pool."""
+    cache = getattr(row, "cache", None)
+    if cache is not None:
+        cache.release()

@@ -316,6 +316,7 @@ def resolve_backend(name: str, model: DiffusionLM) -> str:
 def attach_backend(model: DiffusionLM, name: str, threads: int | None = None) -> str:
     """Resolve ``name`` and make the model's single-segment passes use it; returns the name used."""
     resolved = resolve_backend(name, model)
+    model.kv_pool.clear()  # pooled caches hold the old step's bindings
     model.step_backend = (
         None
         if resolved == "torch"

@@ -6,22 +6,93 @@ the first ``append`` of them (finished blocks, or every token for AR decoding) a
 overwritten by the next pass. Buffers grow by doubling and their capacity is always a power of two
 (at least 64), so exported static-shape steps see few cache shapes. One cache serves a padded batch of B rows
 or a single packed sequence (B = 1).
+
+A ``KVPool`` keeps the allocations of finished caches (and those a cache grew out of) for the next
+cache of the same shape. Reuse matters for the exported CPU steps: they bind their input buffers to
+an allocation's memory once (``step_slots``), and binding costs about as much as a pass of the
+shipped model, three to four times per request (docs/LOG.md, 2026-12-02).
 """
 
 from __future__ import annotations
 
+import collections
+import threading
+from dataclasses import dataclass, field
+
 import numpy as np
 import torch
 
+ShapeKey = tuple[int, int, int, int, int, torch.dtype, torch.device]  # layers, B, Hkv, cap, hd, ...
+
+
+@dataclass
+class Allocation:
+    """One cache's memory and what was bound to it."""
+
+    kv: torch.Tensor  # (2 * layers, B, Hkv, capacity, hd): keys, then values
+    positions: torch.Tensor  # (B, capacity) long
+    valid: torch.Tensor  # (B, capacity) bool
+    step_slots: dict[object, object] = field(default_factory=dict)  # see ``KVCache.step_slots``
+    numpy: tuple[np.ndarray, np.ndarray, np.ndarray] | None = None
+
+    @property
+    def key(self) -> ShapeKey:
+        n2, B, n_kv, cap, hd = self.kv.shape
+        return (n2 // 2, B, n_kv, cap, hd, self.kv.dtype, self.kv.device)
+
+    def nbytes(self) -> int:
+        return sum(t.numel() * t.element_size() for t in (self.kv, self.positions, self.valid))
+
+
+class KVPool:
+    """Free allocations by shape, least recently freed evicted beyond ``max_bytes``. Thread-safe
+    (a decoder's caches may be made and freed on different threads)."""
+
+    def __init__(self, max_bytes: int = 64 << 20) -> None:
+        self.max_bytes = max_bytes
+        self._free: collections.OrderedDict[int, Allocation] = collections.OrderedDict()
+        self._lock = threading.Lock()
+        self.bytes = 0
+        self.hits = 0
+        self.misses = 0
+
+    def take(self, key: ShapeKey) -> Allocation | None:
+        with self._lock:
+            found = next((i for i, a in self._free.items() if a.key == key), None)
+            if found is None:
+                self.misses += 1
+                return None
+            self.hits += 1
+            a = self._free.pop(found)
+            self.bytes -= a.nbytes()
+            return a
+
+    def clear(self) -> None:
+        """Forget every free allocation (and the step bindings they hold)."""
+        with self._lock:
+            self._free.clear()
+            self.bytes = 0
+
+    def give(self, a: Allocation) -> None:
+        with self._lock:
+            if a.nbytes() > self.max_bytes:
+                return
+            self._free[id(a)] = a
+            self.bytes += a.nbytes()
+            while self.bytes > self.max_bytes:
+                _, old = self._free.popitem(last=False)
+                self.bytes -= old.nbytes()
+
 
 class KVCache:
-    def __init__(self) -> None:
+    def __init__(self, pool: KVPool | None = None) -> None:
+        self.pool = pool
+        self._alloc: Allocation | None = None
         self.kv: torch.Tensor | None = None  # (2 * layers, B, Hkv, capacity, hd): keys, then values
         self.k: list[torch.Tensor] = []  # per layer (B, Hkv, capacity, hd), views of ``kv``
         self.v: list[torch.Tensor] = []
         self.positions: torch.Tensor | None = None  # (B, capacity) long
         self.valid: torch.Tensor | None = None  # (B, capacity) bool
-        self._numpy: tuple[np.ndarray, np.ndarray, np.ndarray] | None = None
         # per allocation: buffers an exported step bound to this cache's memory (cpu_backends.py)
         self.step_slots: dict[object, object] = {}
         self.length = 0  # committed positions
@@ -51,30 +122,49 @@ class KVCache:
         while cap < need:
             cap *= 2
         L = self.length
+        key = (n_layers, B, n_kv, cap, hd, dtype, torch.device(device))
+        a = self.pool.take(key) if self.pool is not None else None
+        if a is None:  # fresh memory; a pooled allocation's stale tail is never read
+            a = Allocation(
+                torch.zeros((2 * n_layers, B, n_kv, cap, hd), dtype=dtype, device=device),
+                torch.zeros((B, cap), dtype=torch.long, device=device),
+                torch.zeros((B, cap), dtype=torch.bool, device=device),
+            )
+        if L:
+            assert self.kv is not None and self.positions is not None and self.valid is not None
+            a.kv[:, :, :, :L] = self.kv[:, :, :, :L]
+            a.positions[:, :L] = self.positions[:, :L]
+            a.valid[:, :L] = self.valid[:, :L]
+        self._give_back()
+        self._use(a)
 
-        kv = torch.zeros((2 * n_layers, B, n_kv, cap, hd), dtype=dtype, device=device)
-        if L:
-            for li in range(n_layers):
-                kv[li, :, :, :L] = self.k[li][:, :, :L]
-                kv[n_layers + li, :, :, :L] = self.v[li][:, :, :L]
-        pos = torch.zeros((B, cap), dtype=torch.long, device=device)
-        val = torch.zeros((B, cap), dtype=torch.bool, device=device)
-        if L:
-            assert self.positions is not None and self.valid is not None
-            pos[:, :L] = self.positions[:, :L]
-            val[:, :L] = self.valid[:, :L]
-        self.kv, self.positions, self.valid = kv, pos, val
-        self.k, self.v = list(kv[:n_layers]), list(kv[n_layers:])
-        self._numpy = None
-        self.step_slots = {}
+    def _use(self, a: Allocation | None) -> None:
+        self._alloc = a
+        self.kv = a.kv if a else None
+        self.positions = a.positions if a else None
+        self.valid = a.valid if a else None
+        n = 0 if a is None else a.kv.shape[0] // 2
+        self.k, self.v = ([], []) if a is None else (list(a.kv[:n]), list(a.kv[n:]))
+        self.step_slots = {} if a is None else a.step_slots
+
+    def _give_back(self) -> None:
+        if self._alloc is not None and self.pool is not None:
+            self.pool.give(self._alloc)
+
+    def release(self) -> None:
+        """Hand the memory back to the pool (if any) and empty the cache; it may be used again."""
+        self._give_back()
+        self._use(None)
+        self.length, self.cursor, self.last_logits = 0, None, None
 
     def numpy_views(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """``kv``, ``positions`` and ``valid`` as numpy arrays sharing their memory (CPU; for the
         exported step backends), made once per allocation."""
-        if self._numpy is None:
-            assert self.kv is not None and self.positions is not None and self.valid is not None
-            self._numpy = (self.kv.numpy(), self.positions.numpy(), self.valid.numpy())
-        return self._numpy
+        a = self._alloc
+        assert a is not None
+        if a.numpy is None:
+            a.numpy = (a.kv.numpy(), a.positions.numpy(), a.valid.numpy())
+        return a.numpy
 
     def write_meta_range(self, start: int, T: int) -> None:
         """Positions ``start .. start + T - 1`` (all valid) for the T tokens about to be written

@@ -23,7 +23,7 @@ import torch.nn.functional as F
 from ..errors import ConfigError
 from .config import ModelConfig
 from .host import to_device
-from .kvcache import KVCache
+from .kvcache import KVCache, KVPool
 from .packing import LAYOUTS, Layout, PerSequence, plan_batched, token_bucket
 
 
@@ -378,6 +378,9 @@ class DiffusionLM(nn.Module):
         self.quantized = "none"  # weight format of the linears (models/quantize.py)
         self.static_shapes = False  # pad packed tokens to buckets (batched layout; CUDA graphs)
         self.step_backend: StepBackend | None = None  # e.g. ONNX Runtime for batch-1 CPU steps
+        self.kv_pool = (
+            KVPool()
+        )  # freed decode caches, reused with what a step backend bound to them
         self.apply(self._init)
         for name, p in self.named_parameters():  # scaled init of residual outputs (GPT-2)
             if name.endswith("o_proj.weight") or name.endswith("down_proj.weight"):

@@ -44,28 +44,35 @@ def ar_stream(
     if temperature > 0:
         gen = torch.Generator(device=device).manual_seed(seed if seed is not None else 0)
     t0 = time.perf_counter()
-    cache = KVCache()
+    cache = KVCache(model.kv_pool)
     x = torch.tensor(list(prompt), dtype=torch.long, device=device)  # (P,)
     start = 0  # absolute position of x[0]
     stops = set(stop_ids)
     out: list[int] = []
     nfe = 0
     finish = "length"
-    for _ in range(max_new_tokens):
-        T = int(x.shape[0])  # the same packed path as diffusion decoding: one segment, exact cache
-        logits = model.forward_segments([Segment(x, start, T - 1, T, cache, append=T)])[
-            0
-        ]  # (1, V): the next token
-        nfe += 1
-        logits = forbid(logits.float(), cfg.mask_token_id, None)  # the mask is never a prediction
-        tok = int(sample_tokens(logits, temperature, top_p, gen)[0])
-        if tok in stops:
-            finish = "stop"
-            break
-        out.append(tok)
-        yield tok
-        start += T
-        x = torch.tensor([tok], dtype=torch.long, device=device)
+    try:
+        for _ in range(max_new_tokens):
+            T = int(
+                x.shape[0]
+            )  # the same packed path as diffusion decoding: one segment, exact cache
+            logits = model.forward_segments([Segment(x, start, T - 1, T, cache, append=T)])[
+                0
+            ]  # (1, V): the next token
+            nfe += 1
+            logits = forbid(
+                logits.float(), cfg.mask_token_id, None
+            )  # the mask is never a prediction
+            tok = int(sample_tokens(logits, temperature, top_p, gen)[0])
+            if tok in stops:
+                finish = "stop"
+                break
+            out.append(tok)
+            yield tok
+            start += T
+            x = torch.tensor([tok], dtype=torch.long, device=device)
+    finally:
+        cache.release()
     return DecodeResult(out, finish, nfe, nfe, 0, time.perf_counter() - t0)
 
 

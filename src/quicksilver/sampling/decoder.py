@@ -236,7 +236,7 @@ class Decoder:
             suffix=sfx,
             constraint=constraint,
             vocab_limit=self.vocab_limit,
-            cache=KVCache() if mode != "none" else None,
+            cache=KVCache(self.model.kv_pool) if mode != "none" else None,
             cache_mode=mode,
             refresh_every=self.refresh_every,
             shift=mcfg.logit_shift,
@@ -256,7 +256,11 @@ class Decoder:
         """The loop: step the rows until all are done, yielding each step's events."""
         while any(not r.done for r in rows):
             yield self.step(rows)
-        return [r.result() for r in rows]
+        results = [r.result() for r in rows]
+        for r in rows:
+            if r.cache is not None:
+                r.cache.release()
+        return results
 
     def run(
         self, prompts: Sequence[Sequence[int]], cfgs: SamplerConfig | Sequence[SamplerConfig]

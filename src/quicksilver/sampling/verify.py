@@ -358,7 +358,7 @@ class VerifyDecoder:
             cfg,
             k,
             stops,
-            KVCache(),
+            KVCache(self.model.kv_pool),
             self.mask_id,
             self.device,
             gen,
@@ -422,7 +422,11 @@ class VerifyDecoder:
     ) -> Generator[list[RowEvent], None, list[DecodeResult]]:
         while any(not r.done for r in rows):
             yield self.step(rows)
-        return [r.result() for r in rows]
+        results = [r.result() for r in rows]
+        for r in rows:
+            if r.cache is not None:
+                r.cache.release()
+        return results
 
     def generate(
         self, prompts: Sequence[Sequence[int]], cfgs: SamplerConfig | Sequence[SamplerConfig]

@@ -189,6 +189,15 @@ V3_DRAFT_MORE2 = dataclasses.replace(  # v3.1, assets/model since 2026-12-02
     V3_DRAFT_MORE, init_from="runs/small-ar-draft-more/final", seed=12, steps=900, eval_every=900
 )
 
+# lever: tokens per pass had not flattened after 2,700 steps, so 1,500 more at weight 0.3
+V3_DRAFT_MORE3 = dataclasses.replace(
+    V3_DRAFT_MORE2,
+    init_from="runs/small-ar-draft-more2/final",
+    seed=13,
+    steps=1500,
+    eval_every=1500,
+)
+
 RECIPES: dict[str, TrainConfig] = {
     # phase 1 (superseded): block-causal diffusion from scratch, ~3.0M parameters
     "small": TrainConfig(out="runs/small"),
@@ -294,6 +303,7 @@ RECIPES: dict[str, TrainConfig] = {
     "small-ar-draft-more": dataclasses.replace(V3_DRAFT_MORE, out="runs/small-ar-draft-more"),
     # 900 more from -more: the same recipe, and the draft weight back at 1 (the lever on drafts)
     "small-ar-draft-more2": dataclasses.replace(V3_DRAFT_MORE2, out="runs/small-ar-draft-more2"),
+    "small-ar-draft-more3": dataclasses.replace(V3_DRAFT_MORE3, out="runs/small-ar-draft-more3"),
     "small-ar-draft-more-w1": dataclasses.replace(
         V3_DRAFT_MORE2, out="runs/small-ar-draft-more-w1", draft_weight=1.0
     ),
