@@ -175,8 +175,8 @@ def test_a_prefill_longer_than_384_tokens_runs_in_the_exported_graph(ar_pipe) ->
 
 
 def _items(pipe, n: int = 2) -> list[list[int]]:  # type: ignore[no-untyped-def]
-    from quicksilver.train.data import prompt_text
-    from quicksilver.train.tasks import get_task
+    from quicksilver.suite.render import prompt_text
+    from quicksilver.suite.tasks import get_task
 
     tok = pipe.tokenizer
     return [

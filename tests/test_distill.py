@@ -11,10 +11,11 @@ import pytest
 
 from quicksilver.assets import embedded_ar_model_path
 from quicksilver.errors import ConfigError
+from quicksilver.suite.render import prompt_text
+from quicksilver.suite.tasks import get_task, split_reply
 from quicksilver.tokenizer import Tokenizer
-from quicksilver.train.data import Example, Mixture, prompt_text
+from quicksilver.train.data import Example, Mixture
 from quicksilver.train.distill import distill, item_stream, load_distilled
-from quicksilver.train.tasks import get_task, split_reply
 
 MIX = "sudoku4:1,multiply:1"
 

@@ -8,10 +8,10 @@ from pathlib import Path
 import pytest
 
 from quicksilver.cli import main
-from quicksilver.eval.evaluate import ItemResult, summarize
 from quicksilver.models.init import init_model
+from quicksilver.suite.evaluate import ItemResult, summarize
+from quicksilver.suite.tasks import get_task
 from quicksilver.tokenizer import Tokenizer
-from quicksilver.train.tasks import get_task
 
 
 @pytest.fixture(scope="module")

@@ -8,12 +8,12 @@ import re
 
 import pytest
 
-from quicksilver.train.tasks import TASKS, get_task
-from quicksilver.train.tasks.arith import COUNTDOWN_PHRASES, MULTIPLY_PHRASES
-from quicksilver.train.tasks.path_star import PATH_PHRASES
-from quicksilver.train.tasks.phrasing import Phrasings, roughen, typo
-from quicksilver.train.tasks.sudoku4 import SUDOKU_PHRASES, render
-from quicksilver.train.tasks.tool_call import (
+from quicksilver.suite.tasks import TASKS, get_task
+from quicksilver.suite.tasks.arith import COUNTDOWN_PHRASES, MULTIPLY_PHRASES
+from quicksilver.suite.tasks.path_star import PATH_PHRASES
+from quicksilver.suite.tasks.phrasing import Phrasings, roughen, typo
+from quicksilver.suite.tasks.sudoku4 import SUDOKU_PHRASES, render
+from quicksilver.suite.tasks.tool_call import (
     HELD_OUT_TEMPLATES,
     PARAM_ALIASES,
     TEST_TEMPLATES,

@@ -1,6 +1,6 @@
 """The playground's server side, in process: the page and its assets (content types, no key needed,
 nothing from another origin), the API key, cross-origin refusal and ``--allowed-origins`` (CORS),
-the per-position ``cells`` of ``diffusing`` chunks, and the AR twin (``AREngine`` against
+the per-position ``cells`` of ``diffusing`` chunks, and the AR twin (its engine against
 ``ar_generate``, served beside a diffusion model under its own id)."""
 
 from __future__ import annotations
@@ -18,15 +18,14 @@ from quicksilver.assets import (
     embedded_ar_model_path,
     embedded_diffusion_model_path,
 )
-from quicksilver.engine import EngineRequest
+from quicksilver.engine import Engine, EngineRequest
 from quicksilver.errors import ConfigError
 from quicksilver.sampling import SamplerConfig
 from quicksilver.sampling.autoregressive import ar_generate
-from quicksilver.sampling.canvas import BanTokens
 from quicksilver.server import ServerConfig, build_app, build_backend
 from quicksilver.server.generation import MASK_GLYPH
 from quicksilver.server.playground import STATIC, parse_origins
-from quicksilver.server.twin import AREngine, ar_backend, build_twin_backend
+from quicksilver.server.twin import AR_DEFAULTS, ar_backend, build_twin_backend
 
 KEY = "sk-play"
 SAME = "http://testserver"  # TestClient's Host
@@ -163,21 +162,24 @@ def causal_ckpt(tmp_path_factory: pytest.TempPathFactory) -> Path:
     )
 
 
-def run_all(eng: AREngine) -> list[Any]:
+def run_all(eng: Engine) -> list[Any]:
     events = []
     while eng.has_work:
         events += eng.step()
     return events
 
 
-def test_ar_engine_matches_ar_generate(causal_ckpt: Path) -> None:
+def test_twin_engine_matches_ar_generate(causal_ckpt: Path) -> None:
+    """The twin's engine (the causal decoder with no drafts) is AR decoding, batched: two requests
+    in one engine, one with a forced first token, each equal to ``ar_generate`` token for token at
+    one committed token per forward pass; cancellation and bad requests as on any engine."""
     import quicksilver
 
     pipe = quicksilver.load(causal_ckpt)
     prompt = pipe.tokenizer.encode("hello there")
     want = ar_generate(pipe.model, prompt, 12, pipe.stop_ids)
-    eng = AREngine(pipe.model, list(pipe.stop_ids))
-    cfg = SamplerConfig(max_new_tokens=12, record_canvas=True)
+    eng = Engine(pipe.decoder)
+    cfg = SamplerConfig(max_new_tokens=12, record_canvas=True, **AR_DEFAULTS)
     eng.add(EngineRequest("a", prompt, cfg))
     eng.add(EngineRequest("b", prompt, cfg, prefill={0: want.tokens[0]}))  # a forced first token
     events = run_all(eng)
@@ -186,18 +188,16 @@ def test_ar_engine_matches_ar_generate(causal_ckpt: Path) -> None:
         assert [t for e in mine for t in e.new_tokens] == want.tokens
         assert all(len(e.committed) <= 2 for e in mine) and mine[-1].done
         assert mine[-1].result is not None and mine[-1].result.tokens == want.tokens
-        assert mine[-1].canvas == want.tokens
     a = [e for e in events if e.request_id == "a"]
     assert a[-1].nfe == want.nfe and all(len(e.new_tokens) == 1 for e in a if e.new_tokens)
+    assert eng.totals["forward_passes"] == want.nfe  # both rows rode the same passes
     eng.add(EngineRequest("c", prompt, cfg))
     eng.step()
     eng.cancel("c")
     assert [e.finish_reason for e in run_all(eng)] == ["cancelled"]
     for bad in (
-        EngineRequest("d", prompt, cfg, prefill={3: 5}),
         EngineRequest("e", prompt, cfg, suffix=[5]),
-        EngineRequest("f", prompt, cfg, constraint=BanTokens([5])),
-        EngineRequest("g", prompt, SamplerConfig(max_new_tokens=10_000)),
+        EngineRequest("g", prompt, SamplerConfig(max_new_tokens=10_000, **AR_DEFAULTS)),
     ):
         with pytest.raises(ConfigError):
             eng.add(bad)
@@ -230,13 +230,15 @@ def test_twin_served_by_model_id(twin_client: TestClient) -> None:
         for e in sse_events(r.text)
         if e["choices"] and "canvas" in e["choices"][0]
     ]
-    assert frames and all(f["masked"] == 0 and f["committed"] <= 1 for f in frames)
+    assert frames and all(f["committed"] <= 1 for f in frames)  # one token per forward pass
+    masked = [f["masked"] for f in frames]  # the canvas fills left to right, one position a step
+    assert all(b in (a, a - 1) for a, b in zip(masked, masked[1:]))
     assert [f["step"] for f in frames] == list(range(1, len(frames) + 1))
     r = c.post(
         "/v1/chat/completions",
-        json=chat_body(model="mock-ar", response_format={"type": "json_object"}),
+        json=chat_body(model="mock-ar", response_format={"type": "json_object"}, max_tokens=64),
     )
-    assert r.status_code == 400 and "AR twin" in r.json()["error"]["message"]
+    assert r.status_code == 200 and r.json()["model"] == "mock-ar"  # the engine's structured path
     fim = c.post(
         "/v1/fim/completions",
         json={"model": "mock-ar", "prompt": "a", "suffix": "b", "max_tokens": 4},

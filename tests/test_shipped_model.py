@@ -11,10 +11,10 @@ import pytest
 import quicksilver
 from quicksilver.assets import embedded_diffusion_model_path
 from quicksilver.cli import main
-from quicksilver.eval.evaluate import decode_items
 from quicksilver.sampling import SamplerConfig
-from quicksilver.train.data import prompt_text
-from quicksilver.train.tasks import get_task
+from quicksilver.suite.evaluate import decode_items
+from quicksilver.suite.render import prompt_text
+from quicksilver.suite.tasks import get_task
 
 PATH = embedded_diffusion_model_path()
 SUITE = ["path_star", "sudoku4", "countdown3", "multiply", "tool_call", "chat", "fim", "tool_loop"]

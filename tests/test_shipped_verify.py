@@ -13,11 +13,11 @@ import pytest
 
 import quicksilver
 from quicksilver.assets import embedded_model_path
-from quicksilver.eval.evaluate import decode_items
 from quicksilver.models.cpu_backends import available
 from quicksilver.sampling import SamplerConfig
-from quicksilver.train.data import prompt_text
-from quicksilver.train.tasks import get_task
+from quicksilver.suite.evaluate import decode_items
+from quicksilver.suite.render import prompt_text
+from quicksilver.suite.tasks import get_task
 
 PATH = embedded_model_path()
 pytestmark = pytest.mark.skipif(PATH is None, reason="no embedded model in this build")

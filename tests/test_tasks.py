@@ -8,10 +8,10 @@ import random
 
 import pytest
 
-from quicksilver.train.tasks import TASKS, get_task, split_reply
-from quicksilver.train.tasks.arith import eval_expression
-from quicksilver.train.tasks.sudoku4 import all_grids, is_valid, render
-from quicksilver.train.tasks.tool_call import parse_tool_calls
+from quicksilver.suite.tasks import TASKS, get_task, split_reply
+from quicksilver.suite.tasks.arith import eval_expression
+from quicksilver.suite.tasks.sudoku4 import all_grids, is_valid, render
+from quicksilver.suite.tasks.tool_call import parse_tool_calls
 
 N = 150
 
@@ -146,7 +146,7 @@ def test_splits_are_disjoint_by_rule(name: str, key) -> None:
     if (
         name == "fim"
     ):  # the rule is on (start, step); the first term alone may coincide, so check the rule
-        from quicksilver.train.tasks.base import held_out
+        from quicksilver.suite.tasks.base import held_out
 
         for _ in range(300):
             it = task.sample(rng, "test")

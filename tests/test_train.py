@@ -16,8 +16,10 @@ import torch
 
 from quicksilver.models.config import ModelConfig
 from quicksilver.models.transformer import DiffusionLM
+from quicksilver.suite.render import render
+from quicksilver.suite.tasks import get_task
 from quicksilver.tokenizer import Tokenizer
-from quicksilver.train.data import Mixture, collate, render
+from quicksilver.train.data import Mixture, collate
 from quicksilver.train.objective import (
     NoiseConfig,
     ar_draft_loss,
@@ -28,7 +30,6 @@ from quicksilver.train.objective import (
     weighted_ce,
 )
 from quicksilver.train.recipes import get_recipe
-from quicksilver.train.tasks import get_task
 from quicksilver.train.trainer import Trainer, lr_at
 
 

@@ -10,14 +10,14 @@ from pathlib import Path
 from typing import Any
 
 from .assets import resolve_model
-from .cli_util import (
-    add_backend_arg,
-    add_dataclass_args,
-    add_quantize_arg,
-    dataclass_from_args,
-    fail,
-)
+from .cli_util import add_dataclass_args, add_load_args, dataclass_from_args, fail
 from .errors import QuicksilverError
+from .live import show
+from .models.gguf_export import export_gguf
+from .models.init import init_model
+from .pipeline import DTYPE_CHOICES, LOAD_CHOICES, LoadConfig, load
+from .sampling import SamplerConfig
+from .server.config import SERVER_HELP, ServerConfig
 
 SAMPLER_RENAME = {"max_new_tokens": "max-tokens"}
 SAMPLER_SKIP = frozenset({"record_canvas"})
@@ -48,27 +48,11 @@ def command(
 
 
 def load_pipeline(args: argparse.Namespace) -> Any:
-    """quicksilver.load with the --model/--dtype/--cache/--refresh-every flags."""
-    import quicksilver
-
-    from .models.checkpoint import DTYPES as TORCH_DTYPES
-
-    dtype = TORCH_DTYPES.get(args.dtype)  # auto: None, the default
-    return quicksilver.load(
-        resolve_model(args.model),
-        dtype=dtype,
-        cache=args.cache,
-        refresh_every=args.refresh_every,
-        compile=getattr(args, "compile", False),
-        attention_layout=getattr(args, "attention_layout", "auto"),
-        cuda_graphs=getattr(args, "cuda_graphs", False),
-        quantize=getattr(args, "quantize", "none"),
-        backend=getattr(args, "backend", "torch"),
-    )
+    """``quicksilver.load`` of ``--model`` with the ``LoadConfig`` flags."""
+    return load(resolve_model(args.model), dataclass_from_args(LoadConfig, args))
 
 
 def sampler_from_args(args: argparse.Namespace) -> Any:
-    from .sampling import SamplerConfig
 
     return dataclass_from_args(SamplerConfig, args)
 
@@ -88,8 +72,6 @@ def cmd_generate(args: argparse.Namespace) -> int:
             {"role": "user", "content": args.prompt}
         ]
     if args.show:
-        from .live import show
-
         opts["record_canvas"] = True
         res = show(
             pipe.stream(prompt, chat=chat, **opts),
@@ -130,7 +112,6 @@ def cmd_generate(args: argparse.Namespace) -> int:
 
 @command("init-model")
 def cmd_init_model(args: argparse.Namespace) -> int:
-    from .models.init import init_model
 
     overrides = {
         k: getattr(args, k) for k in ("attention", "block_size") if getattr(args, k) is not None
@@ -145,7 +126,6 @@ def cmd_init_model(args: argparse.Namespace) -> int:
 
 @command("export")
 def cmd_export(args: argparse.Namespace) -> int:
-    from .models.gguf_export import export_gguf
 
     print(json.dumps(export_gguf(resolve_model(args.model, ar=True), args.out, args.dtype)))
     return 0
@@ -153,10 +133,8 @@ def cmd_export(args: argparse.Namespace) -> int:
 
 @command("info")
 def cmd_info(args: argparse.Namespace) -> int:
-    import quicksilver
-
     path = resolve_model(args.path)
-    pipe = quicksilver.load(path)
+    pipe = load(path)
     tok, cfg = pipe.tokenizer, pipe.config
     size = sum(f.stat().st_size for f in path.iterdir() if f.is_file())
     info = {
@@ -188,120 +166,82 @@ def cmd_info(args: argparse.Namespace) -> int:
 @command("bench")
 def cmd_bench(args: argparse.Namespace) -> int:
     if args.bench == "decode":
-        from .bench.decode import run_decode_bench
+        from .bench.decode import run_decode_bench  # lazy: a command loads only its own subsystem
 
         return run_decode_bench(resolve_model(args.model), args)
     if args.bench == "speed":
-        from .bench.speed import run_speed_bench
+        from .bench.speed import run_speed_bench  # lazy: a command loads only its own subsystem
 
         return run_speed_bench(args)
+    if args.bench == "serve" and args.replicas:
+        from .bench.serve_replicas import (
+            run_replicas_bench,  # lazy: a command loads only its own subsystem
+        )
+
+        return run_replicas_bench(args)
     if args.bench == "serve":
-        from .bench.serve import run_serve_bench
+        from .bench.serve import run_serve_bench  # lazy: a command loads only its own subsystem
 
         return run_serve_bench(args)
     if args.bench == "soak":
-        from .bench.soak import run_soak_bench
+        from .bench.soak import run_soak_bench  # lazy: a command loads only its own subsystem
 
         return run_soak_bench(args)
     if args.bench == "shapes":
-        from .bench.shapes import run as run_shapes_bench
+        from .bench.shapes import (
+            run as run_shapes_bench,  # lazy: a command loads only its own subsystem
+        )
 
         return run_shapes_bench(args)
     if args.bench == "steps":
-        from .bench.steps import run_steps_bench
+        from .bench.steps import run_steps_bench  # lazy: a command loads only its own subsystem
 
         return run_steps_bench(args)
     if args.bench == "families":
-        from .bench.gpu_families import run as run_families_bench
+        from .bench.gpu_families import (
+            run as run_families_bench,  # lazy: a command loads only its own subsystem
+        )
 
         return run_families_bench(args)
     raise QuicksilverError(f"unknown benchmark {args.bench!r}")
 
 
-DTYPE_CHOICES = ("auto", "bfloat16", "float16", "float32")  # auto: models/checkpoint.default_dtype
-
-
-def add_cache_args(p: argparse.ArgumentParser) -> None:
-    from .models.packing import LAYOUTS
-    from .sampling.caches import CACHE_CHOICES
-
-    p.add_argument(
-        "--dtype",
-        default="auto",
-        choices=DTYPE_CHOICES,
-        help="compute dtype; auto: bfloat16 on a GPU and for CPU models of 0.5B+ parameters, "
-        "float32 below (faster there, and what the onnx/openvino backends run)",
-    )
-    add_quantize_arg(p)
-    p.add_argument(
-        "--cache",
-        default="auto",
-        choices=CACHE_CHOICES,
-        help="KV cache: auto (exact block cache for block-causal models), none, block, or the "
-        "approximate prefix/dual caches for bidirectional models",
-    )
-    p.add_argument(
-        "--refresh-every",
-        type=int,
-        default=0,
-        dest="refresh_every",
-        help="approximate caches: also recompute everything every N steps (0: at block starts only)",
-    )
-    p.add_argument(
-        "--compile",
-        action="store_true",
-        help="torch.compile the per-token parts of each block (GPU; measured slower on a 2-core CPU)",
-    )
-    p.add_argument(
-        "--attention-layout",
-        default="auto",
-        choices=("auto", *LAYOUTS),
-        dest="attention_layout",
-        help="attention over a batch: per_sequence, batched (one call per layer), auto (batched on GPU)",
-    )
-    add_backend_arg(p)
-    p.add_argument(
-        "--cuda-graphs",
-        action="store_true",
-        dest="cuda_graphs",
-        help="static bucketed shapes + torch.compile(mode='reduce-overhead') (GPU)",
-    )
-
-
 @command("serve")
 def cmd_serve(args: argparse.Namespace) -> int:
-    from .server.config import ServerConfig
-    from .server.launch import serve
+    from .server.entry import serve  # lazy: a command loads only its own subsystem
 
     return serve(dataclass_from_args(ServerConfig, args), mock_step_delay=args.mock_step_delay)
 
 
 @command("train")
 def cmd_train(args: argparse.Namespace) -> int:
-    from .train.cli import handle
+    from .train.cli import handle  # lazy: a command loads only its own subsystem
 
     return handle(args)
 
 
 @command("distill")
 def cmd_distill(args: argparse.Namespace) -> int:
-    from .train.cli import handle_distill
+    from .train.cli import handle_distill  # lazy: a command loads only its own subsystem
 
     return handle_distill(args)
 
 
 @command("eval")
 def cmd_eval(args: argparse.Namespace) -> int:
-    from .eval.cli import handle
+    from .eval.cli import handle  # lazy: a command loads only its own subsystem
 
     return handle(args)
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from .eval.cli import add_parser as add_eval_parser
-    from .sampling import SamplerConfig
-    from .train.cli import add_distill_parser
-    from .train.cli import add_parser as add_train_parser
+    from .eval.cli import (
+        add_parser as add_eval_parser,  # lazy: a command loads only its own subsystem
+    )
+    from .train.cli import add_distill_parser  # lazy: a command loads only its own subsystem
+    from .train.cli import (
+        add_parser as add_train_parser,  # lazy: a command loads only its own subsystem
+    )
 
     p = argparse.ArgumentParser(
         prog="quicksilver", description="Reasoning diffusion LLM engine and server."
@@ -327,7 +267,7 @@ def build_parser() -> argparse.ArgumentParser:
         "--raw", action="store_true", help="plain completion: do not apply the chat template"
     )
     g.add_argument("--system", help="a system message (chat models)")
-    add_cache_args(g)
+    add_load_args(g)
 
     i = sub.add_parser("init-model", help="write a randomly initialised checkpoint")
     i.add_argument("out", help="output directory")
@@ -338,12 +278,10 @@ def build_parser() -> argparse.ArgumentParser:
     i.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"])
     i.add_argument("--force", action="store_true", help="overwrite a non-empty directory")
 
-    from .server.config import SERVER_HELP, ServerConfig
-
     sv = sub.add_parser(
         "serve", help="the OpenAI-compatible HTTP server (default: the embedded model)"
     )
-    add_dataclass_args(sv, ServerConfig, help=SERVER_HELP)
+    add_dataclass_args(sv, ServerConfig, help=SERVER_HELP, choices=LOAD_CHOICES)
     sv.add_argument(
         "--mock-step-delay",
         type=float,
@@ -381,7 +319,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     bd.add_argument("--json", action="store_true", help="(the JSON line is always printed last)")
 
-    from .bench.speed import DEFAULT_TASKS
+    from .bench.speed import DEFAULT_TASKS  # lazy: a command loads only its own subsystem
 
     bs = bsub.add_parser(
         "speed", help="AR vs reference vs one-token-per-step vs default, single stream"
@@ -401,12 +339,9 @@ def build_parser() -> argparse.ArgumentParser:
     bs.add_argument(
         "--threshold", type=float, default=0.9, help="threshold of the default configuration"
     )
-    bs.add_argument(
-        "--dtype",
-        default="auto",
-        choices=DTYPE_CHOICES,
-        help="compute dtype of the diffusion model (auto: as --dtype of load/serve)",
-    )
+    add_load_args(
+        bs
+    )  # every model the bench loads (--dtype: the one timed against the AR baseline)
     bs.add_argument(
         "--ar-dtype",
         dest="ar_dtype",
@@ -414,11 +349,6 @@ def build_parser() -> argparse.ArgumentParser:
         help="compute dtype of the AR baseline (default: --dtype); on AMX CPUs bf16 speeds up "
         "32-token blocks but slows 1-token AR steps, so each can run at its best",
     )
-    add_quantize_arg(bs)  # both models
-    bs.add_argument(
-        "--compile", action="store_true", help="torch.compile both models' blocks (GPU)"
-    )
-    add_backend_arg(bs)
     bs.add_argument(
         "--window",
         type=int,
@@ -458,14 +388,18 @@ def build_parser() -> argparse.ArgumentParser:
     bs.add_argument("--out", default="runs/bench_speed", help="directory for the PNG plot")
     bs.add_argument("--json", action="store_true", help="(the JSON line is always printed last)")
 
-    from .bench.serve import add_arguments as serve_bench_args
+    from .bench.serve import (
+        add_arguments as serve_bench_args,  # lazy: a command loads only its own subsystem
+    )
 
     serve_bench_args(
         bsub.add_parser(
             "serve", help="a live server under load, and an agent loop with/without prefix cache"
         )
     )
-    from .bench.soak import add_arguments as soak_bench_args
+    from .bench.soak import (
+        add_arguments as soak_bench_args,  # lazy: a command loads only its own subsystem
+    )
 
     soak_bench_args(
         bsub.add_parser(
@@ -473,7 +407,9 @@ def build_parser() -> argparse.ArgumentParser:
             help="N streams for T minutes with disconnects and overload bursts: failures, RSS",
         )
     )
-    from .bench.shapes import add_arguments as shapes_bench_args
+    from .bench.shapes import (
+        add_arguments as shapes_bench_args,  # lazy: a command loads only its own subsystem
+    )
 
     shapes_bench_args(
         bsub.add_parser(
@@ -482,12 +418,16 @@ def build_parser() -> argparse.ArgumentParser:
             "(random weights; float32, bfloat16, int8)",
         )
     )
-    from .bench.steps import add_arguments as steps_bench_args
+    from .bench.steps import (
+        add_arguments as steps_bench_args,  # lazy: a command loads only its own subsystem
+    )
 
     steps_bench_args(
         bsub.add_parser("steps", help="ms per step of each CPU backend (torch, onnx, openvino)")
     )
-    from .bench.gpu_families import add_arguments as families_bench_args
+    from .bench.gpu_families import (
+        add_arguments as families_bench_args,  # lazy: a command loads only its own subsystem
+    )
 
     families_bench_args(
         bsub.add_parser("families", help="GPU speed of LLaDA-8B / Dream-7B shapes (random weights)")

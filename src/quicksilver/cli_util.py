@@ -1,14 +1,15 @@
 """Helpers for the command line: dataclass fields become flags (1:1), the flags several commands
-share, errors become one line. Model modules are imported inside the flag helpers so that `--help`
-starts without torch."""
+share, errors become one line."""
 
 from __future__ import annotations
 
 import argparse
 import dataclasses
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any, NoReturn, TypeVar
+
+from .pipeline import LOAD_CHOICES, LOAD_HELP, LoadConfig
 
 T = TypeVar("T")
 
@@ -31,9 +32,10 @@ def add_dataclass_args(
     rename: dict[str, str] | None = None,
     skip: set[str] | frozenset[str] = frozenset(),
     help: dict[str, str] | None = None,
+    choices: dict[str, Sequence[str]] | None = None,
 ) -> None:
     """One flag per dataclass field (``--field-name``; bools get ``--x/--no-x``); defaults stay in the class."""
-    rename, help = rename or {}, help or {}
+    rename, help, choices = rename or {}, help or {}, choices or {}
     for f in dataclasses.fields(cls):
         if f.name in skip:
             continue
@@ -48,8 +50,15 @@ def add_dataclass_args(
         typ, _ = _parse_type(f.type if isinstance(f.type, str) else f.type.__name__)
         if typ is None:
             continue
+        allowed = choices.get(f.name)
         parser.add_argument(
-            flag, dest=f.name, type=typ, default=None, help=text, metavar=f.name.upper()
+            flag,
+            dest=f.name,
+            type=typ,
+            default=None,
+            help=text,
+            choices=allowed,
+            metavar=None if allowed else f.name.upper(),
         )
 
 
@@ -70,25 +79,6 @@ def fail(message: str, code: int = 2) -> NoReturn:
     raise SystemExit(code)
 
 
-def add_quantize_arg(p: argparse.ArgumentParser) -> None:
-    from .models.quantize import QUANTIZE_CHOICES
-
-    p.add_argument(
-        "--quantize",
-        default="none",
-        choices=QUANTIZE_CHOICES,
-        help="int8: dynamic int8 linear layers on the CPU (fbgemm; ~4x less weight memory)",
-    )
-
-
-def add_backend_arg(p: argparse.ArgumentParser, default: str = "auto") -> None:
-    from .models.cpu_backends import BACKEND_CHOICES
-
-    p.add_argument(
-        "--backend",
-        default=default,
-        choices=BACKEND_CHOICES,
-        help="runtime of single-sequence steps: torch (eager reference), onnx (ONNX Runtime), "
-        "openvino, openvino-bf16 (OpenVINO in bf16, CPUs with bf16 only), auto (the measured "
-        "winner on a float32 CPU model, else torch)",
-    )
+def add_load_args(p: argparse.ArgumentParser, skip: frozenset[str] = frozenset()) -> None:
+    """The ``LoadConfig`` flags (all but ``skip``), their help and choices from ``pipeline``."""
+    add_dataclass_args(p, LoadConfig, skip=skip, help=LOAD_HELP, choices=LOAD_CHOICES)

@@ -4,19 +4,22 @@ from __future__ import annotations
 
 import time
 from collections.abc import Generator, Sequence
-from dataclasses import asdict, dataclass, fields
+from dataclasses import asdict, dataclass, fields, replace
 from pathlib import Path
 from typing import Any
 
 import torch
 
 from .errors import CheckpointError, ConfigError
-from .models.checkpoint import load_checkpoint
+from .models.checkpoint import DTYPES, dtype_name, load_checkpoint
 from .models.config import ModelConfig
-from .models.cpu_backends import attach_backend
-from .models.packing import resolve_layout
+from .models.cpu_backends import BACKEND_CHOICES, attach_backend
+from .models.families import generation_defaults
+from .models.packing import LAYOUTS, resolve_layout
+from .models.quantize import QUANTIZE_CHOICES, quantize_model
 from .models.transformer import DiffusionLM
 from .sampling import SamplerConfig
+from .sampling.caches import CACHE_CHOICES
 from .sampling.state import RowEvent
 from .sampling.verify import VerifyDecoder, decoder_for
 from .tokenizer import Tokenizer
@@ -70,7 +73,6 @@ class Pipeline:
             cache_mode=cache,
             refresh_every=refresh_every,
         )
-        from .models.families import generation_defaults
 
         # The family's published decoding settings (+ the checkpoint's sampler_config.json): the
         # base that every request's options are applied on (CLI flags, API fields).
@@ -170,42 +172,81 @@ class Pipeline:
         ]
 
 
-def load(
-    path: str | Path,
-    dtype: torch.dtype | None = None,
-    device: str | torch.device | None = None,
-    cache: str = "auto",
-    refresh_every: int = 0,
-    compile: bool = False,
-    attention_layout: str = "auto",
-    cuda_graphs: bool = False,
-    quantize: str = "none",
-    backend: str = "torch",
-) -> Pipeline:
-    """Load a checkpoint directory (never touches the network). Default dtype: ``default_dtype``
-    (bfloat16 on CUDA and for CPU models of 0.5B+ parameters, float32 below).
+DTYPE_CHOICES = ("auto", "bfloat16", "float16", "float32")  # auto: models/checkpoint.default_dtype
 
-    cache: ``auto`` (the exact block cache for block-causal models, none for bidirectional ones),
-    ``none``, ``block``, or the approximate ``prefix`` / ``dual`` caches for bidirectional models,
-    refreshed at every block start and every ``refresh_every`` steps (0: block starts only).
-    compile: ``torch.compile`` the per-token parts of every block (for GPUs; slower on small CPUs).
-    attention_layout: ``per_sequence``, ``batched`` (one attention call per layer) or ``auto``
-    (batched on a GPU). cuda_graphs: static bucketed shapes + ``torch.compile(mode="reduce-overhead")``.
-    backend: the runtime of single-sequence steps: ``torch`` (eager, the reference), ``onnx`` (ONNX
-    Runtime), ``openvino``, ``openvino-bf16`` (bf16 arithmetic, CPUs with bf16) or ``auto`` (the
-    measured winner on a CPU float32 model, else torch);
-    see models/cpu_backends.py. Packed batches always run in torch.
-    quantize: ``none`` or ``int8`` (dynamic int8 linear layers on the CPU; models/quantize.py)."""
-    from .models.quantize import quantize_model
 
-    model, tok = load_checkpoint(path, dtype, device)
-    quantize_model(model, quantize)
+@dataclass
+class LoadConfig:
+    """How a checkpoint is loaded and run: the options of ``quicksilver.load``, of every command
+    that loads a model (one flag per field, help text from ``LOAD_HELP``) and of ``ServerConfig``,
+    which extends it. One default each, here."""
+
+    device: str | None = None
+    dtype: str = "auto"
+    quantize: str = "none"
+    backend: str = "torch"
+    cache: str = "auto"
+    refresh_every: int = 0
+    compile: bool = False
+    attention_layout: str = "auto"
+    cuda_graphs: bool = False
+
+    def load_options(self) -> dict[str, Any]:
+        """The fields as ``load``'s keyword options."""
+        return {f.name: getattr(self, f.name) for f in fields(LoadConfig)}
+
+
+LOAD_HELP = {
+    "device": "torch device, e.g. cuda or cuda:1 (default: the CPU)",
+    "dtype": "compute dtype; auto: bfloat16 on a GPU and for CPU models of 0.5B+ parameters, "
+    "float32 below (faster there, and what the onnx/openvino backends run)",
+    "quantize": "int8: dynamic int8 linear layers on the CPU (fbgemm; ~4x less weight memory)",
+    "backend": "runtime of single-sequence steps: torch (eager, the exact reference; a served "
+    "answer never depends on whether it shared a step), onnx (ONNX Runtime), openvino, "
+    "openvino-bf16 (OpenVINO in bf16, CPUs with bf16 only), auto (the measured winner on a "
+    "float32 CPU model, else torch)",
+    "cache": "KV cache: auto (exact block cache for block-causal models), none, block, or the "
+    "approximate prefix/dual caches for bidirectional models",
+    "refresh_every": "approximate caches: also recompute everything every N steps "
+    "(0: at block starts only)",
+    "compile": "torch.compile the per-token parts of each block (GPU; measured slower on a "
+    "2-core CPU)",
+    "attention_layout": "attention over a batch: per_sequence, batched (one call per layer), "
+    "auto (batched on a GPU)",
+    "cuda_graphs": "static bucketed shapes + torch.compile(mode='reduce-overhead') (GPU)",
+}
+LOAD_CHOICES: dict[str, Sequence[str]] = {
+    "dtype": DTYPE_CHOICES,
+    "quantize": QUANTIZE_CHOICES,
+    "backend": BACKEND_CHOICES,
+    "cache": CACHE_CHOICES,
+    "attention_layout": ("auto", *LAYOUTS),
+}
+
+
+def load(path: str | Path, config: LoadConfig | None = None, **options: Any) -> Pipeline:
+    """Load a checkpoint directory (never touches the network) as ``config`` says, with
+    ``options`` (``LoadConfig`` fields; ``dtype`` may be a ``torch.dtype``) on top. See
+    ``LOAD_HELP`` for each option; packed batches always run in torch (models/cpu_backends.py)."""
+    if isinstance(options.get("dtype"), torch.dtype):
+        options["dtype"] = dtype_name(options["dtype"])
+    if options.get("dtype") is None:
+        options.pop("dtype", None)
+    unknown = sorted(set(options) - {f.name for f in fields(LoadConfig)})
+    if unknown:
+        raise ConfigError(f"unknown load options {unknown}")
+    cfg = replace(config or LoadConfig(), **options)
+    for name, allowed in LOAD_CHOICES.items():
+        if getattr(cfg, name) not in allowed:
+            raise ConfigError(f"{name} must be one of {tuple(allowed)}, got {getattr(cfg, name)!r}")
+    model, tok = load_checkpoint(path, DTYPES.get(cfg.dtype), cfg.device)
+    quantize_model(model, cfg.quantize)
     model.set_attention_layout(
-        resolve_layout(attention_layout, model.model.embed_tokens.weight.device)
+        resolve_layout(cfg.attention_layout, model.model.embed_tokens.weight.device)
     )
-    if cuda_graphs:
+    if cfg.cuda_graphs:
         model.compile_static()
-    elif compile:
+    elif cfg.compile:
         model.compile_blocks()
-    attach_backend(model, backend)
-    return Pipeline(model, tok, path, cache=cache, refresh_every=refresh_every)
+    attach_backend(model, cfg.backend)
+    return Pipeline(model, tok, path, cache=cfg.cache, refresh_every=cfg.refresh_every)

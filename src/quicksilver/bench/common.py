@@ -12,6 +12,8 @@ from typing import Any
 
 import torch
 
+from ..figures import save_figure
+
 
 def median(xs: Sequence[float]) -> float:
     return float(statistics.median(xs)) if xs else float("nan")
@@ -92,18 +94,6 @@ def line_plot(
     ax.legend()
     fig.suptitle(title)
     return save_figure(fig, path)
-
-
-def save_figure(fig: Any, path: str | Path) -> Path:
-    """Lay out, write (creating the folder) and close a matplotlib figure; the PNG's path."""
-    import matplotlib.pyplot as plt
-
-    fig.tight_layout()
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return path
 
 
 def emit_json(obj: dict[str, Any]) -> None:

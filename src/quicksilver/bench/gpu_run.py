@@ -30,6 +30,9 @@ from typing import Any
 
 import torch
 
+from ..pipeline import load
+from ..sampling.verify import VerifyDecoder
+
 
 def device_name() -> str:
     if torch.cuda.is_available():
@@ -68,11 +71,7 @@ IDLM_PROMPT = "Prove that sqrt(2) is irrational."  # the example prompt of I-DLM
 def idlm_stage(path: str, out: Path, tiny: bool) -> int:
     """Greedy verify decoding of a local I-DLM checkpoint at draft 0 (AR) and at its draft length,
     one loaded model, one chat prompt; prints (and writes ``out/idlm.json``) one JSON line."""
-    import quicksilver
-
-    from ..sampling.verify import VerifyDecoder
-
-    pipe = quicksilver.load(path)
+    pipe = load(path)
     if not isinstance(pipe.decoder, VerifyDecoder):  # e.g. a directory that says SDARForCausalLM
         cfg = pipe.config
         print(f"{path}: loads as {cfg.architecture} ({cfg.attention}), not as an I-DLM (a causal")

@@ -30,7 +30,10 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import QuicksilverError
-from .common import emit_json, hardware, median, print_table, save_figure
+from ..figures import save_figure
+from ..suite.render import to_openai_messages
+from ..suite.tasks import get_task
+from .common import emit_json, hardware, median, print_table
 
 
 def percentile(xs: list[float], q: float) -> float:
@@ -226,34 +229,8 @@ def level_summary(results: list[Result], wall: float, concurrency: int) -> dict[
     }
 
 
-def to_openai_messages(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """The task suite's messages in the wire format: tool-call arguments as JSON strings, with ids."""
-    out = []
-    for i, m in enumerate(messages):
-        m = dict(m)
-        if m.get("tool_calls"):
-            calls = []
-            for j, c in enumerate(m["tool_calls"]):
-                fn = dict(c.get("function", c))
-                args = fn.get("arguments", {})
-                fn["arguments"] = args if isinstance(args, str) else json.dumps(args)
-                calls.append(
-                    {
-                        "id": c.get("id") or f"call_{i}_{j}",
-                        "type": "function",
-                        "function": {"name": fn["name"], "arguments": fn["arguments"]},
-                    }
-                )
-            m["tool_calls"] = calls
-        if m.get("role") == "tool" and not m.get("tool_call_id"):
-            m["tool_call_id"] = f"call_{i - 1}_0"
-        out.append(m)
-    return out
-
-
 def chat_bodies(n: int, seed: int, max_tokens: int) -> list[dict[str, Any]]:
     """Requests from the held-out task suite (so the server does real work), cycled to ``n``."""
-    from ..train.tasks import get_task
 
     items = [
         it
@@ -282,8 +259,6 @@ async def agent_loop(
     and the errors (each turn's ``Result`` is appended to ``served`` when given). Kept compact (short system prompt and tool results) so that five turns fit a
     384-token context (the v1 embedded model's)."""
     import httpx
-
-    from ..train.tasks import get_task
 
     task = get_task("tool_call")
     items = [it for it in task.test_items(turns + 4, seed) if it.stratum == "call"]
@@ -364,10 +339,6 @@ async def agent_loop(
 
 
 def run_serve_bench(args: argparse.Namespace) -> int:
-    if args.replicas:
-        from .serve_replicas import run_replicas_bench
-
-        return run_replicas_bench(args)
     levels = [int(x) for x in args.concurrency.split(",") if x]
     rate = float(args.rate)
     extra = [f"--max-batch={max(levels)}"] if not args.url else []

@@ -18,7 +18,8 @@ import datetime
 from pathlib import Path
 from typing import Any
 
-from .common import emit_json, hardware, median, print_table, save_figure
+from ..figures import save_figure
+from .common import emit_json, hardware, median, print_table
 from .serve import Result, agent_loop, chat_bodies, launch_server, level_summary, run_level
 
 RAY_START_S = 300.0  # Ray, the proxy and N model replicas on a busy 2-core machine

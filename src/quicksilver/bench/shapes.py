@@ -40,6 +40,7 @@ from typing import Any
 import torch
 
 from ..errors import ConfigError
+from ..figures import save_figure
 from ..models.checkpoint import default_dtype, dtype_name
 from ..models.config import ModelConfig
 from ..models.families.common import qwen_config
@@ -47,7 +48,7 @@ from ..models.families.llada import llada_config
 from ..models.kvcache import KVCache
 from ..models.quantize import quantize_model
 from ..models.transformer import DiffusionLM
-from .common import emit_json, hardware, median, print_table, save_figure
+from .common import emit_json, hardware, median, print_table
 from .gpu_families import LLADA_8B, TINY_OVERRIDES, random_model
 
 QWEN25_1_5B = {

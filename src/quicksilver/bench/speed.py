@@ -34,14 +34,19 @@ from typing import Any
 
 import torch
 
+from ..assets import embedded_ar_model_path, embedded_diffusion_model_path, embedded_model_path
+from ..cli_util import dataclass_from_args
 from ..engine import Engine, EngineConfig, EngineRequest
 from ..errors import QuicksilverError
-from ..models.checkpoint import DTYPES, dtype_name
-from ..pipeline import Pipeline, load
+from ..models.checkpoint import dtype_name
+from ..pipeline import LoadConfig, Pipeline, load
 from ..sampling import SamplerConfig, reference_generate
 from ..sampling.autoregressive import ar_stream
 from ..sampling.caches import resolve_window
+from ..suite.render import prompt_text
+from ..suite.tasks import get_task, split_reply
 from .common import bar_plot, emit_json, hardware, median, print_table
+from .llama_cpp import LlamaCppRunner
 from .verify import identity, k_plot, verify_configs, verify_pipeline
 
 DEFAULT_TASKS = "chat,tool_call,sudoku4,countdown3,path_star,multiply"
@@ -155,10 +160,6 @@ def verify_method(
 
 
 def run_speed_bench(args: argparse.Namespace) -> int:
-    from ..assets import embedded_ar_model_path, embedded_diffusion_model_path, embedded_model_path
-    from ..train.data import prompt_text
-    from ..train.tasks import get_task, split_reply
-
     model_path = Path(args.model) if args.model else embedded_diffusion_model_path()
     ar_path = Path(args.ar_model) if args.ar_model else embedded_ar_model_path()
     if model_path is None:
@@ -166,19 +167,14 @@ def run_speed_bench(args: argparse.Namespace) -> int:
     if ar_path is None:
         raise QuicksilverError("no --ar-model given and no embedded AR baseline is installed")
     torch.manual_seed(0)
-    dtype_arg = getattr(args, "dtype", "auto")
-    ar_dtype_arg = getattr(args, "ar_dtype", None) or dtype_arg
-    compile_ = bool(getattr(args, "compile", False))
-    quantize = getattr(args, "quantize", "none")
-    backend = getattr(args, "backend", "torch")
-    opts: dict[str, Any] = dict(compile=compile_, quantize=quantize, backend=backend)
-    pipe = load(model_path, dtype=DTYPES.get(dtype_arg), **opts)  # auto: None, the default
-    ar = load(ar_path, dtype=DTYPES.get(ar_dtype_arg), **opts)
+    lcfg = dataclass_from_args(LoadConfig, args)
+    pipe = load(model_path, lcfg)
+    ar = load(ar_path, lcfg, dtype=getattr(args, "ar_dtype", None) or lcfg.dtype)
     if ar.config.attention != "causal":
         raise QuicksilverError(f"{ar_path} is not a causal (AR) model")
     given = getattr(args, "verify_model", None)
     vpath = Path(given) if given else embedded_model_path()
-    vpipe = verify_pipeline(vpath, bool(given), pipe, dict(dtype=DTYPES.get(dtype_arg), **opts))
+    vpipe = verify_pipeline(vpath, bool(given), pipe, lcfg)
     diffusion = pipe.config.attention != "causal"
     tok = pipe.tokenizer
     block = pipe.config.block_size if pipe.config.attention == "block_causal" else 32
@@ -211,8 +207,6 @@ def run_speed_bench(args: argparse.Namespace) -> int:
             methods[name] = verify_method(vpipe, vcfg)
     llama = None
     if getattr(args, "vs_llama_cpp", False):
-        from .llama_cpp import LlamaCppRunner
-
         llama = LlamaCppRunner(
             ar_path, torch.get_num_threads(), args.llama_cpp_dtype, ar.config.max_seq_len
         )
@@ -326,8 +320,8 @@ def run_speed_bench(args: argparse.Namespace) -> int:
                 "window": window or None,
                 "dtype": dtype_name(pipe.model.model.embed_tokens.weight.dtype),
                 "ar_dtype": dtype_name(ar.model.model.embed_tokens.weight.dtype),
-                "compile": compile_,
-                "quantize": quantize,
+                "compile": lcfg.compile,
+                "quantize": lcfg.quantize,
                 "backend": pipe.runtime,
                 "ar_backend": ar.runtime,
             },

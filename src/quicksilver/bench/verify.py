@@ -15,7 +15,7 @@ import torch
 
 from ..errors import QuicksilverError
 from ..models.transformer import DiffusionLM
-from ..pipeline import Pipeline
+from ..pipeline import LoadConfig, Pipeline, load
 from ..sampling import SamplerConfig
 from .common import line_plot
 
@@ -79,12 +79,11 @@ def same_tokenizer(a: Path | None, b: Path | None) -> bool:
 
 
 def verify_pipeline(
-    path: Path | None, explicit: bool, pipe: Pipeline, load_kwargs: dict[str, Any]
+    path: Path | None, explicit: bool, pipe: Pipeline, config: LoadConfig
 ) -> Pipeline | None:
     """The drafting model to time: ``pipe`` itself when it is one, else the causal checkpoint at
     ``path`` — the embedded default only where it shares ``pipe``'s tokenizer (the prompts are
     ``pipe``'s token ids); one named ``explicit``-ly must."""
-    from ..pipeline import load
 
     if pipe.config.attention == "causal" and pipe.config.draft_length > 0:
         return pipe
@@ -94,7 +93,7 @@ def verify_pipeline(
         if explicit:
             raise QuicksilverError(f"{path}: its tokenizer differs from {pipe.path}'s")
         return None
-    v = load(path, **load_kwargs)
+    v = load(path, config)
     if v.config.attention != "causal":
         raise QuicksilverError(f"{path} is not a causal model; verify decodes causal drafters")
     return v

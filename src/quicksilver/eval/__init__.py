@@ -1,5 +1,2 @@
-"""Evaluation of models on the task suite (accuracy by verifier, NFE, TPF, tok/s) and sweeps."""
-
-from .evaluate import decode_items, evaluate
-
-__all__ = ["evaluate", "decode_items"]
+"""The ``eval`` command: the task suite's scores (``suite.evaluate``) as tables, sweeps and plots,
+GSM8K from a local file, and the served tool-call check."""

@@ -11,10 +11,15 @@ from pathlib import Path
 from typing import Any
 
 from ..assets import resolve_model
-from ..cli_util import add_backend_arg, add_dataclass_args, add_quantize_arg
+from ..cli_util import add_dataclass_args, add_load_args, dataclass_from_args
 from ..errors import ConfigError
+from ..pipeline import LoadConfig, load
 from ..sampling.config import SamplerConfig
-from ..train.tasks.phrasing import PHRASINGS
+from ..suite.evaluate import evaluate
+from ..suite.tasks.phrasing import PHRASINGS
+from ..train.likelihood import heldout_loss
+from .gsm8k import PRESETS
+from .gsm8k import run as run_gsm8k
 
 DEFAULT_TASKS = "path_star,sudoku4,countdown3,multiply,tool_call,chat,fim"
 
@@ -58,7 +63,6 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
         dest="batch_size",
         help="rows decoded together (default: 32; gsm8k: 1)",
     )
-    from .gsm8k import PRESETS
 
     e.add_argument(
         "--data", help="gsm8k: a GSM8K-format JSONL (question, answer ending in '#### N'); yours"
@@ -92,8 +96,7 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
         "--examples", type=int, default=0, help="include this many replies per task in the JSON"
     )
     e.add_argument("--json", action="store_true", help="print only the JSON line")
-    add_quantize_arg(e)
-    add_backend_arg(e, default="torch")  # packed rows always run in torch: use with --batch-size 1
+    add_load_args(e)  # packed rows always run in torch: an exported --backend wants --batch-size 1
     e.add_argument(
         "--loss",
         action="store_true",
@@ -112,21 +115,6 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
         choices=["auto", "required"],
         help="also score tool_call's call turns through the server's own path with this tool_choice "
         "(required: schema-constrained canvas); reported under tasks.tool_call.served",
-    )
-    from ..sampling.caches import CACHE_CHOICES
-
-    e.add_argument(
-        "--cache",
-        default="auto",
-        choices=CACHE_CHOICES,
-        help="KV cache (auto: exact block cache for block-causal models, none for bidirectional)",
-    )
-    e.add_argument(
-        "--refresh-every",
-        type=int,
-        default=0,
-        dest="refresh_every",
-        help="approximate caches: full recompute every N steps too (0: block starts only)",
     )
     add_dataclass_args(
         e,
@@ -188,27 +176,19 @@ def sweep_grid() -> list[tuple[str, str, dict[str, Any]]]:
 
 def handle(args: argparse.Namespace) -> int:
     if args.curves:
-        from .plots import plot_learning_curves
+        from .plots import plot_learning_curves  # lazy: matplotlib loads only to plot
 
         runs = dict(part.split("=", 1) for part in args.curves.split(","))
         path = plot_learning_curves(runs, Path(args.out) / "learning_curve.png")
         print(json.dumps({"plot": str(path)}))
         return 0
-    import quicksilver
-
-    from .evaluate import evaluate
-
     if args.benchmark == "gsm8k":
-        from .gsm8k import run as run_gsm8k
-
         if not args.data:
             raise ConfigError("--benchmark gsm8k needs --data FILE.jsonl (nothing is downloaded)")
         if args.limit is not None and args.limit <= 0:
             raise ConfigError("--limit must be positive")
         args.batch_size = args.batch_size or 1
-        pipe = quicksilver.load(
-            resolve_model(args.model), quantize=args.quantize, backend=args.backend
-        )
+        pipe = load(resolve_model(args.model), dataclass_from_args(LoadConfig, args))
         names = set(SamplerConfig.__dataclass_fields__)
         over = {k: v for k, v in vars(args).items() if k in names and v is not None}
         return run_gsm8k(pipe, args, **over)
@@ -218,7 +198,8 @@ def handle(args: argparse.Namespace) -> int:
     tasks = [t.strip() for t in args.tasks.split(",") if t.strip()]
     if args.limit <= 0:
         raise ConfigError("--limit must be positive")
-    pipe = quicksilver.load(resolve_model(args.model), quantize=args.quantize, backend=args.backend)
+    lcfg = dataclass_from_args(LoadConfig, args)
+    pipe = load(resolve_model(args.model), lcfg)
     names = set(SamplerConfig.__dataclass_fields__)
     base = SamplerConfig(**{k: v for k, v in vars(args).items() if k in names and v is not None})
     if not args.sweep:
@@ -238,23 +219,23 @@ def handle(args: argparse.Namespace) -> int:
                 args.seed,
                 args.stream_items,
                 args.examples,
-                args.cache,
-                args.refresh_every,
+                lcfg.cache,
+                lcfg.refresh_every,
                 args.phrasing,
             )
             rep["settings"]["model"] = str(p.path)
-            rep["settings"]["quantize"] = args.quantize
-            rep["settings"]["backend"] = args.backend
+            rep["settings"]["quantize"] = lcfg.quantize
+            rep["settings"]["backend"] = lcfg.backend
             return rep
 
         rep = run(pipe)
         if args.compare:
             other = resolve_model(None if args.compare == "ar" else args.compare, ar=True)
-            rep["compare"] = run(
-                quicksilver.load(other, quantize=args.quantize, backend=args.backend)
-            )
+            rep["compare"] = run(load(other, lcfg))
         if args.tool_choice and "tool_call" in rep["tasks"]:
-            from .served import served_tool_calls
+            from .served import (
+                served_tool_calls,  # lazy: the server stack loads only for this check
+            )
 
             rep["tasks"]["tool_call"]["served"] = served_tool_calls(
                 resolve_model(args.model),
@@ -265,8 +246,6 @@ def handle(args: argparse.Namespace) -> int:
                 args.phrasing,
             )
         if args.loss:
-            from .likelihood import heldout_loss
-
             rep["heldout_loss"] = heldout_loss(pipe.model, pipe.tokenizer, tasks, n=16, repeats=2)
         if not args.json:
             print_table(rep)
@@ -290,8 +269,8 @@ def handle(args: argparse.Namespace) -> int:
             args.instant,
             args.batch_size,
             args.seed,
-            cache=args.cache,
-            refresh_every=args.refresh_every,
+            cache=lcfg.cache,
+            refresh_every=lcfg.refresh_every,
             phrasing=args.phrasing,
         )
         toks = sum(r["tokens"] * r["n"] for r in rep["tasks"].values())
@@ -311,7 +290,7 @@ def handle(args: argparse.Namespace) -> int:
                 + " ".join(f"{k}={v:.2f}" for k, v in row["tasks"].items()),
                 flush=True,
             )
-    from .plots import plot_accuracy_vs_tpf
+    from .plots import plot_accuracy_vs_tpf  # lazy: matplotlib loads only to plot
 
     png = plot_accuracy_vs_tpf(
         rows, out / "accuracy_vs_tpf.png", f"{pipe.path}: {args.limit} items/task"

@@ -12,7 +12,7 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
-from ..bench.common import save_figure  # noqa: E402
+from ..figures import save_figure  # noqa: E402
 
 
 def plot_accuracy_vs_tpf(rows: list[dict[str, Any]], path: str | Path, title: str = "") -> Path:

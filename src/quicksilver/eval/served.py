@@ -16,8 +16,10 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import ConfigError
-from ..train.tasks import get_task
-from ..train.tasks.tool_call import ToolCall
+from ..server import ServerConfig, build_app, build_backend
+from ..suite.render import to_openai_messages
+from ..suite.tasks import get_task
+from ..suite.tasks.tool_call import ToolCall
 
 CHOICES = ("auto", "required")
 
@@ -43,9 +45,6 @@ def served_tool_calls(
 ) -> dict[str, Any]:
     """Accuracy and parseable rate of the held-out call turns served with ``tool_choice=choice``."""
     from fastapi.testclient import TestClient
-
-    from ..bench.serve import to_openai_messages
-    from ..server import ServerConfig, build_app, build_backend
 
     if choice not in CHOICES:
         raise ConfigError(f"--tool-choice must be one of {', '.join(CHOICES)}, got {choice!r}")

@@ -24,6 +24,7 @@ from ..errors import ConfigError
 from .config import ModelConfig
 from .host import to_device
 from .kvcache import KVCache, KVPool
+from .moe import MoE
 from .packing import LAYOUTS, Layout, PerSequence, plan_batched, token_bucket
 
 
@@ -336,8 +337,6 @@ class Block(nn.Module):
         self.self_attn = Attention(cfg)
         self.post_attention_layernorm = RMSNorm(cfg.d_model, cfg.norm_eps)
         if cfg.moe is not None and cfg.moe.is_moe_layer(layer_idx):
-            from .moe import MoE
-
             self.mlp: nn.Module = MoE(cfg.d_model, cfg.moe)
         else:
             self.mlp = MLP(cfg)

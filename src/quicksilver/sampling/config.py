@@ -7,6 +7,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..errors import ConfigError
+from .policies import POLICIES
 
 
 @dataclass
@@ -32,8 +33,6 @@ class SamplerConfig:
     record_canvas: bool = False  # put the whole canvas in every step event (live views)
 
     def validate(self, max_context: int | None = None, prompt_len: int = 0) -> SamplerConfig:
-        from .policies import POLICIES
-
         if self.policy not in POLICIES:
             raise ConfigError(f"unknown policy {self.policy!r}; choose one of {sorted(POLICIES)}")
         if not isinstance(self.max_new_tokens, int) or self.max_new_tokens <= 0:

@@ -18,6 +18,7 @@ import torch
 
 from ..models.kvcache import KVCache
 from ..models.transformer import Segment
+from .caches import CACHE_MODES
 from .config import SamplerConfig
 from .policies import POLICIES
 
@@ -145,8 +146,6 @@ class Row:
 
     def segment(self) -> Segment:
         """This row's share of the next forward pass, laid out by its cache mode."""
-        from .caches import CACHE_MODES
-
         return CACHE_MODES[self.cache_mode].segment(self)
 
     @property

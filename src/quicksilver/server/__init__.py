@@ -2,7 +2,8 @@
 
 from .app import build_app
 from .config import ServerConfig
-from .launch import build_backend, serve
+from .entry import serve
+from .launch import build_backend
 from .mock_engine import MockEngine
 
 __all__ = ["build_app", "build_backend", "serve", "ServerConfig", "MockEngine"]

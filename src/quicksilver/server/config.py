@@ -10,6 +10,8 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass
 
+from ..pipeline import LOAD_HELP, LoadConfig
+
 MAX_BODY_BYTES = 2 * 1024 * 1024  # request body (TGI's --payload-limit default is 2 MB)
 MAX_PROMPT_TOKENS = 8192  # further bounded by the model's context
 MAX_TOKENS = 4096  # upper bound for max_tokens / max_completion_tokens
@@ -32,7 +34,9 @@ API_KEY_ENV = "QUICKSILVER_API_KEY"
 
 
 @dataclass
-class ServerConfig:
+class ServerConfig(LoadConfig):
+    """The server's options after the model's load options (``LoadConfig``)."""
+
     model: str | None = None  # checkpoint directory (default: the embedded model)
     served_model_name: str | None = (
         None  # the id clients send as `model` (default: quicksilver or the dir name)
@@ -43,19 +47,6 @@ class ServerConfig:
     ar_twin: bool = True  # with the embedded default: also serve its AR twin as `<name>-ar`
     allowed_origins: str | None = None  # comma-separated origins allowed cross-origin ('*': any)
     mock: bool = False  # serve the scripted mock engine (no weights; for demos and protocol tests)
-    device: str | None = None  # torch device (default: the CPU)
-    dtype: str | None = (
-        None  # float32 | bfloat16 | float16 (default: bfloat16 on CUDA and for CPU models of 0.5B+ parameters, float32 below)
-    )
-    quantize: str = "none"  # none | int8 (dynamic int8 linear layers, CPU only)
-    cache: str = "auto"  # KV cache mode: auto | none | block | prefix | dual (see quicksilver generate --help)
-    refresh_every: int = (
-        0  # approximate caches: full recompute every N steps (0: at block starts only)
-    )
-    compile: bool = (
-        False  # torch.compile the per-token parts of each block (GPU; slower on small CPUs)
-    )
-    backend: str = "torch"  # single-sequence step runtime: torch | onnx | openvino[-bf16] | auto
     prefix_cache_mb: int = 256  # cross-request prefix cache for block-causal models (0: off)
     threads: int = 0  # torch intra-op threads (0: leave the default)
     max_body_bytes: int = MAX_BODY_BYTES
@@ -94,7 +85,7 @@ class ServerConfig:
         return self.api_key or os.environ.get(API_KEY_ENV) or None
 
 
-SERVER_HELP = {
+SERVER_HELP = LOAD_HELP | {
     "model": "checkpoint directory (default: the embedded model)",
     "served_model_name": "model id clients send and /v1/models lists",
     "api_key": f"require 'Authorization: Bearer KEY' on every route but /health (env {API_KEY_ENV})",
@@ -102,13 +93,6 @@ SERVER_HELP = {
     "allowed_origins": "comma-separated origins a browser may call this server from (CORS; '*': any); "
     "other cross-origin requests get 403",
     "mock": "serve the scripted mock engine instead of a model (no weights)",
-    "dtype": "compute dtype: float32, bfloat16 or float16 (default: bfloat16 on CUDA and for CPU models "
-    "of 0.5B+ parameters, float32 below)",
-    "quantize": "none or int8 (dynamic int8 linear layers on the CPU: less memory, faster at 0.5B+)",
-    "cache": "KV cache: auto, none, block, prefix or dual",
-    "backend": "runtime of single-sequence steps: torch, onnx, openvino, openvino-bf16 or auto (the "
-    "measured CPU winner); batched steps run in torch, so the default keeps a row's answer "
-    "independent of its batch",
     "prefix_cache_mb": "cross-request prefix cache for block-causal models, in MiB (0: off)",
     "max_body_bytes": "largest request body accepted (413 above)",
     "max_prompt_tokens": "longest prompt accepted, in tokens (400 above)",

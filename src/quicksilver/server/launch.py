@@ -3,22 +3,23 @@ graceful drain on SIGTERM/SIGINT, ``drain.py``)."""
 
 from __future__ import annotations
 
-import logging
 import sys
 from pathlib import Path
-from typing import TYPE_CHECKING
 
-from ..assets import resolve_model
+import torch
+
+from ..assets import embedded_model_path, resolve_model
 from ..engine import Engine, EngineConfig
 from ..errors import QuicksilverError
+from ..models.integrity import verify_checksums
+from ..pipeline import Pipeline, load
+from .app import build_app
 from .async_engine import AsyncEngine
 from .config import ServerConfig
 from .connections import protocol_with_header_timeout
+from .drain import DrainingServer
 from .generation import Backend
-from .twin import build_twin_backend
-
-if TYPE_CHECKING:
-    from ..pipeline import Pipeline
+from .mock_engine import MockEngine
 
 
 def build_backend(cfg: ServerConfig, mock_step_delay: float = 0.0) -> Backend:
@@ -41,8 +42,6 @@ def engine_config(cfg: ServerConfig) -> EngineConfig:
 def _backend(cfg: ServerConfig, mock_step_delay: float) -> Backend:
     ecfg = engine_config(cfg)
     if cfg.mock:
-        from .mock_engine import MockEngine
-
         mock = MockEngine(config=ecfg, step_delay=mock_step_delay)
         tok = mock.tokenizer
         assert tok.mask_id is not None
@@ -60,44 +59,22 @@ def _backend(cfg: ServerConfig, mock_step_delay: float) -> Backend:
 
 
 def load_pipeline(cfg: ServerConfig, device: str | None = None) -> Pipeline:
-    """The checkpoint ``cfg`` names, loaded on ``device`` (default: ``cfg.device``)."""
-    import torch
-
-    import quicksilver
-
-    from ..models.checkpoint import DTYPES as TORCH_DTYPES
-
+    """The checkpoint ``cfg`` names, loaded as its ``LoadConfig`` fields say, on ``device``
+    (default: ``cfg.device``)."""
     path = resolve_model(cfg.model)
     if not (path / "config.json").is_file():
         raise QuicksilverError(f"{path}: no such checkpoint (config.json missing)")
     if cfg.verify_checksum:
-        from ..models.integrity import verify_checksums
-
         verify_checksums(path)
     if cfg.threads:
         torch.set_num_threads(cfg.threads)
-    if cfg.dtype not in (None, "auto", "float32", "bfloat16", "float16"):
-        raise QuicksilverError(
-            f"--dtype must be auto, float32, bfloat16 or float16, got {cfg.dtype!r}"
-        )
-    dtype = TORCH_DTYPES.get(cfg.dtype or "auto")  # auto: None, models/checkpoint.default_dtype
-    pipe = quicksilver.load(
-        path,
-        dtype=dtype,
-        device=device or cfg.device,
-        cache=cfg.cache,
-        refresh_every=cfg.refresh_every,
-        compile=cfg.compile,
-        quantize=cfg.quantize,
-        backend=cfg.backend,
-    )
+    pipe = load(path, cfg, device=device or cfg.device)
     pipe.model.eval()
     return pipe
 
 
 def pipeline_backend(cfg: ServerConfig, pipe: Pipeline, engine: Engine) -> Backend:
     """The served model: ``pipe`` stepped by ``engine`` (on the engine thread)."""
-    from ..assets import embedded_model_path
 
     path = resolve_model(cfg.model)
     name = cfg.served_model_name or (
@@ -116,29 +93,9 @@ def pipeline_backend(cfg: ServerConfig, pipe: Pipeline, engine: Engine) -> Backe
     )
 
 
-def serve(cfg: ServerConfig, mock_step_delay: float = 0.0) -> int:
-    if cfg.replicas or cfg.max_replicas or cfg.ray_address:
-        from .ray_serve import serve_ray
-
-        return serve_ray(cfg)
-    if cfg.tensor_parallel > 1:
-        from .tp_launch import serve_tensor_parallel
-
-        return serve_tensor_parallel(cfg)
-    logging.basicConfig(
-        level=cfg.log_level.upper(), format="%(asctime)s %(name)s %(levelname)s %(message)s"
-    )
-    backend = build_backend(cfg, mock_step_delay)
-    twin = build_twin_backend(cfg, backend.name)
-    return run_server(cfg, backend, [twin] if twin else [])
-
-
 def run_server(cfg: ServerConfig, backend: Backend, twins: list[Backend], note: str = "") -> int:
     """Serve ``backend`` (and ``twins``) over HTTP until SIGTERM/SIGINT, then drain."""
     import uvicorn
-
-    from .app import build_app
-    from .drain import DrainingServer
 
     app = build_app(backend, cfg, twins)
     key = "on" if cfg.resolved_api_key() else "off"

@@ -36,11 +36,14 @@ from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.types import Message
 
 from ..errors import QuicksilverError
+from .app import build_app
 from .config import ServerConfig
 from .errors import error_body
+from .launch import build_backend
 from .lifecycle import replay
 from .ray_router import ROUTERS
 from .routing import route_key
+from .twin import build_twin_backend
 
 log = logging.getLogger("quicksilver.server")
 APP_NAME = "quicksilver"
@@ -74,10 +77,6 @@ class Replica:
 
     def __init__(self, cfg: ServerConfig) -> None:
         import torch
-
-        from .app import build_app
-        from .launch import build_backend
-        from .twin import build_twin_backend
 
         torch.set_num_threads(max(1, cfg.threads))
         backend = build_backend(cfg)

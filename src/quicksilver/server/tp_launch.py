@@ -17,7 +17,12 @@ import signal
 import socket
 from typing import Any
 
+from ..engine.engine import Engine
+from ..engine.lockstep import LockstepEngine, follow
+from ..errors import QuicksilverError
+from ..models.tensor_parallel import parallelize
 from .config import ServerConfig
+from .launch import engine_config, load_pipeline, pipeline_backend, run_server
 
 WAIT = datetime.timedelta(days=30)  # followers wait for rank 0's next step however long it idles
 
@@ -46,11 +51,6 @@ def init_rank(rank: int, world: int, port: int, cuda: bool) -> tuple[Any, Any, s
 def _rank_main(rank: int, cfg: ServerConfig, port: int) -> None:
     import torch.distributed as dist
 
-    from ..engine.engine import Engine
-    from ..engine.lockstep import LockstepEngine, follow
-    from ..models.tensor_parallel import parallelize
-    from .launch import engine_config, load_pipeline, pipeline_backend, run_server
-
     logging.basicConfig(level=cfg.log_level.upper())
     # Followers stop when rank 0 releases them, after its drain. Rank 0's server takes the signals
     # while it runs and raises them again when it has drained: then they must only return here.
@@ -77,8 +77,6 @@ def _rank_main(rank: int, cfg: ServerConfig, port: int) -> None:
 def serve_tensor_parallel(cfg: ServerConfig) -> int:
     """Spawn the ranks and wait for them (rank 0 returns when the server has drained)."""
     import torch.multiprocessing as mp
-
-    from ..errors import QuicksilverError
 
     if cfg.mock:
         raise QuicksilverError("--tensor-parallel needs a model (not --mock)")

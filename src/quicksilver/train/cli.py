@@ -7,7 +7,9 @@ import argparse
 import json
 
 from ..cli_util import add_dataclass_args
-from .recipes import RECIPES, TrainConfig
+from .distill import distill
+from .recipes import RECIPES, V2_MIX, TrainConfig, get_recipe
+from .trainer import train
 
 HELP = {
     "out": "run directory (checkpoints, metrics.jsonl, final/)",
@@ -33,8 +35,6 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
 
 
 def add_distill_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
-    from .recipes import V2_MIX
-
     d = sub.add_parser(
         "distill",
         help="a teacher's verified greedy replies to training prompts, as training data (JSONL)",
@@ -50,8 +50,6 @@ def add_distill_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser])
 
 def handle_distill(args: argparse.Namespace) -> int:
     from pathlib import Path
-
-    from .distill import distill
 
     rep = distill(
         args.teacher,
@@ -69,15 +67,12 @@ def handle_distill(args: argparse.Namespace) -> int:
 def handle(args: argparse.Namespace) -> int:
     import dataclasses
 
-    from .recipes import get_recipe
-
     names = {f.name for f in dataclasses.fields(TrainConfig)}
     overrides = {k: v for k, v in vars(args).items() if k in names and v is not None}
     cfg = get_recipe(args.recipe, **overrides)
     if args.print_config:
         print(json.dumps(cfg.to_dict()))
         return 0
-    from .trainer import train
 
     path = train(cfg)
     print(json.dumps({"final": str(path), "out": cfg.out}))

@@ -1,11 +1,8 @@
-"""From task items to training tensors: rendering through the chat template, the task mixture, the
-tokenizer trained on generated text, and padded batches laid out on absolute block boundaries.
+"""From task items to training tensors: the task mixture, the tokenizer trained on generated text,
+and padded batches laid out on absolute block boundaries.
 
-An example is ``prompt ids + answer ids``: the answer is ``<think>working</think>reply<|im_end|>``
-(or just ``reply<|im_end|>`` in instant mode, where the prompt pre-fills an empty ``<think></think>``
-as the template does for ``reasoning=False``; raw fill-in-the-middle prompts end with
-``<|endoftext|>``), then ``<|endoftext|>`` pads up to the end of the block the answer ends in, so the
-model learns where answers stop.
+An example is ``prompt ids + answer ids`` as ``suite.render`` renders them, then ``<|endoftext|>``
+pads up to the end of the block the answer ends in, so the model learns where answers stop.
 """
 
 from __future__ import annotations
@@ -17,37 +14,9 @@ from dataclasses import dataclass
 import torch
 
 from ..errors import ConfigError
+from ..suite.render import answer_text, prompt_text, render
+from ..suite.tasks import TASKS, get_task
 from ..tokenizer import Tokenizer
-from .tasks import TASKS, Item, get_task
-
-IM_END = "<|im_end|>"
-EOT = "<|endoftext|>"
-
-
-def answer_text(item: Item, instant: bool) -> str:
-    """The target reply as text (no stop token)."""
-    if not item.is_chat or instant:
-        return item.answer
-    return f"<think>{item.reasoning}</think>{item.answer}"
-
-
-def prompt_text(item: Item, tokenizer: Tokenizer, instant: bool) -> str:
-    if not item.is_chat:
-        assert item.raw_prompt is not None
-        return item.raw_prompt
-    kw = {"reasoning": False} if instant else {}
-    return tokenizer.apply_chat_template(
-        item.messages or [], tools=item.tools, add_generation_prompt=True, **kw
-    )
-
-
-def render(item: Item, tokenizer: Tokenizer, instant: bool = False) -> tuple[list[int], list[int]]:
-    """(prompt ids, answer ids ending in the stop token)."""
-    stop = tokenizer.token_to_id(IM_END if item.is_chat else EOT)
-    assert stop is not None
-    return tokenizer.encode(prompt_text(item, tokenizer, instant)), tokenizer.encode(
-        answer_text(item, instant)
-    ) + [stop]
 
 
 def corpus(n: int, seed: int = 0) -> Iterator[str]:

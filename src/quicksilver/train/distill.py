@@ -22,9 +22,12 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import ConfigError
+from ..pipeline import load
+from ..suite.evaluate import decode_items
+from ..suite.render import EOT, IM_END, prompt_text
+from ..suite.tasks import TASKS, Item
 from ..tokenizer import Tokenizer
-from .data import EOT, IM_END, Example, parse_weights, prompt_text
-from .tasks import TASKS, Item
+from .data import Example, parse_weights
 
 CHUNK = 32  # items decoded (and written) together
 
@@ -75,13 +78,9 @@ def distill(
 ) -> dict[str, Any]:
     """Decode ``n`` fresh training prompts with ``teacher`` (greedy) and append the verified replies
     to ``out``; returns what was tried and kept per task."""
-    import quicksilver
-
-    from ..eval.evaluate import decode_items
-
     if n <= 0 or batch_size <= 0:
         raise ConfigError("--n and --batch-size must be positive")
-    pipe = quicksilver.load(teacher)
+    pipe = load(teacher)
     cfg = pipe.sampler_config(temperature=0.0)
     out.parent.mkdir(parents=True, exist_ok=True)
     stream = item_stream(parse_weights(tasks), seed, instant_frac)

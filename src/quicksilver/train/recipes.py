@@ -12,6 +12,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..errors import ConfigError
+from .data import parse_weights
+from .objective import OBJECTIVES
 
 DEFAULT_MIX = "path_star:1,sudoku4:1,countdown3:1.5,multiply:1.25,tool_call:1,chat:0.3,fim:0.25"
 DEFAULT_EVAL = "path_star,sudoku4,countdown3,multiply,tool_call,chat,fim"
@@ -87,8 +89,6 @@ class TrainConfig:
     resume: bool = True  # continue from out/ckpt.pt when it exists
 
     def validate(self) -> TrainConfig:
-        from .objective import OBJECTIVES
-
         if self.objective not in OBJECTIVES:
             raise ConfigError(
                 f"unknown objective {self.objective!r}; choose one of {sorted(OBJECTIVES)}"
@@ -118,7 +118,6 @@ class TrainConfig:
             raise ConfigError(
                 f"save_dtype must be float32, bfloat16 or float16, got {self.save_dtype!r}"
             )
-        from .data import parse_weights
 
         parse_weights(self.tasks)
         return self

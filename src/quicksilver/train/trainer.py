@@ -23,10 +23,11 @@ import torch
 import torch.distributed as dist
 
 from ..errors import ConfigError
-from ..models.checkpoint import save_checkpoint
+from ..models.checkpoint import read_safetensors, save_checkpoint
 from ..models.config import ModelConfig
 from ..models.transformer import DiffusionLM
 from ..sampling import SamplerConfig
+from ..suite.evaluate import evaluate
 from ..tokenizer import Tokenizer
 from .data import Mixture, build_tokenizer, collate, parse_weights
 from .distill import load_distilled
@@ -175,7 +176,6 @@ class Trainer:
     def init_weights(self, path: Path) -> None:
         """Copy another checkpoint's weights (same shapes; its attention pattern and shift may differ:
         adapting an AR model to block diffusion, as Dream and Fast-dLLM v2 were made)."""
-        from ..models.checkpoint import read_safetensors
 
         state = read_safetensors(path)
         own = self.model.state_dict()
@@ -305,8 +305,6 @@ class Trainer:
         return {"loss": float(out.loss.item()), **parts}, batch.n_tokens, out.forward_tokens
 
     def evaluate(self) -> dict[str, float]:
-        from ..eval.evaluate import evaluate
-
         tasks = [t.strip() for t in self.cfg.eval_tasks.split(",") if t.strip()]
         causal = self.model.config.attention == "causal"  # its AR output (and the drafts' TPF)
         sampler = SamplerConfig(policy="verify") if causal else SamplerConfig()

@@ -15,43 +15,15 @@ these and applies each request's options on top.
 from __future__ import annotations
 
 from collections.abc import Collection
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from ...errors import CheckpointError
-from ..checkpoint import LOADERS, TOKENIZER_LOADERS, Loader, TokenizerLoader
+from ..checkpoint import read_json_object
+from . import dream, idlm, llada, llada_moe, qwen_block  # noqa: F401  (registers the families)
+from .registry import BY_ARCHITECTURE, FAMILIES, Family, family_of, register_family
 
 SAMPLER_CONFIG_FILE = "sampler_config.json"
-
-
-@dataclass(frozen=True)
-class Family:
-    name: str
-    architectures: tuple[str, ...]
-    load: Loader
-    tokenizer: TokenizerLoader | None = None
-    defaults: dict[str, Any] = field(default_factory=dict)  # SamplerConfig fields
-    checkpoints: tuple[str, ...] = ()  # published checkpoints of this family (docs, `info`)
-    doc: str = ""
-
-
-FAMILIES: dict[str, Family] = {}  # by name
-BY_ARCHITECTURE: dict[str, Family] = {}
-
-
-def register_family(fam: Family) -> Family:
-    FAMILIES[fam.name] = fam
-    for arch in fam.architectures:
-        BY_ARCHITECTURE[arch] = fam
-        LOADERS[arch] = fam.load
-        if fam.tokenizer is not None:
-            TOKENIZER_LOADERS[arch] = fam.tokenizer
-    return fam
-
-
-def family_of(architecture: str) -> Family | None:
-    return BY_ARCHITECTURE.get(architecture)
 
 
 def generation_defaults(
@@ -63,8 +35,6 @@ def generation_defaults(
     fam = family_of(architecture)
     out = dict(fam.defaults) if fam is not None else {}
     if path is not None and (Path(path) / SAMPLER_CONFIG_FILE).is_file():
-        from ..checkpoint import read_json_object
-
         f = Path(path) / SAMPLER_CONFIG_FILE
         extra = read_json_object(f, "a JSON object of sampler options")
         unknown = sorted(set(extra) - set(known)) if known is not None else []
@@ -73,8 +43,6 @@ def generation_defaults(
         out.update(extra)
     return out
 
-
-from . import dream, idlm, llada, llada_moe, qwen_block  # noqa: E402,F401  (registers the families)
 
 __all__ = [
     "Family",

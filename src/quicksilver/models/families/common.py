@@ -18,6 +18,7 @@ from tokenizers import Tokenizer as FastTokenizer
 
 from ...errors import CheckpointError, ConfigError
 from ...tokenizer import Tokenizer
+from ..checkpoint import read_json_object
 from ..config import ModelConfig
 
 # The Qwen2 / Qwen2.5 pre-tokenizer pattern (GPT-4-like, single digits), used with byte-level BPE.
@@ -182,8 +183,6 @@ def fast_tokenizer_loader(
 
 
 def _read_tokenizer_config(path: Path) -> dict[str, Any]:
-    from ..checkpoint import read_json_object
-
     tc = path / "tokenizer_config.json"
     return read_json_object(tc) if tc.is_file() else {}
 

@@ -19,8 +19,8 @@ import torch
 
 from ..checkpoint import read_safetensors
 from ..config import ModelConfig
-from . import Family, register_family
 from .common import Fields, fast_tokenizer_loader, qwen_config, token_id
+from .registry import Family, register_family
 
 MASK_TOKEN, MASK_ID = "<|mask|>", 151666
 BOS_TOKEN = "<|beginoftext|>"

@@ -57,8 +57,8 @@ import torch
 from ...errors import CheckpointError
 from ..checkpoint import read_safetensors
 from ..config import ModelConfig
-from . import Family, register_family
 from .common import Fields, added_tokens, fast_tokenizer_loader, qwen_config
+from .registry import Family, register_family
 
 MASK_TOKEN, MASK_ID = "<|MASK|>", 151669  # the published token and id (the loader reads the files)
 EOT_TOKEN = "<|im_end|>"

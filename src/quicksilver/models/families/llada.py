@@ -19,8 +19,8 @@ import torch
 from ...errors import CheckpointError
 from ..checkpoint import read_safetensors
 from ..config import ModelConfig
-from . import Family, register_family
 from .common import Fields, fast_tokenizer_loader, make_config, rename, token_id
+from .registry import Family, register_family
 
 MASK_TOKEN, MASK_ID = "<|mdm_mask|>", 126336
 EOS_ID = 126081

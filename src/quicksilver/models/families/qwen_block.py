@@ -22,8 +22,8 @@ import torch
 
 from ..checkpoint import read_safetensors
 from ..config import ModelConfig, MoEConfig
-from . import Family, register_family
 from .common import Fields, fast_tokenizer_loader, qwen_config, token_id
+from .registry import Family, register_family
 
 FASTDLLM_MASK_TOKEN, FASTDLLM_MASK_ID = "|<MASK>|", 151665
 SDAR_MASK_TOKEN, SDAR_MASK_ID = "<|MASK|>", 151669

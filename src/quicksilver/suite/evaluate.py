@@ -20,9 +20,9 @@ from ..models.transformer import DiffusionLM
 from ..sampling import SamplerConfig
 from ..sampling.verify import decoder_for
 from ..tokenizer import Tokenizer
-from ..train.data import prompt_text
-from ..train.tasks import Item, get_task, split_reply
-from ..train.tasks.tool_call import ToolCall
+from .render import prompt_text
+from .tasks import Item, get_task, split_reply
+from .tasks.tool_call import ToolCall
 
 
 @dataclass

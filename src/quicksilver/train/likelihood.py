@@ -12,10 +12,11 @@ import random
 import torch
 
 from ..models.transformer import DiffusionLM
+from ..suite.render import render
+from ..suite.tasks import get_task
 from ..tokenizer import Tokenizer
-from ..train.data import Example, collate, render
-from ..train.objective import NoiseConfig, ar_loss, diffusion_loss
-from ..train.tasks import get_task
+from .data import Example, collate
+from .objective import NoiseConfig, ar_loss, diffusion_loss
 
 
 @torch.no_grad()

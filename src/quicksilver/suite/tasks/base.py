@@ -16,6 +16,8 @@ import re
 from dataclasses import dataclass, field
 from typing import Any
 
+from .phrasing import PHRASINGS
+
 SPLITS = ("train", "test")
 
 
@@ -65,7 +67,6 @@ class Task:
         """The fixed held-out test split: the first ``n`` items of a seeded test stream, worded
         canonically (``templated``) or with phrasing templates never seen in training (``held-out``).
         Both streams draw the same puzzles: only the wording differs."""
-        from .phrasing import PHRASINGS
 
         if phrasing not in PHRASINGS:
             raise ValueError(f"phrasing must be one of {PHRASINGS}, got {phrasing!r}")

@@ -1,0 +1,38 @@
+"""The registry of families: each family module registers its ``Family`` here, which also puts its
+loaders where ``models.checkpoint`` dispatches on a config's ``architectures``."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from ..checkpoint import LOADERS, TOKENIZER_LOADERS, Loader, TokenizerLoader
+
+
+@dataclass(frozen=True)
+class Family:
+    name: str
+    architectures: tuple[str, ...]
+    load: Loader
+    tokenizer: TokenizerLoader | None = None
+    defaults: dict[str, Any] = field(default_factory=dict)  # SamplerConfig fields
+    checkpoints: tuple[str, ...] = ()  # published checkpoints of this family (docs, `info`)
+    doc: str = ""
+
+
+FAMILIES: dict[str, Family] = {}  # by name
+BY_ARCHITECTURE: dict[str, Family] = {}
+
+
+def register_family(fam: Family) -> Family:
+    FAMILIES[fam.name] = fam
+    for arch in fam.architectures:
+        BY_ARCHITECTURE[arch] = fam
+        LOADERS[arch] = fam.load
+        if fam.tokenizer is not None:
+            TOKENIZER_LOADERS[arch] = fam.tokenizer
+    return fam
+
+
+def family_of(architecture: str) -> Family | None:
+    return BY_ARCHITECTURE.get(architecture)

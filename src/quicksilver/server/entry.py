@@ -1,0 +1,26 @@
+"""``quicksilver serve``: one process (``launch.py``), tensor-parallel ranks (``tp_launch.py``) or
+Ray Serve replicas (``ray_serve.py``), as the config asks."""
+
+from __future__ import annotations
+
+import logging
+
+from .config import ServerConfig
+from .launch import build_backend, run_server
+from .tp_launch import serve_tensor_parallel
+from .twin import build_twin_backend
+
+
+def serve(cfg: ServerConfig, mock_step_delay: float = 0.0) -> int:
+    if cfg.replicas or cfg.max_replicas or cfg.ray_address:
+        from .ray_serve import serve_ray  # lazy: Ray is an optional dependency
+
+        return serve_ray(cfg)
+    if cfg.tensor_parallel > 1:
+        return serve_tensor_parallel(cfg)
+    logging.basicConfig(
+        level=cfg.log_level.upper(), format="%(asctime)s %(name)s %(levelname)s %(message)s"
+    )
+    backend = build_backend(cfg, mock_step_delay)
+    twin = build_twin_backend(cfg, backend.name)
+    return run_server(cfg, backend, [twin] if twin else [])
