@@ -1,5 +1,5 @@
 """A real HTTP server in this process: uvicorn on a free loopback port in a thread, serving an app
-built here (the mock engine, or any backend), stopped at the end. Faster than a subprocess, and the
+built here (the mock engine, or any served), stopped at the end. Faster than a subprocess, and the
 clients under test still speak real HTTP to it."""
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ from contextlib import contextmanager
 
 import uvicorn
 
-from quicksilver.server import ServerConfig, build_app, build_backend
+from quicksilver.server import ServerConfig, build_app, build_served_model
 
 
 def free_port() -> int:
@@ -22,10 +22,10 @@ def free_port() -> int:
 
 
 @contextmanager
-def serving(cfg: ServerConfig | None = None, backend: object = None) -> Iterator[str]:
+def serving(cfg: ServerConfig | None = None, served: object = None) -> Iterator[str]:
     """Yields the base URL (``http://127.0.0.1:PORT``) of a running server."""
     cfg = cfg or ServerConfig(mock=True)
-    app = build_app(backend or build_backend(cfg), cfg)  # type: ignore[arg-type]
+    app = build_app(served or build_served_model(cfg), cfg)  # type: ignore[arg-type]
     port = free_port()
     server = uvicorn.Server(
         uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning", lifespan="on")

@@ -20,12 +20,12 @@ import schemathesis
 from hypothesis import HealthCheck, settings
 from schemathesis import GenerationMode
 
-from quicksilver.server import ServerConfig, build_app, build_backend
+from quicksilver.server import ServerConfig, build_app, build_served_model
 
 EXAMPLES = int(os.environ.get("FUZZ_EXAMPLES", "60"))
 # small limits keep each generated request cheap on the mock engine, the checks are the same
 CFG = ServerConfig(mock=True, max_tokens=64, default_max_tokens=16, max_reasoning_tokens=16)
-APP = build_app(build_backend(CFG), CFG)
+APP = build_app(build_served_model(CFG), CFG)
 schema = schemathesis.openapi.from_asgi("/openapi.json", APP)
 schema.config.generation.update(
     modes=[GenerationMode.POSITIVE, GenerationMode.NEGATIVE],

@@ -22,10 +22,10 @@ from quicksilver.engine import Engine, EngineRequest
 from quicksilver.errors import ConfigError
 from quicksilver.sampling import SamplerConfig
 from quicksilver.sampling.autoregressive import ar_generate
-from quicksilver.server import ServerConfig, build_app, build_backend
+from quicksilver.server import ServerConfig, build_app, build_served_model
 from quicksilver.server.generation import MASK_GLYPH
 from quicksilver.server.playground import STATIC, parse_origins
-from quicksilver.server.twin import AR_DEFAULTS, ar_backend, build_twin_backend
+from quicksilver.server.twin import AR_DEFAULTS, build_twin, served_twin
 
 KEY = "sk-play"
 SAME = "http://testserver"  # TestClient's Host
@@ -33,7 +33,7 @@ SAME = "http://testserver"  # TestClient's Host
 
 def client(**overrides: Any) -> TestClient:
     cfg = ServerConfig(mock=True, **overrides)
-    return TestClient(build_app(build_backend(cfg), cfg))
+    return TestClient(build_app(build_served_model(cfg), cfg))
 
 
 def error_code(r: Any, status: int) -> str:
@@ -206,8 +206,8 @@ def test_twin_engine_matches_ar_generate(causal_ckpt: Path) -> None:
 @pytest.fixture(scope="module")
 def twin_client(causal_ckpt: Path) -> Iterator[TestClient]:
     cfg = ServerConfig(mock=True)
-    twin = ar_backend(causal_ckpt, "mock-ar", cfg)
-    with TestClient(build_app(build_backend(cfg), cfg, [twin])) as c:
+    twin = served_twin(causal_ckpt, "mock-ar", cfg)
+    with TestClient(build_app(build_served_model(cfg), cfg, [twin])) as c:
         yield c
 
 
@@ -250,13 +250,13 @@ def test_twin_served_by_model_id(twin_client: TestClient) -> None:
 
 
 def test_twin_only_beside_the_embedded_default(causal_ckpt: Path) -> None:
-    assert build_twin_backend(ServerConfig(mock=True), "x") is None
-    assert build_twin_backend(ServerConfig(model=str(causal_ckpt)), "x") is None
-    assert build_twin_backend(ServerConfig(ar_twin=False), "x") is None
+    assert build_twin(ServerConfig(mock=True), "x") is None
+    assert build_twin(ServerConfig(model=str(causal_ckpt)), "x") is None
+    assert build_twin(ServerConfig(ar_twin=False), "x") is None
     if embedded_ar_model_path() is not None:
-        twin = build_twin_backend(ServerConfig(), "quicksilver")
+        twin = build_twin(ServerConfig(), "quicksilver")
         assert twin is not None and twin.name == "quicksilver-ar" and twin.attention == "causal"
     emb = embedded_diffusion_model_path()
     if emb is not None:
         with pytest.raises(ConfigError, match="causal"):
-            ar_backend(emb, "bad", ServerConfig())  # the diffusion model cannot be the twin
+            served_twin(emb, "bad", ServerConfig())  # the diffusion model cannot be the twin

@@ -15,7 +15,7 @@ from fastapi.testclient import TestClient
 from quicksilver.errors import ConfigError
 from quicksilver.sampling.grammar import LitSet
 from quicksilver.sampling.layout_cache import ByteLRU
-from quicksilver.server import ServerConfig, build_app, build_backend
+from quicksilver.server import ServerConfig, build_app, build_served_model
 from quicksilver.server.limits import SchemaLimits, check_schema
 from quicksilver.server.mock_engine import MockEngine
 from quicksilver.tokenizer import Tokenizer
@@ -30,7 +30,7 @@ def fmt(schema: Any) -> dict[str, Any]:
 @pytest.fixture(scope="module")
 def client() -> Iterator[TestClient]:
     cfg = ServerConfig(mock=True)
-    with TestClient(build_app(build_backend(cfg), cfg)) as c:
+    with TestClient(build_app(build_served_model(cfg), cfg)) as c:
         yield c
 
 
@@ -203,12 +203,12 @@ def test_malicious_chat_templates_fail_cleanly_within_budget(name: str) -> None:
 
 def test_a_hanging_template_is_a_400_and_the_server_keeps_serving() -> None:
     cfg = ServerConfig(mock=True)
-    backend = build_backend(cfg)
-    good = backend.tokenizer
-    backend.tokenizer = Tokenizer(
+    served = build_served_model(cfg)
+    good = served.tokenizer
+    served.tokenizer = Tokenizer(
         good.fast, {**good.config, "chat_template": BAD_TEMPLATES["loops"]}
     )
-    with TestClient(build_app(backend, cfg)) as c:
+    with TestClient(build_app(served, cfg)) as c:
         assert "longer than" in rejected_slow(c, {"messages": USER})
         assert c.get("/health").status_code == 200
 
@@ -234,8 +234,8 @@ def test_layout_cache_is_bounded_by_bytes() -> None:
 def test_an_enum_at_the_budget_never_holds_the_engine_thread() -> None:
     """256 values: each step once took up to 2 s of grammar work (one live state per value)."""
     cfg = ServerConfig(mock=True)
-    backend = build_backend(cfg)
-    engine = backend.engine.engine
+    served = build_served_model(cfg)
+    engine = served.engine.engine
     step, times = engine.step, []
 
     def timed() -> Any:
@@ -246,7 +246,7 @@ def test_an_enum_at_the_budget_never_holds_the_engine_thread() -> None:
 
     engine.step = timed  # type: ignore[method-assign]
     values = [f"value-{i}" for i in range(SchemaLimits().max_enum_values)]
-    with TestClient(build_app(backend, cfg)) as c:
+    with TestClient(build_app(served, cfg)) as c:
         r = c.post(
             "/v1/chat/completions",
             json={

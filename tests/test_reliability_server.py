@@ -21,7 +21,7 @@ import uvicorn
 from fastapi import FastAPI
 from fastapi.testclient import TestClient
 
-from quicksilver.server import ServerConfig, build_app, build_backend
+from quicksilver.server import ServerConfig, build_app, build_served_model
 from test_server_live import RemoteServer, free_port
 
 USER = [{"role": "user", "content": "hi"}]
@@ -54,7 +54,7 @@ def in_process(app: FastAPI) -> Iterator[str]:
 
 def test_an_unhandled_error_is_an_enveloped_500_and_keeps_the_connection() -> None:
     cfg = ServerConfig(mock=True)
-    app = build_app(build_backend(cfg), cfg)
+    app = build_app(build_served_model(cfg), cfg)
 
     def boom(*args: Any) -> Any:
         raise RuntimeError("a bug")
@@ -81,7 +81,7 @@ def test_an_unhandled_error_is_an_enveloped_500_and_keeps_the_connection() -> No
 
 def test_405_names_the_allowed_methods() -> None:
     cfg = ServerConfig(mock=True)
-    with TestClient(build_app(build_backend(cfg), cfg)) as c:
+    with TestClient(build_app(build_served_model(cfg), cfg)) as c:
         r = c.put("/v1/chat/completions", json={})
         assert r.status_code == 405 and r.headers["allow"] == "POST"
         assert set(r.json()["error"]) == {"message", "type", "param", "code"}
@@ -99,7 +99,7 @@ def test_a_streamed_request_refused_by_the_engine_gets_a_real_503() -> None:
     # room for one running and one waiting request, and three choices: the engine itself refuses
     # one (the server-side check before it passes: nothing is waiting yet)
     cfg = ServerConfig(mock=True, max_waiting=1, max_batch=1)
-    with TestClient(build_app(build_backend(cfg, mock_step_delay=0.05), cfg)) as c:
+    with TestClient(build_app(build_served_model(cfg, mock_step_delay=0.05), cfg)) as c:
         r = c.post(
             "/v1/chat/completions",
             json={"messages": USER, "n": 3, "stream": True, "reasoning_effort": "none"},

@@ -21,10 +21,10 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from inprocess import serving
 from quicksilver.assets import embedded_model_path
-from quicksilver.server import ServerConfig, build_app, build_backend
+from quicksilver.server import ServerConfig, build_app, build_served_model
 from quicksilver.server.async_engine import AsyncEngine
 from quicksilver.server.budgets import MIN_REASONING, split
-from quicksilver.server.generation import Backend
+from quicksilver.server.generation import ServedModel
 from quicksilver.server.mock_engine import MOCK_ANSWER, MockEngine
 
 WEATHER = {
@@ -129,11 +129,57 @@ def test_responses_structured_output_and_bad_items(sdk: openai.OpenAI, url: str)
     assert bad.status_code == 400 and bad.json()["error"]["type"] == "invalid_request_error"
 
 
+
+def test_responses_errors_name_responses_fields(url: str) -> None:
+    """The Responses route is planned by the same planner as chat, but its 400s point at its own
+    fields: ``max_output_tokens``, ``text.format``, ``text.format.schema``, ``input``."""
+
+    def param(body: dict[str, Any]) -> str:
+        r = httpx.post(url + "/v1/responses", json={"input": "hi", **body})
+        assert r.status_code == 400, r.text
+        return str(r.json()["error"]["param"])
+
+    assert param({"max_output_tokens": 10**6}) == "max_output_tokens"
+    bad_schema = {"type": "json_schema", "name": "x", "schema": {"type": "nope"}}
+    assert param({"text": {"format": bad_schema}}) == "text.format.schema"
+    huge = {"type": "json_schema", "name": "x", "schema": {"type": "string", "minLength": 10**8}}
+    assert param({"text": {"format": huge}}) == "max_output_tokens"
+    fn = {"type": "function", "name": "f", "parameters": {"type": "object"}}
+    forced = {"type": "function", "name": "f"}
+    json_fmt = {"text": {"format": {"type": "json_object"}}}
+    assert param({"tools": [fn], "tool_choice": forced, **json_fmt}) == "text.format"
+    assert param({"input": "x" * 100_000}) == "input"
+
+
+def test_a_structured_canvas_is_built_once_per_request(
+    client: TestClient, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The plan carries the built canvas: three choices of one schema-constrained request build
+    it once (the old path built it again per budget pass, for its length and per choice)."""
+    from quicksilver.server import planner
+
+    built = []
+    real = planner.build_canvas
+
+    def counted(*args: Any) -> Any:
+        built.append(1)
+        return real(*args)
+
+    monkeypatch.setattr(planner, "build_canvas", counted)
+    fmt = {"type": "json_schema", "json_schema": {"name": "p", "schema": PERSON, "strict": True}}
+    body = {"messages": [{"role": "user", "content": "a person"}], "n": 3, "response_format": fmt}
+    r = client.post("/v1/chat/completions", json=body)
+    assert r.status_code == 200, r.text
+    for choice in r.json()["choices"]:
+        jsonschema.validate(json.loads(choice["message"]["content"]), PERSON)
+    assert len(built) == 1
+
+
 # ---- tokenize, logprobs, request ids, health, templates, metrics ----------------------------
 @pytest.fixture(scope="module")
 def client() -> Iterator[TestClient]:
     cfg = ServerConfig(mock=True)
-    with TestClient(build_app(build_backend(cfg), cfg)) as c:
+    with TestClient(build_app(build_served_model(cfg), cfg)) as c:
         yield c
 
 
@@ -197,19 +243,19 @@ def test_chat_template_override(tmp_path: Path) -> None:
     tpl = tmp_path / "t.jinja"
     tpl.write_text("{% for m in messages %}[{{ m['role'] }}] {{ m['content'] }}\n{% endfor %}")
     cfg = ServerConfig(mock=True, chat_template=str(tpl))
-    with TestClient(build_app(build_backend(cfg), cfg)) as c:
+    with TestClient(build_app(build_served_model(cfg), cfg)) as c:
         t = c.post("/tokenize", json={"messages": [{"role": "user", "content": "hi"}]}).json()
         assert c.post("/detokenize", json={"tokens": t["tokens"]}).json()["prompt"] == "[user] hi\n"
     bad = tmp_path / "bad.jinja"
     bad.write_text("{% for %}")
     with pytest.raises(Exception, match="does not compile"):
-        build_backend(ServerConfig(mock=True, chat_template=str(bad)))
+        build_served_model(ServerConfig(mock=True, chat_template=str(bad)))
 
 
 def test_metrics_parse_whatever_the_served_name() -> None:
     name = 'a"b\\c\nd} x="1'
     cfg = ServerConfig(mock=True, served_model_name=name)
-    with TestClient(build_app(build_backend(cfg), cfg)) as c:
+    with TestClient(build_app(build_served_model(cfg), cfg)) as c:
         c.post(
             "/v1/chat/completions",
             json={"model": name, "messages": [{"role": "user", "content": "hi"}]},
@@ -270,7 +316,7 @@ def small() -> Iterator[TestClient]:
     mock = MockEngine(max_context=SMALL_CONTEXT)
     tok = mock.tokenizer
     assert tok.mask_id is not None
-    backend = Backend(
+    served = ServedModel(
         "small",
         tok,
         AsyncEngine(mock),
@@ -280,7 +326,7 @@ def small() -> Iterator[TestClient]:
         tok.mask_id,
     )
     cfg = ServerConfig(mock=True, default_max_tokens=64)  # short canvases: a fast test
-    with TestClient(build_app(backend, cfg)) as c:
+    with TestClient(build_app(served, cfg)) as c:
         yield c
 
 
@@ -384,7 +430,7 @@ SHORT_TEMPLATE = (  # no tool schemas in the prompt: a random model reads nothin
 def test_tool_guarantees_on_a_random_model(tiny_ckpt: Path, tmp_path: Path) -> None:
     (tmp_path / "t.jinja").write_text(SHORT_TEMPLATE)
     cfg = ServerConfig(model=str(tiny_ckpt), chat_template=str(tmp_path / "t.jinja"))
-    with TestClient(build_app(build_backend(cfg), cfg)) as c:
+    with TestClient(build_app(build_served_model(cfg), cfg)) as c:
         for choice in ("auto", "required"):
             for seed in range(2):
                 body: dict[str, Any] = {
@@ -423,7 +469,7 @@ def test_tool_guarantees_on_the_embedded_model() -> None:
         },
     ]
     cfg = ServerConfig()
-    with TestClient(build_app(build_backend(cfg), cfg)) as c:
+    with TestClient(build_app(build_served_model(cfg), cfg)) as c:
         for ask, call in CALLS_ASKED.items():
             body = {
                 "messages": [{"role": "user", "content": ask}],

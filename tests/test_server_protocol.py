@@ -11,7 +11,7 @@ import jsonschema
 import pytest
 from fastapi.testclient import TestClient
 
-from quicksilver.server import ServerConfig, build_app, build_backend
+from quicksilver.server import ServerConfig, build_app, build_served_model
 from quicksilver.server.mock_engine import MOCK_ANSWER, MOCK_REASONING
 from quicksilver.server.protocol_chat import ChatCompletionResponse
 from quicksilver.server.protocol_completion import CompletionResponse
@@ -52,7 +52,7 @@ TOOLS = [
 
 def make_client(**overrides: Any) -> TestClient:
     cfg = ServerConfig(mock=True, **overrides)
-    return TestClient(build_app(build_backend(cfg), cfg))
+    return TestClient(build_app(build_served_model(cfg), cfg))
 
 
 @pytest.fixture(scope="module")
@@ -491,16 +491,16 @@ def test_overload_is_503_and_too_many_open_is_429() -> None:
 
 def test_block_causal_fim_uses_the_infilling_prompt_and_realtime_skips_reasoning() -> None:
     cfg = ServerConfig(mock=True)
-    backend = build_backend(cfg)
-    backend.attention = (
+    served = build_served_model(cfg)
+    served.attention = (
         "block_causal"  # no look-ahead: the server must use <|fim_prefix|>…<|fim_middle|>
     )
-    with TestClient(build_app(backend, cfg)) as c:
+    with TestClient(build_app(served, cfg)) as c:
         r = c.post("/v1/fim/completions", json={"prompt": "a, b, ", "suffix": ", e"}).json()
         assert r["choices"][0]["text"] == "middle"
         seen: list[str] = []
-        script = backend.engine.engine.decoder.script  # type: ignore[attr-defined]
-        backend.engine.engine.decoder.script = lambda p: (seen.append(p), script(p))[1]  # type: ignore[attr-defined]
+        script = served.engine.engine.decoder.script  # type: ignore[attr-defined]
+        served.engine.engine.decoder.script = lambda p: (seen.append(p), script(p))[1]  # type: ignore[attr-defined]
         c.post("/v1/fim/completions", json={"prompt": "a, b, ", "suffix": ", e"})
         assert seen[-1].startswith("<|fim_prefix|>a, b, <|fim_suffix|>, e<|fim_middle|>")
         msg = chat(c, realtime=True, max_completion_tokens=64)["choices"][0]["message"]
@@ -510,14 +510,14 @@ def test_block_causal_fim_uses_the_infilling_prompt_and_realtime_skips_reasoning
 
 def test_an_engine_failure_is_a_500_envelope_or_an_error_event() -> None:
     cfg = ServerConfig(mock=True)
-    backend = build_backend(cfg)
+    served = build_served_model(cfg)
 
     def boom(rows: Any) -> Any:
         raise RuntimeError("device lost")
 
-    good = backend.engine.engine.decoder.step  # type: ignore[attr-defined]
-    backend.engine.engine.decoder.step = boom  # type: ignore[attr-defined, method-assign]
-    with TestClient(build_app(backend, cfg)) as c:
+    good = served.engine.engine.decoder.step  # type: ignore[attr-defined]
+    served.engine.engine.decoder.step = boom  # type: ignore[attr-defined, method-assign]
+    with TestClient(build_app(served, cfg)) as c:
         e = err(c.post("/v1/chat/completions", json={"messages": USER}), 500, None)
         assert e["type"] == "server_error" and "device lost" in e["message"]
         # a stream that fails before its first chunk gets the status too (decided before the first
@@ -542,7 +542,7 @@ def test_an_engine_failure_is_a_500_envelope_or_an_error_event() -> None:
             'quicksilver:engine_step_errors_total{model_name="quicksilver-mock"} 3.0'
             in c.get("/metrics").text
         )
-        backend.engine.engine.decoder.step = good  # type: ignore[attr-defined, method-assign]
+        served.engine.engine.decoder.step = good  # type: ignore[attr-defined, method-assign]
         assert c.post("/v1/chat/completions", json={"messages": USER}).status_code == 200
         assert c.get("/health").json()["status"] == "ok"  # one good step: healthy again
 

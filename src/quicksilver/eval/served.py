@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import ConfigError
-from ..server import ServerConfig, build_app, build_backend
+from ..server import ServerConfig, build_app, build_served_model
 from ..suite.render import to_openai_messages
 from ..suite.tasks import get_task
 from ..suite.tasks.tool_call import ToolCall
@@ -52,16 +52,16 @@ def served_tool_calls(
     assert isinstance(task, ToolCall)  # its parseable() scores a call turn
     items = [it for it in task.test_items(limit, seed, phrasing) if it.stratum == "call"]
     cfg = ServerConfig(model=str(model))
-    backend = build_backend(cfg)
-    if backend.attention == "causal":
+    served = build_served_model(cfg)
+    if served.attention == "causal":
         raise ConfigError(
             "--tool-choice evaluates the served diffusion decoder; this is an AR model"
         )
     correct = parseable = failed = 0
-    with TestClient(build_app(backend, cfg)) as client:
+    with TestClient(build_app(served, cfg)) as client:
         for it in items:
             body = {
-                "model": backend.name,
+                "model": served.name,
                 "messages": to_openai_messages(it.messages or []),
                 "tools": it.tools,
                 "tool_choice": choice,

@@ -42,7 +42,7 @@ class NoCache:
     name: str = "none"
 
     def segment(self, row: Row) -> Segment:
-        lo, hi = row.window()
+        lo, hi = row.block_span()
         seq = row.sequence(row.input_len())  # (n,)
         return Segment(seq, 0, row.P + lo, row.P + hi)
 
@@ -53,7 +53,7 @@ class BlockCache:
 
     def segment(self, row: Row) -> Segment:
         assert row.cache is not None and row.model_block is not None
-        lo, hi = row.window()
+        lo, hi = row.block_span()
         seq = row.sequence(row.input_len())  # (n,)
         start = row.cache.length
         freeze = (row.P + lo) // row.model_block * row.model_block  # the window's model block
@@ -69,7 +69,7 @@ class WindowCache:
 
     def segment(self, row: Row) -> Segment:
         assert row.cache is not None and row.model_block is not None
-        lo, hi = row.window()
+        lo, hi = row.block_span()
         seq = row.sequence(row.input_len())  # (n,)
         a, b, mb = row.P + lo, row.P + hi, row.model_block
         block_start = a // mb * mb
@@ -101,7 +101,7 @@ class ApproximateCache:
 
     def segment(self, row: Row) -> Segment:
         assert row.cache is not None
-        lo, hi = row.window()
+        lo, hi = row.block_span()
         seq = row.sequence(row.input_len())  # (n,)
         n = int(seq.shape[0])
         if _refresh_due(row):

@@ -44,7 +44,7 @@ def _pad(parts: list[torch.Tensor], value: float | bool) -> torch.Tensor:
 
 def _write(row: Row, take: torch.Tensor, x0: torch.Tensor, bad: torch.Tensor | None) -> None:
     """Commit ``take`` and re-mask ``bad`` (window vectors (n,)) on the row's device canvas."""
-    lo, hi = row.window()
+    lo, hi = row.block_span()
     canvas, committed = row.canvas[lo:hi], row.committed[lo:hi]  # views (n,)
     if bad is not None:
         canvas.masked_fill_(bad, row.mask_id)
@@ -61,7 +61,7 @@ def _host_update(
 ) -> RowEvent:
     """Mirror one row's step on the host from its window's event codes (token: committed, -1:
     nothing, -2: re-masked); stops, blocks, finish."""
-    lo = row.window()[0]
+    lo = row.block_span()[0]
     remasked = [lo + j for j, c in enumerate(codes) if c == REMASKED]
     if k == 0:  # a check pass over a filled block (revision)
         row.record([], remasked)
@@ -98,11 +98,11 @@ def gather_windows(rows: Sequence[Row], logits: Sequence[torch.Tensor]) -> Windo
     L = forbid(pad_windows(logits), rows[0].mask_id, rows[0].vocab_limit)  # (R, W, V)
     for i, r in enumerate(rows):
         if r.constraint is not None:
-            L[i, : widths[i]] = r.constraint.mask_logits(r, r.window()[0], L[i, : widths[i]])
-    masked = ~_pad([r.committed[slice(*r.window())] for r in rows], True)  # (R, W)
+            L[i, : widths[i]] = r.constraint.mask_logits(r, r.block_span()[0], L[i, : widths[i]])
+    masked = ~_pad([r.committed[slice(*r.block_span())] for r in rows], True)  # (R, W)
     w = Windows(widths, L, masked, [r.commit_count() for r in rows], None, None, [])
     if any(r.revising for r in rows):
-        cur = [r.canvas[slice(*r.window())] for r in rows]  # (n_i,) each
+        cur = [r.canvas[slice(*r.block_span())] for r in rows]  # (n_i,) each
         revision = [revision_inputs(r, c) for r, c in zip(rows, cur)]
         w.cur, w.eligible = _pad(cur, rows[0].mask_id), _pad([e for e, _ in revision], False)
         w.bound = [b for _, b in revision]

@@ -45,7 +45,7 @@ def revision_inputs(row: Row, cur: torch.Tensor) -> tuple[torch.Tensor, float]:
     """Which of the window's positions (tokens ``cur`` (n,)) may be re-masked, and the bound.
 
     A row without revision gets no eligible position and the bound 0 (no probability is below it)."""
-    lo, hi = row.window()
+    lo, hi = row.block_span()
     if not row.revising:
         return torch.zeros_like(cur, dtype=torch.bool), 0.0
     assert row.cfg.revise_threshold is not None
@@ -97,7 +97,7 @@ def commit_constrained(
     each only if the constraint allows it; if none is allowed, the leftmost masked position gets
     the best allowed token (logits (n, V)). Writes the device canvas as it goes (``allow`` reads it)."""
     assert row.constraint is not None
-    lo = row.window()[0]
+    lo = row.block_span()[0]
     committed: list[tuple[int, int]] = []
     for i in order.tolist():
         if not take[i]:

@@ -124,14 +124,15 @@ class Row:
         hi = min(self.end, (b + 1) * self.block_length - self.offset)
         return lo, max(lo, hi)
 
-    def window(self) -> tuple[int, int]:
+    def block_span(self) -> tuple[int, int]:
+        """Canvas positions [lo, hi) of the block being decoded."""
         return self.block_bounds(self.block)
 
     def input_len(self) -> int:
         """Tokens of prompt + canvas this row feeds to the next forward pass."""
         if self.model_block is None:  # bidirectional/causal: the whole live canvas (+ suffix)
             return self.P + self.end + self.S
-        _, hi = self.window()  # block-causal: nothing after the model block holding the window
+        _, hi = self.block_span()  # block-causal: nothing after the model block holding the window
         abs_hi = self.P + hi
         return min(self.P + self.end, math.ceil(abs_hi / self.model_block) * self.model_block)
 
@@ -153,7 +154,7 @@ class Row:
         return self.cfg.revise_threshold is not None and self.cfg.max_revisions > 0
 
     def masked_in_window(self) -> int:
-        lo, hi = self.window()
+        lo, hi = self.block_span()
         return hi - lo - sum(self.host_committed[lo:hi])
 
     def commit_count(self) -> int:
@@ -195,7 +196,7 @@ class Row:
         With revision on, a filled block gets one more pass that checks its tokens before the
         decoder moves on (it moves on once a check re-masks nothing)."""
         while True:
-            lo, hi = self.window()
+            lo, hi = self.block_span()
             if lo >= self.end:
                 self._finish()
                 return
@@ -215,7 +216,7 @@ class Row:
         if self.done:
             return self.output_end()
         if self.revising:
-            return self.window()[0]
+            return self.block_span()[0]
         while self._first_masked < self.end and self.host_committed[self._first_masked]:
             self._first_masked += 1
         return min(self._first_masked, self.end)

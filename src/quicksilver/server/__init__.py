@@ -1,9 +1,9 @@
-"""The OpenAI-compatible server: ``build_app(backend, config)``, ``ServerConfig``, the mock engine."""
+"""The OpenAI-compatible server: ``build_app(served, config)``, ``ServerConfig``, the mock engine."""
 
 from .app import build_app
 from .config import ServerConfig
 from .entry import serve
-from .launch import build_backend
+from .launch import build_served_model
 from .mock_engine import MockEngine
 
-__all__ = ["build_app", "build_backend", "serve", "ServerConfig", "MockEngine"]
+__all__ = ["build_app", "build_served_model", "serve", "ServerConfig", "MockEngine"]

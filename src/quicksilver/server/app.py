@@ -20,7 +20,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from .config import ServerConfig
 from .errors import REJECTED, APIError, error_body, error_response, overloaded
-from .generation import Backend
+from .generation import ServedModel
 from .lifecycle import Drain, Lifecycle
 from .metrics import Metrics
 from .playground import install_browser_rules, is_public
@@ -87,33 +87,33 @@ class Guard:
 
 class ServerState:
     def __init__(
-        self, backend: Backend, config: ServerConfig, twins: Sequence[Backend] = ()
+        self, served: ServedModel, config: ServerConfig, twins: Sequence[ServedModel] = ()
     ) -> None:
-        self.backend, self.config = backend, config
-        self.backends = [backend, *twins]  # the served models; requests pick one by `model`
+        self.served, self.config = served, config
+        self.served_models = [served, *twins]  # the served models; requests pick one by `model`
         self.drain = Drain()  # in-flight requests; set draining on SIGTERM/SIGINT
         self.metrics = m = Metrics(
-            backend.name, backend.engine.engine, lambda: len(self.drain.inflight)
+            served.name, served.engine.engine, lambda: len(self.drain.inflight)
         )
-        chats = {b.name: OpenAIServingChat(b, config, m) for b in self.backends}
-        self.chat = ByModel(chats[backend.name], {t.name: chats[t.name] for t in twins})
+        chats = {b.name: OpenAIServingChat(b, config, m) for b in self.served_models}
+        self.chat = ByModel(chats[served.name], {t.name: chats[t.name] for t in twins})
         self.completion = ByModel(
-            OpenAIServingCompletion(backend, config, m),
+            OpenAIServingCompletion(served, config, m),
             {t.name: OpenAIServingCompletion(t, config, m) for t in twins},
         )
         self.responses = ByModel(
-            OpenAIServingResponses(chats[backend.name]),
+            OpenAIServingResponses(chats[served.name]),
             {t.name: OpenAIServingResponses(chats[t.name]) for t in twins},
         )
 
     def cards(self) -> list[ModelCard]:
         return [
             ModelCard(id=b.name, max_model_len=b.max_context, attention=b.attention)
-            for b in self.backends
+            for b in self.served_models
         ]
 
     def check_capacity(self) -> None:
-        eng = self.backend.engine.engine
+        eng = self.served.engine.engine
         if eng.num_waiting >= self.config.max_waiting:  # counted by the APIError handler
             raise overloaded(f"{eng.num_waiting} requests are waiting; try again shortly")
 
@@ -129,16 +129,18 @@ def _validation_message(exc: RequestValidationError) -> tuple[str, str | None]:
     return (f"{param}: {msg}" if param else msg), param
 
 
-def build_app(backend: Backend, config: ServerConfig, twins: Sequence[Backend] = ()) -> FastAPI:
-    """The app serving ``backend`` (and ``twins``, e.g. the AR twin, under their own model ids)."""
-    state = ServerState(backend, config, twins)
+def build_app(
+    served: ServedModel, config: ServerConfig, twins: Sequence[ServedModel] = ()
+) -> FastAPI:
+    """The app serving ``served`` (and ``twins``, e.g. the AR twin, under their own model ids)."""
+    state = ServerState(served, config, twins)
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncGenerator[None, None]:
-        for b in state.backends:
+        for b in state.served_models:
             b.engine.start()
         yield
-        for b in state.backends:
+        for b in state.served_models:
             await b.engine.stop()
 
     app = FastAPI(

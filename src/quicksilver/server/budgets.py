@@ -22,6 +22,19 @@ class Split:
     reasoning: int  # the reasoning phase's budget (0: answer at once)
 
 
+def check_prompt(ids: list[int], max_prompt: int, context: int, param: str) -> None:
+    """A prompt is not empty and leaves at least one position of the context for the answer."""
+    if not ids:
+        raise bad_request("the prompt is empty", param)
+    limit = min(max_prompt, context - 1)
+    if len(ids) > limit:
+        raise bad_request(
+            f"the prompt has {len(ids)} tokens; at most {limit} are accepted",
+            param,
+            "context_length_exceeded",
+        )
+
+
 def check_explicit(
     max_tokens: int | None, room: int, cap: int, context: int, prompt: int, param: str
 ) -> None:

@@ -6,9 +6,9 @@ from __future__ import annotations
 import logging
 
 from .config import ServerConfig
-from .launch import build_backend, run_server
+from .launch import build_served_model, run_server
 from .tp_launch import serve_tensor_parallel
-from .twin import build_twin_backend
+from .twin import build_twin
 
 
 def serve(cfg: ServerConfig, mock_step_delay: float = 0.0) -> int:
@@ -21,6 +21,6 @@ def serve(cfg: ServerConfig, mock_step_delay: float = 0.0) -> int:
     logging.basicConfig(
         level=cfg.log_level.upper(), format="%(asctime)s %(name)s %(levelname)s %(message)s"
     )
-    backend = build_backend(cfg, mock_step_delay)
-    twin = build_twin_backend(cfg, backend.name)
-    return run_server(cfg, backend, [twin] if twin else [])
+    served = build_served_model(cfg, mock_step_delay)
+    twin = build_twin(cfg, served.name)
+    return run_server(cfg, served, [twin] if twin else [])

@@ -1,4 +1,4 @@
-"""From a parsed request to text: the backend, the per-choice plan, and the phases that run it.
+"""From a parsed request to text: the served model, the per-choice plan, and the phases that run it.
 
 A choice runs in up to two engine requests (phases):
 
@@ -38,8 +38,7 @@ from typing import Any, Literal
 
 from ..engine import EngineEvent, EngineRequest, IncrementalDetokenizer
 from ..sampling import SamplerConfig
-from ..sampling.canvas import AllowTokens, BanTokens, build_canvas
-from ..sampling.constrained import Piece
+from ..sampling.canvas import AllowTokens, BanTokens, StructuredCanvas
 from ..tokenizer import Tokenizer
 from .async_engine import AsyncEngine
 from .errors import APIError
@@ -51,7 +50,7 @@ MASK_GLYPH = "░"
 
 
 @dataclass
-class Backend:
+class ServedModel:
     """The served model as the server sees it: a name, a tokenizer, an engine, a few facts."""
 
     name: str
@@ -107,10 +106,10 @@ MIN_REASONING = 8  # a reasoning budget smaller than this is skipped
 
 @dataclass
 class CallPlan:
-    """How a turn's tool calls are decoded: each call on the canvas ``pieces`` (restricted to the
-    offered tools); ``forced`` (required / named) starts the turn with a call; at most ``max_calls``."""
+    """How a turn's tool calls are decoded: each call on ``canvas`` (restricted to the offered
+    tools); ``forced`` (required / named) starts the turn with a call; at most ``max_calls``."""
 
-    pieces: list[Piece]
+    canvas: StructuredCanvas
     open_id: int  # <tool_call>: a stop token of the content phase
     close_id: int | None  # </tool_call>: banned from content
     forced: bool
@@ -126,7 +125,7 @@ class Plan:
     answer_tokens: int  # canvas of the answer phase (structured: the layout's length)
     reasoning_budget: int = 0
     suffix_ids: list[int] | None = None
-    pieces: list[Piece] | None = None  # structured answer layout
+    canvas: StructuredCanvas | None = None  # the structured answer's layout, built once
     ban_ids: list[int] = field(default_factory=list)
     stop: list[str] = field(default_factory=list)
     diffusing: bool = False
@@ -236,14 +235,14 @@ class ChoiceRunner:
 
     def __init__(
         self,
-        backend: Backend,
+        served: ServedModel,
         plan: Plan,
         index: int,
         metrics: Metrics,
         arrival: float,
         seed: int | None = None,
     ) -> None:
-        self.b, self.plan, self.metrics, self.arrival = backend, plan, metrics, arrival
+        self.b, self.plan, self.metrics, self.arrival = served, plan, metrics, arrival
         self.sampler = plan.sampler if seed is None else plan.sampler.replace(seed=seed)
         self.result = ChoiceResult(index, prompt_tokens=len(plan.prompt_ids))
         self.rid = f"{uuid.uuid4().hex[:16]}-{index}"
@@ -392,10 +391,10 @@ class ChoiceRunner:
         prefill: dict[int, int] | None = None
         constraint: Any = None
         stop_ids: list[int] | None = None
-        stops = [] if plan.pieces is not None else list(plan.stop)
+        stops = [] if plan.canvas is not None else list(plan.stop)
         length = plan.answer_tokens
-        if plan.pieces is not None:
-            canvas = build_canvas(plan.pieces, self.b.tokenizer, self.b.pad_id)
+        if plan.canvas is not None:
+            canvas = plan.canvas
             prefill, constraint, length = canvas.prefill, canvas.constraint, canvas.length
             res.structured = True
             self.metrics.inc("structured_requests_total")
@@ -437,7 +436,7 @@ class ChoiceRunner:
             if ev.done:
                 reason = ev.finish_reason or "stop"
                 res.finish_reason = (
-                    "stop" if plan.pieces is not None and reason == "length" else reason
+                    "stop" if plan.canvas is not None and reason == "length" else reason
                 )
                 self._opened = (
                     calls is not None
@@ -455,7 +454,7 @@ class ChoiceRunner:
     async def _calls(self, prompt: list[int], calls: CallPlan) -> AsyncGenerator[Delta, None]:
         """Each call on its own schema canvas; between calls, a one-position decision canvas."""
         res, tok = self.result, self.b.tokenizer
-        canvas = build_canvas(calls.pieces, tok, self.b.pad_id)
+        canvas = calls.canvas
         for k in range(calls.max_calls):
             if len(prompt) + canvas.length > self.b.max_context:
                 break  # no room for another call: the turn ends with the calls it has

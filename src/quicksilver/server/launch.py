@@ -18,19 +18,19 @@ from .async_engine import AsyncEngine
 from .config import ServerConfig
 from .connections import protocol_with_header_timeout
 from .drain import DrainingServer
-from .generation import Backend
+from .generation import ServedModel
 from .mock_engine import MockEngine
 
 
-def build_backend(cfg: ServerConfig, mock_step_delay: float = 0.0) -> Backend:
-    """The served model as a ``Backend`` (nothing is read from the network, ever)."""
-    backend = _backend(cfg, mock_step_delay)
+def build_served_model(cfg: ServerConfig, mock_step_delay: float = 0.0) -> ServedModel:
+    """The model to serve (nothing is read from the network, ever)."""
+    served = _served(cfg, mock_step_delay)
     if cfg.chat_template:
         path = Path(cfg.chat_template)
         if not path.is_file():
             raise QuicksilverError(f"--chat-template {path}: no such file")
-        backend.tokenizer.set_chat_template(path.read_text())
-    return backend
+        served.tokenizer.set_chat_template(path.read_text())
+    return served
 
 
 def engine_config(cfg: ServerConfig) -> EngineConfig:
@@ -39,13 +39,13 @@ def engine_config(cfg: ServerConfig) -> EngineConfig:
     )
 
 
-def _backend(cfg: ServerConfig, mock_step_delay: float) -> Backend:
+def _served(cfg: ServerConfig, mock_step_delay: float) -> ServedModel:
     ecfg = engine_config(cfg)
     if cfg.mock:
         mock = MockEngine(config=ecfg, step_delay=mock_step_delay)
         tok = mock.tokenizer
         assert tok.mask_id is not None
-        return Backend(
+        return ServedModel(
             cfg.served_model_name or "quicksilver-mock",
             tok,
             AsyncEngine(mock),
@@ -55,7 +55,7 @@ def _backend(cfg: ServerConfig, mock_step_delay: float) -> Backend:
             tok.mask_id,
         )
     pipe = load_pipeline(cfg)
-    return pipeline_backend(cfg, pipe, Engine(pipe.decoder, ecfg))
+    return served_pipeline(cfg, pipe, Engine(pipe.decoder, ecfg))
 
 
 def load_pipeline(cfg: ServerConfig, device: str | None = None) -> Pipeline:
@@ -73,14 +73,14 @@ def load_pipeline(cfg: ServerConfig, device: str | None = None) -> Pipeline:
     return pipe
 
 
-def pipeline_backend(cfg: ServerConfig, pipe: Pipeline, engine: Engine) -> Backend:
+def served_pipeline(cfg: ServerConfig, pipe: Pipeline, engine: Engine) -> ServedModel:
     """The served model: ``pipe`` stepped by ``engine`` (on the engine thread)."""
 
     path = resolve_model(cfg.model)
     name = cfg.served_model_name or (
         "quicksilver" if path == embedded_model_path() else Path(path).name
     )
-    return Backend(
+    return ServedModel(
         name,
         pipe.tokenizer,
         AsyncEngine(engine),
@@ -93,16 +93,18 @@ def pipeline_backend(cfg: ServerConfig, pipe: Pipeline, engine: Engine) -> Backe
     )
 
 
-def run_server(cfg: ServerConfig, backend: Backend, twins: list[Backend], note: str = "") -> int:
-    """Serve ``backend`` (and ``twins``) over HTTP until SIGTERM/SIGINT, then drain."""
+def run_server(
+    cfg: ServerConfig, served: ServedModel, twins: list[ServedModel], note: str = ""
+) -> int:
+    """Serve ``served`` (and ``twins``) over HTTP until SIGTERM/SIGINT, then drain."""
     import uvicorn
 
-    app = build_app(backend, cfg, twins)
+    app = build_app(served, cfg, twins)
     key = "on" if cfg.resolved_api_key() else "off"
     also = "".join(f" and its AR twin {t.name!r}" for t in twins)
     print(
-        f"quicksilver: serving {backend.name!r} ({backend.attention}, context {backend.max_context},"
-        f" steps on {backend.runtime})"
+        f"quicksilver: serving {served.name!r} ({served.attention}, context {served.max_context},"
+        f" steps on {served.runtime})"
         f"{also}{note} on http://{cfg.host}:{cfg.port} (API key {key}; playground at /)",
         file=sys.stderr,
         flush=True,

@@ -184,7 +184,7 @@ class ScriptedDecoder:
             time.sleep(self.step_delay)
         self.step_count += 1
         self.forward_passes += 1
-        return refine(rows, [self._logits(r, *r.window()) for r in rows], self.step_count)
+        return refine(rows, [self._logits(r, *r.block_span()) for r in rows], self.step_count)
 
 
 class MockEngine(Engine):

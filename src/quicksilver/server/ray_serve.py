@@ -39,11 +39,11 @@ from ..errors import QuicksilverError
 from .app import build_app
 from .config import ServerConfig
 from .errors import error_body
-from .launch import build_backend
+from .launch import build_served_model
 from .lifecycle import replay
 from .ray_router import ROUTERS
 from .routing import route_key
-from .twin import build_twin_backend
+from .twin import build_twin
 
 log = logging.getLogger("quicksilver.server")
 APP_NAME = "quicksilver"
@@ -79,15 +79,15 @@ class Replica:
         import torch
 
         torch.set_num_threads(max(1, cfg.threads))
-        backend = build_backend(cfg)
-        twin = build_twin_backend(cfg, backend.name)
-        self.app = build_app(backend, cfg, [twin] if twin else [])
+        served = build_served_model(cfg)
+        twin = build_twin(cfg, served.name)
+        self.app = build_app(served, cfg, [twin] if twin else [])
         self.state = self.app.state.qs
         self.tag = serve.get_replica_context().replica_id.unique_id
 
     def check_health(self) -> None:
         """Ray Serve's health check: a replica whose engine thread died is replaced."""
-        for b in self.state.backends:
+        for b in self.state.served_models:
             thread = b.engine._thread
             if thread is not None and not thread.is_alive():
                 raise RuntimeError(f"engine thread of {b.name!r} died")
@@ -124,7 +124,7 @@ class Replica:
     async def __del__(self) -> None:
         """Ray Serve's shutdown hook, after its graceful wait: refuse new work, stop the engines."""
         self.state.drain.begin()
-        for b in self.state.backends:
+        for b in self.state.served_models:
             await b.engine.stop()
 
 

@@ -111,7 +111,7 @@ async def tokenize(req: TokenizeRequest, request: Request) -> dict[str, Any]:
     """Token ids of a prompt, or of messages rendered by the chat template (as vLLM's)."""
     st = _state(request)
     st.chat.check_model(req.model)
-    tok = st.backend.tokenizer
+    tok = st.served.tokenizer
     if (req.prompt is None) == (req.messages is None):
         raise bad_request("send exactly one of prompt and messages", "prompt")
     if req.messages is not None:
@@ -128,7 +128,7 @@ async def tokenize(req: TokenizeRequest, request: Request) -> dict[str, Any]:
     ids = tok.encode(text)
     out: dict[str, Any] = {
         "count": len(ids),
-        "max_model_len": st.backend.max_context,
+        "max_model_len": st.served.max_context,
         "tokens": ids,
     }
     if req.return_token_strs:
@@ -140,7 +140,7 @@ async def tokenize(req: TokenizeRequest, request: Request) -> dict[str, Any]:
 async def detokenize(req: DetokenizeRequest, request: Request) -> dict[str, Any]:
     st = _state(request)
     st.chat.check_model(req.model)
-    tok = st.backend.tokenizer
+    tok = st.served.tokenizer
     if any(not 0 <= t < tok.vocab_size for t in req.tokens):
         raise bad_request(f"token ids must lie in [0, {tok.vocab_size})", "tokens")
     return {"prompt": tok.decode(req.tokens, skip_special_tokens=False)}
@@ -151,10 +151,10 @@ FAILING_STEPS = 3  # steps in a row that fail their requests before /health repo
 
 def _status(request: Request) -> str:
     """ok, or why this server should get no traffic: its engine stopped, or keeps failing steps."""
-    backends = _state(request).backends
-    if not all(b.engine.alive or not b.engine.engine.has_work for b in backends):
+    served_models = _state(request).served_models
+    if not all(b.engine.alive or not b.engine.engine.has_work for b in served_models):
         return "engine stopped"
-    if any(b.engine.engine.failing_steps >= FAILING_STEPS for b in backends):
+    if any(b.engine.engine.failing_steps >= FAILING_STEPS for b in served_models):
         return "degraded"
     return "ok"
 
@@ -171,8 +171,8 @@ async def health(request: Request) -> Response:
     status = _status(request)
     body = {
         "status": status,
-        "runtime": {b.name: b.runtime for b in st.backends},
-        "step_errors": sum(b.engine.engine.totals["step_errors"] for b in st.backends),
+        "runtime": {b.name: b.runtime for b in st.served_models},
+        "step_errors": sum(b.engine.engine.totals["step_errors"] for b in st.served_models),
     }
     return JSONResponse(body, status_code=200 if status == "ok" else 503)
 

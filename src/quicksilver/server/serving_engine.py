@@ -14,9 +14,10 @@ from fastapi import Request
 from ..engine import EngineOverloaded
 from ..errors import ConfigError
 from ..sampling import SamplerConfig
+from .budgets import check_prompt
 from .config import MAX_STOP_CHARS, MAX_TOP_LOGPROBS, ServerConfig
 from .errors import APIError, bad_request, overloaded
-from .generation import EFFORTS, Backend, ChoiceResult, ChoiceRunner, Delta, Effort, Plan
+from .generation import EFFORTS, ChoiceResult, ChoiceRunner, Delta, Effort, Plan, ServedModel
 from .metrics import Metrics
 from .protocol import DiffusionExtras, usage
 from .sse import sse
@@ -27,8 +28,8 @@ Item = tuple[int, Delta | ChoiceResult | BaseException]
 
 
 class GenerationServing:
-    def __init__(self, backend: Backend, config: ServerConfig, metrics: Metrics) -> None:
-        self.b, self.cfg, self.metrics = backend, config, metrics
+    def __init__(self, served: ServedModel, config: ServerConfig, metrics: Metrics) -> None:
+        self.b, self.cfg, self.metrics = served, config, metrics
 
     # ---- checks --------------------------------------------------------------------------------
     def check_model(self, model: str | None) -> None:
@@ -74,15 +75,7 @@ class GenerationServing:
         return stops
 
     def check_prompt(self, ids: list[int]) -> None:
-        if not ids:
-            raise bad_request("the prompt is empty", "prompt")
-        limit = min(self.cfg.max_prompt_tokens, self.b.max_context - 1)
-        if len(ids) > limit:
-            raise bad_request(
-                f"the prompt has {len(ids)} tokens; at most {limit} are accepted",
-                "messages",
-                "context_length_exceeded",
-            )
+        check_prompt(ids, self.cfg.max_prompt_tokens, self.b.max_context, "messages")
 
     def effort(self, name: str | None, extras: DiffusionExtras, can_reason: bool) -> Effort:
         if name is None:

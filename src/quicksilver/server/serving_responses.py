@@ -25,6 +25,7 @@ from pydantic import ValidationError
 
 from .errors import bad_request
 from .generation import ChoiceResult, Delta
+from .planner import RESPONSES_FIELDS
 from .protocol_chat import ChatCompletionRequest
 from .protocol_responses import ResponseNamedTool, ResponsesRequest
 from .serving_chat import OpenAIServingChat
@@ -261,7 +262,7 @@ class OpenAIServingResponses:
         return out
 
     async def create(self, req: ResponsesRequest, arrival: float) -> dict[str, Any]:
-        plan = self.chat.plan(to_chat(req))
+        plan = self.chat.plan(to_chat(req), RESPONSES_FIELDS)
         (r,) = await self.chat.collect(self.chat.runners([plan], 1, req.seed, arrival))
         rid, created = f"resp_{uuid.uuid4().hex}", int(time.time())
         return self._response(
@@ -269,7 +270,7 @@ class OpenAIServingResponses:
         )
 
     def stream(self, req: ResponsesRequest, arrival: float) -> AsyncGenerator[str, None]:
-        plan = self.chat.plan(to_chat(req))  # errors here are plain HTTP errors
+        plan = self.chat.plan(to_chat(req), RESPONSES_FIELDS)  # errors here are plain HTTP errors
         runners = self.chat.runners([plan], 1, req.seed, arrival)
         return self._stream(req, runners, len(plan.prompt_ids))
 

@@ -22,7 +22,7 @@ from ..engine.lockstep import LockstepEngine, follow
 from ..errors import QuicksilverError
 from ..models.tensor_parallel import parallelize
 from .config import ServerConfig
-from .launch import engine_config, load_pipeline, pipeline_backend, run_server
+from .launch import engine_config, load_pipeline, run_server, served_pipeline
 
 WAIT = datetime.timedelta(days=30)  # followers wait for rank 0's next step however long it idles
 
@@ -65,7 +65,7 @@ def _rank_main(rank: int, cfg: ServerConfig, port: int) -> None:
             engine = LockstepEngine(pipe.decoder, engine_config(cfg), objects)
             try:
                 note = f" (tensor parallel over {cfg.tensor_parallel} ranks)"
-                run_server(cfg, pipeline_backend(cfg, pipe, engine), [], note)
+                run_server(cfg, served_pipeline(cfg, pipe, engine), [], note)
             finally:
                 engine.close()
         else:

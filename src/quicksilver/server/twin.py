@@ -23,23 +23,23 @@ from ..pipeline import load
 from ..sampling.verify import VerifyDecoder
 from .async_engine import AsyncEngine
 from .config import ServerConfig
-from .generation import Backend
+from .generation import ServedModel
 
 AR_SUFFIX = "-ar"  # the twin's id is the diffusion model's id plus this
 AR_DEFAULTS = {"policy": "verify", "draft": 0}  # one token per pass: plain AR decoding
 
 
-def build_twin_backend(cfg: ServerConfig, name: str) -> Backend | None:
+def build_twin(cfg: ServerConfig, name: str) -> ServedModel | None:
     """The AR twin of the embedded model, named ``name + AR_SUFFIX``, when this build ships one and
     the server runs the embedded default (no ``--model``, no ``--mock``, not ``--no-ar-twin``)."""
 
     path = embedded_ar_model_path()
     if not cfg.ar_twin or cfg.mock or cfg.model is not None or path is None:
         return None
-    return ar_backend(path, name + AR_SUFFIX, cfg)
+    return served_twin(path, name + AR_SUFFIX, cfg)
 
 
-def ar_backend(path: Path, name: str, cfg: ServerConfig) -> Backend:
+def served_twin(path: Path, name: str, cfg: ServerConfig) -> ServedModel:
     """A causal checkpoint served under ``name`` by the engine, decoding one token per pass."""
     pipe = load(
         path, cfg
@@ -50,7 +50,7 @@ def ar_backend(path: Path, name: str, cfg: ServerConfig) -> Backend:
         )
     pipe.model.eval()
     ecfg = EngineConfig(max_batch=cfg.max_batch, max_waiting=cfg.max_waiting, prefix_cache_mb=0)
-    return Backend(
+    return ServedModel(
         name,
         pipe.tokenizer,
         AsyncEngine(Engine(pipe.decoder, ecfg)),
