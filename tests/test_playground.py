@@ -23,8 +23,8 @@ from quicksilver.errors import ConfigError
 from quicksilver.sampling import SamplerConfig
 from quicksilver.sampling.autoregressive import ar_generate
 from quicksilver.server import ServerConfig, build_app, build_served_model
-from quicksilver.server.generation import MASK_GLYPH
 from quicksilver.server.playground import STATIC, parse_origins
+from quicksilver.server.serving.generation import MASK_GLYPH
 from quicksilver.server.twin import AR_DEFAULTS, build_twin, served_twin
 
 KEY = "sk-play"

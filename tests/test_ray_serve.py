@@ -18,7 +18,7 @@ import openai
 import pytest
 
 from inprocess import serving
-from quicksilver.server import ray_serve  # ray[serve] is in [dev]: `make test` installs it
+from quicksilver.server.scale import ray_serve  # ray[serve] is in [dev]: `make test` installs it
 from quicksilver.server.config import ServerConfig
 
 KEY = "ray-key"

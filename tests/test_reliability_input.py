@@ -16,8 +16,8 @@ from quicksilver.errors import ConfigError
 from quicksilver.sampling.grammar import LitSet
 from quicksilver.sampling.layout_cache import ByteLRU
 from quicksilver.server import ServerConfig, build_app, build_served_model
-from quicksilver.server.limits import SchemaLimits, check_schema
 from quicksilver.server.mock_engine import MockEngine
+from quicksilver.server.reliability.limits import SchemaLimits, check_schema
 from quicksilver.tokenizer import Tokenizer
 
 USER = [{"role": "user", "content": "hi"}]

@@ -7,7 +7,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from quicksilver.server.routing import (
+from quicksilver.server.scale.routing import (
     BLOCK_CHARS,
     PrefixTable,
     block_hashes,

@@ -23,9 +23,9 @@ from inprocess import serving
 from quicksilver.assets import embedded_model_path
 from quicksilver.server import ServerConfig, build_app, build_served_model
 from quicksilver.server.async_engine import AsyncEngine
-from quicksilver.server.budgets import MIN_REASONING, split
-from quicksilver.server.generation import ServedModel
 from quicksilver.server.mock_engine import MOCK_ANSWER, MockEngine
+from quicksilver.server.serving.budgets import MIN_REASONING, split
+from quicksilver.server.serving.generation import ServedModel
 
 WEATHER = {
     "type": "function",
@@ -129,7 +129,6 @@ def test_responses_structured_output_and_bad_items(sdk: openai.OpenAI, url: str)
     assert bad.status_code == 400 and bad.json()["error"]["type"] == "invalid_request_error"
 
 
-
 def test_responses_errors_name_responses_fields(url: str) -> None:
     """The Responses route is planned by the same planner as chat, but its 400s point at its own
     fields: ``max_output_tokens``, ``text.format``, ``text.format.schema``, ``input``."""
@@ -156,7 +155,7 @@ def test_a_structured_canvas_is_built_once_per_request(
 ) -> None:
     """The plan carries the built canvas: three choices of one schema-constrained request build
     it once (the old path built it again per budget pass, for its length and per choice)."""
-    from quicksilver.server import planner
+    from quicksilver.server.serving import planner
 
     built = []
     real = planner.build_canvas
@@ -503,7 +502,7 @@ CALLS_ASKED: dict[str, tuple[str, dict[str, str]] | None] = {
 def test_auto_tools_that_cannot_fit_answer_in_text_without_markup(small: TestClient) -> None:
     """Near the end of the context, an ``auto`` turn whose call canvas no longer fits answers in
     text with the call tag banned, counted in /metrics (never dropped silently)."""
-    from quicksilver.server.protocol_chat import ChatCompletionRequest
+    from quicksilver.server.protocol.chat import ChatCompletionRequest
 
     tools = FORMATS[-1]["tools"]
     serving = small.app.state.qs.chat.default  # type: ignore[attr-defined]

@@ -13,8 +13,8 @@ from fastapi.testclient import TestClient
 
 from quicksilver.server import ServerConfig, build_app, build_served_model
 from quicksilver.server.mock_engine import MOCK_ANSWER, MOCK_REASONING
-from quicksilver.server.protocol_chat import ChatCompletionResponse
-from quicksilver.server.protocol_completion import CompletionResponse
+from quicksilver.server.protocol.chat import ChatCompletionResponse
+from quicksilver.server.protocol.completion import CompletionResponse
 
 USER = [{"role": "user", "content": "hi"}]
 TOOLS = [
@@ -171,7 +171,7 @@ def test_tool_call_auto_is_parsed(client: TestClient) -> None:
 
 
 def test_tool_call_parser_keeps_text_before_calls_only() -> None:
-    from quicksilver.server.tools import parse_tool_calls
+    from quicksilver.server.serving.tools import parse_tool_calls
 
     call = '<tool_call>{"name": "f", "arguments": {"x": 1}}</tool_call>'
     content, calls = parse_tool_calls("Let me look. " + call + '": "')

@@ -19,17 +19,17 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from .config import ServerConfig
-from .errors import REJECTED, APIError, error_body, error_response, overloaded
-from .generation import ServedModel
-from .lifecycle import Drain, Lifecycle
 from .metrics import Metrics
 from .playground import install_browser_rules, is_public
 from .playground import router as playground_router
-from .protocol import ModelCard
+from .protocol.base import ModelCard
+from .protocol.errors import REJECTED, APIError, error_body, error_response, overloaded
+from .reliability.lifecycle import Drain, Lifecycle
 from .routes import router
-from .serving_chat import OpenAIServingChat
-from .serving_completion import OpenAIServingCompletion
-from .serving_responses import OpenAIServingResponses
+from .serving.chat import OpenAIServingChat
+from .serving.completion import OpenAIServingCompletion
+from .serving.generation import ServedModel
+from .serving.responses import OpenAIServingResponses
 from .twin import ByModel
 
 log = logging.getLogger("quicksilver.server")

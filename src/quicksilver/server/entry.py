@@ -1,5 +1,5 @@
-"""``quicksilver serve``: one process (``launch.py``), tensor-parallel ranks (``tp_launch.py``) or
-Ray Serve replicas (``ray_serve.py``), as the config asks."""
+"""``quicksilver serve``: one process (``launch.py``), tensor-parallel ranks (``scale/tp_launch.py``) or
+Ray Serve replicas (``scale/ray_serve.py``), as the config asks."""
 
 from __future__ import annotations
 
@@ -7,13 +7,13 @@ import logging
 
 from .config import ServerConfig
 from .launch import build_served_model, run_server
-from .tp_launch import serve_tensor_parallel
+from .scale.tp_launch import serve_tensor_parallel
 from .twin import build_twin
 
 
 def serve(cfg: ServerConfig, mock_step_delay: float = 0.0) -> int:
     if cfg.replicas or cfg.max_replicas or cfg.ray_address:
-        from .ray_serve import serve_ray  # lazy: Ray is an optional dependency
+        from .scale.ray_serve import serve_ray  # lazy: Ray is an optional dependency
 
         return serve_ray(cfg)
     if cfg.tensor_parallel > 1:

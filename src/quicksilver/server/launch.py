@@ -1,5 +1,5 @@
 """``quicksilver serve``: load the model (or the mock engine), build the app, run uvicorn (with a
-graceful drain on SIGTERM/SIGINT, ``drain.py``)."""
+graceful drain on SIGTERM/SIGINT, ``reliability/drain.py``)."""
 
 from __future__ import annotations
 
@@ -16,10 +16,10 @@ from ..pipeline import Pipeline, load
 from .app import build_app
 from .async_engine import AsyncEngine
 from .config import ServerConfig
-from .connections import protocol_with_header_timeout
-from .drain import DrainingServer
-from .generation import ServedModel
 from .mock_engine import MockEngine
+from .reliability.connections import protocol_with_header_timeout
+from .reliability.drain import DrainingServer
+from .serving.generation import ServedModel
 
 
 def build_served_model(cfg: ServerConfig, mock_step_delay: float = 0.0) -> ServedModel:

@@ -22,7 +22,7 @@ from fastapi.responses import FileResponse
 from starlette.middleware.cors import CORSMiddleware
 from starlette.types import ASGIApp, Receive, Scope, Send
 
-from .errors import APIError, error_response
+from .protocol.errors import APIError, error_response
 
 STATIC = Path(__file__).parent / "static"
 PAGE = "playground.html"

@@ -13,15 +13,15 @@ from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 from prometheus_client import CONTENT_TYPE_LATEST
 
-from .errors import APIError, bad_request
-from .protocol import ErrorResponse, ModelCard, ModelList
-from .protocol_chat import ChatCompletionRequest, ChatCompletionResponse
-from .protocol_completion import CompletionRequest, CompletionResponse, FimCompletionRequest
-from .protocol_responses import ResponsesRequest
-from .protocol_tokenize import DetokenizeRequest, TokenizeRequest
-from .serving_engine import until_disconnect
-from .sse import SSEResponse
-from .tools import template_messages, tool_dicts
+from .protocol.base import ErrorResponse, ModelCard, ModelList
+from .protocol.chat import ChatCompletionRequest, ChatCompletionResponse
+from .protocol.completion import CompletionRequest, CompletionResponse, FimCompletionRequest
+from .protocol.errors import APIError, bad_request
+from .protocol.responses import ResponsesRequest
+from .protocol.sse import SSEResponse
+from .protocol.tokenize import DetokenizeRequest, TokenizeRequest
+from .serving.engine import until_disconnect
+from .serving.tools import template_messages, tool_dicts
 
 ERRORS: dict[int | str, dict[str, Any]] = {
     c: {"model": ErrorResponse} for c in (400, 401, 404, 408, 413, 429, 500, 503, 504)

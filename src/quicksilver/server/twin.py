@@ -23,7 +23,7 @@ from ..pipeline import load
 from ..sampling.verify import VerifyDecoder
 from .async_engine import AsyncEngine
 from .config import ServerConfig
-from .generation import ServedModel
+from .serving.generation import ServedModel
 
 AR_SUFFIX = "-ar"  # the twin's id is the diffusion model's id plus this
 AR_DEFAULTS = {"policy": "verify", "draft": 0}  # one token per pass: plain AR decoding

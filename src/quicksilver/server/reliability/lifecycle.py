@@ -28,10 +28,10 @@ from typing import Any
 import anyio
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from .config import ServerConfig
+from ..config import ServerConfig
+from ..metrics import Metrics
+from ..protocol.errors import APIError, error_response, too_many
 from .drain import Drain, InFlight, draining_error
-from .errors import APIError, error_response, too_many
-from .metrics import Metrics
 
 log = logging.getLogger("quicksilver.server")
 BODY_METHODS = ("POST", "PUT", "PATCH")

@@ -20,7 +20,7 @@ from typing import Any
 
 import torch
 
-from ..tokenizer import Tokenizer
+from ...tokenizer import Tokenizer
 
 
 @dataclass

@@ -9,7 +9,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, Field, model_validator
 
-from .protocol import DiffusionExtras, DiffusionStats, OpenAIBaseModel, StreamOptions, UsageInfo
+from .base import DiffusionExtras, DiffusionStats, OpenAIBaseModel, StreamOptions, UsageInfo
 
 FUNCTION_NAME = r"^[A-Za-z0-9_.\-]{1,64}$"
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from .errors import bad_request
+from ..protocol.errors import bad_request
 
 MIN_REASONING = 8  # a reasoning budget smaller than this is skipped
 

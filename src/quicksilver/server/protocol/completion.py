@@ -10,7 +10,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, Field
 
-from .protocol import DiffusionExtras, DiffusionStats, StreamOptions, UsageInfo
+from .base import DiffusionExtras, DiffusionStats, StreamOptions, UsageInfo
 
 
 class CompletionRequest(DiffusionExtras):

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from pydantic import Field
 
-from .protocol import OpenAIBaseModel
-from .protocol_chat import ChatMessage, Tool
+from .base import OpenAIBaseModel
+from .chat import ChatMessage, Tool
 
 
 class TokenizeRequest(OpenAIBaseModel):

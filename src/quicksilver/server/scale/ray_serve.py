@@ -35,15 +35,15 @@ from starlette.requests import ClientDisconnect, Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.types import Message
 
-from ..errors import QuicksilverError
-from .app import build_app
-from .config import ServerConfig
-from .errors import error_body
-from .launch import build_served_model
-from .lifecycle import replay
+from ...errors import QuicksilverError
+from ..app import build_app
+from ..config import ServerConfig
+from ..launch import build_served_model
+from ..protocol.errors import error_body
+from ..reliability.lifecycle import replay
+from ..twin import build_twin
 from .ray_router import ROUTERS
 from .routing import route_key
-from .twin import build_twin
 
 log = logging.getLogger("quicksilver.server")
 APP_NAME = "quicksilver"

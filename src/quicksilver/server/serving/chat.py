@@ -19,16 +19,16 @@ from collections.abc import AsyncGenerator
 from dataclasses import replace
 from typing import Any
 
-from .config import ServerConfig
-from .errors import bad_request
+from ..config import ServerConfig
+from ..metrics import Metrics
+from ..protocol.chat import ChatCompletionRequest, NamedToolChoice
+from ..protocol.errors import bad_request
+from ..protocol.sse import sse_chunk
+from ..reliability.limits import check_strings
+from .engine import GenerationServing, usage_chunk, usage_extras
 from .generation import ChoiceResult, Delta, Plan, ServedModel
-from .limits import check_strings
 from .logprobs import chat_logprobs
-from .metrics import Metrics
 from .planner import CHAT_FIELDS, FieldNames, TurnPlanner, TurnSpec
-from .protocol_chat import ChatCompletionRequest, NamedToolChoice
-from .serving_engine import GenerationServing, usage_chunk, usage_extras
-from .sse import sse_chunk
 from .tools import template_messages
 
 

@@ -36,14 +36,14 @@ from collections.abc import AsyncGenerator
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-from ..engine import EngineEvent, EngineRequest, IncrementalDetokenizer
-from ..sampling import SamplerConfig
-from ..sampling.canvas import AllowTokens, BanTokens, StructuredCanvas
-from ..tokenizer import Tokenizer
-from .async_engine import AsyncEngine
-from .errors import APIError
+from ...engine import EngineEvent, EngineRequest, IncrementalDetokenizer
+from ...sampling import SamplerConfig
+from ...sampling.canvas import AllowTokens, BanTokens, StructuredCanvas
+from ...tokenizer import Tokenizer
+from ..async_engine import AsyncEngine
+from ..metrics import Metrics
+from ..protocol.errors import APIError
 from .logprobs import LogprobRecorder, TokenLogprob
-from .metrics import Metrics
 from .tools import OPEN_TAG, parse_tool_calls
 
 MASK_GLYPH = "░"

@@ -17,12 +17,12 @@ import signal
 import socket
 from typing import Any
 
-from ..engine.engine import Engine
-from ..engine.lockstep import LockstepEngine, follow
-from ..errors import QuicksilverError
-from ..models.tensor_parallel import parallelize
-from .config import ServerConfig
-from .launch import engine_config, load_pipeline, run_server, served_pipeline
+from ...engine.engine import Engine
+from ...engine.lockstep import LockstepEngine, follow
+from ...errors import QuicksilverError
+from ...models.tensor_parallel import parallelize
+from ..config import ServerConfig
+from ..launch import engine_config, load_pipeline, run_server, served_pipeline
 
 WAIT = datetime.timedelta(days=30)  # followers wait for rank 0's next step however long it idles
 

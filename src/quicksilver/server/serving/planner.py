@@ -18,17 +18,17 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from ..errors import ConfigError
-from ..sampling import SamplerConfig
-from ..sampling.canvas import StructuredCanvas, build_canvas
-from ..sampling.constrained import Budgets, Piece, SchemaError, Slot, compile_cached, schema_pieces
+from ...errors import ConfigError
+from ...sampling import SamplerConfig
+from ...sampling.canvas import StructuredCanvas, build_canvas
+from ...sampling.constrained import Budgets, Piece, SchemaError, Slot, compile_cached, schema_pieces
+from ..config import ServerConfig
+from ..metrics import Metrics
+from ..protocol.chat import Tool
+from ..protocol.errors import APIError, bad_request
+from ..reliability.limits import check_schema, check_states
 from .budgets import check_explicit, check_prompt, split
-from .config import ServerConfig
-from .errors import APIError, bad_request
 from .generation import CallPlan, Effort, Plan, ServedModel
-from .limits import check_schema, check_states
-from .metrics import Metrics
-from .protocol_chat import Tool
 from .tools import CLOSE_TAG, OPEN_TAG, forced_call_pieces, tool_dicts
 
 log = logging.getLogger("quicksilver.server")

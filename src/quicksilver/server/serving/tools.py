@@ -8,11 +8,11 @@ import re
 import uuid
 from typing import Any
 
-from ..sampling.constrained import Budgets, Piece, SchemaError, compile_cached, schema_pieces
-from ..tokenizer import Tokenizer
-from .errors import bad_request
-from .limits import parse_json_bounded
-from .protocol_chat import ChatMessage, Tool
+from ...sampling.constrained import Budgets, Piece, SchemaError, compile_cached, schema_pieces
+from ...tokenizer import Tokenizer
+from ..protocol.chat import ChatMessage, Tool
+from ..protocol.errors import bad_request
+from ..reliability.limits import parse_json_bounded
 
 CALL_RE = re.compile(r"<tool_call>(.*?)</tool_call>", re.S)
 OPEN_TAG, CLOSE_TAG = "<tool_call>", "</tool_call>"

@@ -2,7 +2,7 @@
 reference (https://platform.openai.com/docs/api-reference/responses/create).
 
 Input items are kept as plain dicts here and checked where they become chat messages
-(``serving_responses.to_chat``), so one bad item is a 400 naming its index.
+(``serving/responses.to_chat``), so one bad item is a 400 naming its index.
 """
 
 from __future__ import annotations
@@ -11,8 +11,8 @@ from typing import Any, Literal
 
 from pydantic import Field
 
-from .protocol import DiffusionExtras, OpenAIBaseModel
-from .protocol_chat import FUNCTION_NAME, ReasoningEffort
+from .base import DiffusionExtras, OpenAIBaseModel
+from .chat import FUNCTION_NAME, ReasoningEffort
 
 
 class ResponseTool(OpenAIBaseModel):

@@ -14,14 +14,14 @@ import uuid
 from collections.abc import AsyncGenerator
 from typing import Any
 
+from ..protocol.completion import CompletionRequest
+from ..protocol.errors import bad_request
+from ..protocol.sse import sse_chunk
+from ..reliability.limits import check_strings
 from .budgets import check_explicit, split
-from .errors import bad_request
+from .engine import GenerationServing, usage_chunk, usage_extras
 from .generation import EFFORTS, ChoiceResult, Delta, Plan
-from .limits import check_strings
 from .logprobs import completion_logprobs
-from .protocol_completion import CompletionRequest
-from .serving_engine import GenerationServing, usage_chunk, usage_extras
-from .sse import sse_chunk
 
 FIM_TOKENS = ("<|fim_prefix|>", "<|fim_suffix|>", "<|fim_middle|>")
 

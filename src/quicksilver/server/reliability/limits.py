@@ -18,7 +18,7 @@ from typing import Any
 import jsonschema
 from jsonschema.validators import validator_for
 
-from .errors import bad_request
+from ..protocol.errors import bad_request
 
 MAX_JSON_DEPTH = 64  # nesting of any JSON a request carries (schemas, tool-call arguments)
 

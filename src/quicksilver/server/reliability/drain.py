@@ -19,7 +19,7 @@ from types import FrameType
 import anyio
 import uvicorn
 
-from .errors import APIError
+from ..protocol.errors import APIError
 
 log = logging.getLogger("quicksilver.server")
 

@@ -11,16 +11,16 @@ from typing import Any, TypeVar
 
 from fastapi import Request
 
-from ..engine import EngineOverloaded
-from ..errors import ConfigError
-from ..sampling import SamplerConfig
+from ...engine import EngineOverloaded
+from ...errors import ConfigError
+from ...sampling import SamplerConfig
+from ..config import MAX_STOP_CHARS, MAX_TOP_LOGPROBS, ServerConfig
+from ..metrics import Metrics
+from ..protocol.base import DiffusionExtras, usage
+from ..protocol.errors import APIError, bad_request, overloaded
+from ..protocol.sse import sse
 from .budgets import check_prompt
-from .config import MAX_STOP_CHARS, MAX_TOP_LOGPROBS, ServerConfig
-from .errors import APIError, bad_request, overloaded
 from .generation import EFFORTS, ChoiceResult, ChoiceRunner, Delta, Effort, Plan, ServedModel
-from .metrics import Metrics
-from .protocol import DiffusionExtras, usage
-from .sse import sse
 
 T = TypeVar("T")
 MODEL_ALIAS = "quicksilver"

@@ -8,7 +8,7 @@ setting for this, so ``HeadTimeoutH11`` extends its h11 protocol class (passed t
 ``uvicorn.Config(http=...)``): a deadline starts when the connection opens or, on a kept-alive one,
 when the next request's first byte arrives, and it is not pushed back by more bytes — only a
 complete head (h11 leaves its ``IDLE`` state) disarms it. The body has its own bound
-(``body_timeout``, server/lifecycle.py).
+(``body_timeout``, reliability/lifecycle.py).
 """
 
 from __future__ import annotations

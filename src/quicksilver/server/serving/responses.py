@@ -23,12 +23,12 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from .errors import bad_request
+from ..protocol.chat import ChatCompletionRequest
+from ..protocol.errors import bad_request
+from ..protocol.responses import ResponseNamedTool, ResponsesRequest
+from .chat import OpenAIServingChat
 from .generation import ChoiceResult, Delta
 from .planner import RESPONSES_FIELDS
-from .protocol_chat import ChatCompletionRequest
-from .protocol_responses import ResponseNamedTool, ResponsesRequest
-from .serving_chat import OpenAIServingChat
 
 ROLES = ("user", "system", "developer", "assistant")
 

@@ -13,8 +13,8 @@ import anyio
 from fastapi.responses import StreamingResponse
 from starlette.types import Receive, Scope, Send
 
+from ..metrics import Metrics
 from .errors import REJECTED, APIError, error_response, internal_error
-from .metrics import Metrics
 
 
 def sse(obj: dict[str, Any]) -> str:
