@@ -1,6 +1,7 @@
-"""The package's import order, read from the source (an AST walk, nothing imported): every runtime
-import of a quicksilver module points down the stack of DESIGN.md, no module imports itself back
-through others, and an import inside a function says why it is lazy.
+"""The application layer's shape, read from the source (an AST walk, nothing imported): every
+runtime import of a quicksilver module points down the stack below, no module imports itself back
+through others, an import inside a function says why it is lazy (``# lazy: reason`` in the
+statement or on the line above it), and no function in the server or the CLI runs past 80 lines.
 
 The stack, bottom up: shared leaves (errors, template guard, tokenizer, model resolution, figures) ->
 models -> sampling -> engine / pipeline -> the package root (``quicksilver.load``) -> the shared
@@ -138,3 +139,14 @@ def test_a_lazy_import_says_why() -> None:
     assert not unmarked, f"imports inside functions without a '{LAZY_MARK} reason':\n" + "\n".join(
         unmarked
     )
+
+
+def test_no_function_over_80_lines_in_the_server_and_cli() -> None:
+    long = []
+    for path in [*sorted((ROOT / "server").rglob("*.py")), ROOT / "cli.py", ROOT / "cli_util.py"]:
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef):
+                n = (node.end_lineno or node.lineno) - node.lineno + 1
+                if n > 80:
+                    long.append(f"{path.relative_to(ROOT)}:{node.lineno} {node.name} ({n} lines)")
+    assert not long, "functions over 80 lines:\n" + "\n".join(long)

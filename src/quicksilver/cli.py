@@ -10,14 +10,35 @@ from pathlib import Path
 from typing import Any
 
 from .assets import resolve_model
+from .bench.decode import add_arguments as decode_bench_args
+from .bench.decode import run_decode_bench
+from .bench.gpu_families import add_arguments as families_bench_args
+from .bench.gpu_families import run as run_families_bench
+from .bench.serve import add_arguments as serve_bench_args
+from .bench.serve import run_serve_bench
+from .bench.serve_replicas import run_replicas_bench
+from .bench.shapes import add_arguments as shapes_bench_args
+from .bench.shapes import run as run_shapes_bench
+from .bench.soak import add_arguments as soak_bench_args
+from .bench.soak import run_soak_bench
+from .bench.speed import add_arguments as speed_bench_args
+from .bench.speed import run_speed_bench
+from .bench.steps import add_arguments as steps_bench_args
+from .bench.steps import run_steps_bench
 from .cli_util import add_dataclass_args, add_load_args, dataclass_from_args, fail
 from .errors import QuicksilverError
+from .eval.cli import add_parser as add_eval_parser
+from .eval.cli import handle as handle_eval
 from .live import show
 from .models.gguf_export import export_gguf
 from .models.init import init_model
-from .pipeline import DTYPE_CHOICES, LOAD_CHOICES, LoadConfig, load
+from .pipeline import LOAD_CHOICES, LoadConfig, load
 from .sampling import SamplerConfig
 from .server.config import SERVER_HELP, ServerConfig
+from .server.entry import serve
+from .train.cli import add_distill_parser, handle_distill
+from .train.cli import add_parser as add_train_parser
+from .train.cli import handle as handle_train
 
 SAMPLER_RENAME = {"max_new_tokens": "max-tokens"}
 SAMPLER_SKIP = frozenset({"record_canvas"})
@@ -166,88 +187,57 @@ def cmd_info(args: argparse.Namespace) -> int:
 @command("bench")
 def cmd_bench(args: argparse.Namespace) -> int:
     if args.bench == "decode":
-        from .bench.decode import run_decode_bench  # lazy: a command loads only its own subsystem
-
         return run_decode_bench(resolve_model(args.model), args)
-    if args.bench == "speed":
-        from .bench.speed import run_speed_bench  # lazy: a command loads only its own subsystem
-
-        return run_speed_bench(args)
     if args.bench == "serve" and args.replicas:
-        from .bench.serve_replicas import (
-            run_replicas_bench,  # lazy: a command loads only its own subsystem
-        )
-
         return run_replicas_bench(args)
-    if args.bench == "serve":
-        from .bench.serve import run_serve_bench  # lazy: a command loads only its own subsystem
-
-        return run_serve_bench(args)
-    if args.bench == "soak":
-        from .bench.soak import run_soak_bench  # lazy: a command loads only its own subsystem
-
-        return run_soak_bench(args)
-    if args.bench == "shapes":
-        from .bench.shapes import (
-            run as run_shapes_bench,  # lazy: a command loads only its own subsystem
-        )
-
-        return run_shapes_bench(args)
-    if args.bench == "steps":
-        from .bench.steps import run_steps_bench  # lazy: a command loads only its own subsystem
-
-        return run_steps_bench(args)
-    if args.bench == "families":
-        from .bench.gpu_families import (
-            run as run_families_bench,  # lazy: a command loads only its own subsystem
-        )
-
-        return run_families_bench(args)
-    raise QuicksilverError(f"unknown benchmark {args.bench!r}")
+    runs: dict[str, Callable[[argparse.Namespace], int]] = {
+        "speed": run_speed_bench,
+        "serve": run_serve_bench,
+        "soak": run_soak_bench,
+        "shapes": run_shapes_bench,
+        "steps": run_steps_bench,
+        "families": run_families_bench,
+    }
+    if args.bench not in runs:
+        raise QuicksilverError(f"unknown benchmark {args.bench!r}")
+    return runs[args.bench](args)
 
 
 @command("serve")
 def cmd_serve(args: argparse.Namespace) -> int:
-    from .server.entry import serve  # lazy: a command loads only its own subsystem
-
     return serve(dataclass_from_args(ServerConfig, args), mock_step_delay=args.mock_step_delay)
 
 
 @command("train")
 def cmd_train(args: argparse.Namespace) -> int:
-    from .train.cli import handle  # lazy: a command loads only its own subsystem
-
-    return handle(args)
+    return handle_train(args)
 
 
 @command("distill")
 def cmd_distill(args: argparse.Namespace) -> int:
-    from .train.cli import handle_distill  # lazy: a command loads only its own subsystem
-
     return handle_distill(args)
 
 
 @command("eval")
 def cmd_eval(args: argparse.Namespace) -> int:
-    from .eval.cli import handle  # lazy: a command loads only its own subsystem
-
-    return handle(args)
+    return handle_eval(args)
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from .eval.cli import (
-        add_parser as add_eval_parser,  # lazy: a command loads only its own subsystem
-    )
-    from .train.cli import add_distill_parser  # lazy: a command loads only its own subsystem
-    from .train.cli import (
-        add_parser as add_train_parser,  # lazy: a command loads only its own subsystem
-    )
-
     p = argparse.ArgumentParser(
         prog="quicksilver", description="Reasoning diffusion LLM engine and server."
     )
     sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    add_generate_parser(sub)
+    add_model_parsers(sub)
+    add_bench_parsers(sub)
+    add_train_parser(sub)
+    add_distill_parser(sub)
+    add_eval_parser(sub)
+    return p
 
+
+def add_generate_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     g = sub.add_parser("generate", help="generate text from a prompt by parallel refinement")
     g.add_argument("prompt", help="the prompt (a user message when the model has a chat template)")
     g.add_argument("--model", help="checkpoint directory (default: the embedded model)")
@@ -269,6 +259,9 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--system", help="a system message (chat models)")
     add_load_args(g)
 
+
+def add_model_parsers(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    """init-model, serve, export gguf, info."""
     i = sub.add_parser("init-model", help="write a randomly initialised checkpoint")
     i.add_argument("out", help="output directory")
     i.add_argument("--preset", default="small", help="tiny, small or base (default: small)")
@@ -303,140 +296,36 @@ def build_parser() -> argparse.ArgumentParser:
     n.add_argument("path", nargs="?", help="checkpoint directory (default: the embedded model)")
     n.add_argument("--json", action="store_true")
 
+
+BENCHES = {
+    "decode": (decode_bench_args, "one-token-per-step vs threshold vs the reference decoder"),
+    "speed": (speed_bench_args, "AR vs reference vs one-token-per-step vs default, single stream"),
+    "serve": (
+        serve_bench_args,
+        "a live server under load, and an agent loop with/without prefix cache",
+    ),
+    "soak": (
+        soak_bench_args,
+        "N streams for T minutes with disconnects and overload bursts: failures, RSS",
+    ),
+    "shapes": (
+        shapes_bench_args,
+        "CPU cost of a step per window vs an AR token step at published shapes "
+        "(random weights; float32, bfloat16, int8)",
+    ),
+    "steps": (steps_bench_args, "ms per step of each CPU backend (torch, onnx, openvino)"),
+    "families": (
+        families_bench_args,
+        "GPU speed of LLaDA-8B / Dream-7B shapes (random weights)",
+    ),
+}
+
+
+def add_bench_parsers(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     b = sub.add_parser("bench", help="benchmarks (end with one line of JSON)")
     bsub = b.add_subparsers(dest="bench", required=True, metavar="BENCH")
-    bd = bsub.add_parser("decode", help="one-token-per-step vs threshold vs the reference decoder")
-    bd.add_argument("--model", help="checkpoint directory (default: the embedded model)")
-    bd.add_argument("--max-tokens", type=int, default=64, dest="max_tokens")
-    bd.add_argument("--threshold", type=float, default=0.9)
-    bd.add_argument("--block-length", type=int, default=None, dest="block_length")
-    bd.add_argument("--prompts", type=int, default=8, help="number of prompts")
-    bd.add_argument(
-        "--repeats", type=int, default=3, help="timed repeats per prompt (median reported)"
-    )
-    bd.add_argument(
-        "--out", default="runs/bench_decode", help="directory for the table and PNG plot"
-    )
-    bd.add_argument("--json", action="store_true", help="(the JSON line is always printed last)")
-
-    from .bench.speed import DEFAULT_TASKS  # lazy: a command loads only its own subsystem
-
-    bs = bsub.add_parser(
-        "speed", help="AR vs reference vs one-token-per-step vs default, single stream"
-    )
-    bs.add_argument("--model", help="diffusion checkpoint (default: the embedded diffusion model)")
-    bs.add_argument(
-        "--ar-model",
-        dest="ar_model",
-        help="equal-size AR checkpoint (default: the embedded baseline)",
-    )
-    bs.add_argument(
-        "--tasks", default=DEFAULT_TASKS, help=f"comma-separated tasks (default: {DEFAULT_TASKS})"
-    )
-    bs.add_argument("--limit", type=int, default=8, help="held-out items per task")
-    bs.add_argument("--seed", type=int, default=1234, help="test-split seed")
-    bs.add_argument("--repeats", type=int, default=3, help="timed repeats per item (median)")
-    bs.add_argument(
-        "--threshold", type=float, default=0.9, help="threshold of the default configuration"
-    )
-    add_load_args(
-        bs
-    )  # every model the bench loads (--dtype: the one timed against the AR baseline)
-    bs.add_argument(
-        "--ar-dtype",
-        dest="ar_dtype",
-        choices=DTYPE_CHOICES,
-        help="compute dtype of the AR baseline (default: --dtype); on AMX CPUs bf16 speeds up "
-        "32-token blocks but slows 1-token AR steps, so each can run at its best",
-    )
-    bs.add_argument(
-        "--window",
-        type=int,
-        help="decode window of the default configuration (default: the device's, see README)",
-    )
-    bs.add_argument(
-        "--skip-reference",
-        action="store_true",
-        dest="skip_reference",
-        help="leave out the slow reference decoder",
-    )
-    bs.add_argument(
-        "--vs-llama-cpp",
-        action="store_true",
-        dest="vs_llama_cpp",
-        help="also time the AR twin in llama.cpp (exported to GGUF; needs `make test-llama-cpp`)",
-    )
-    bs.add_argument(
-        "--llama-cpp-dtype",
-        default="f32",
-        choices=["f32", "f16", "bf16"],
-        dest="llama_cpp_dtype",
-        help="weight type of the GGUF llama.cpp runs",
-    )
-    bs.add_argument(
-        "--verify-model",
-        dest="verify_model",
-        help="causal drafting checkpoint timed under verify decoding (default: the embedded model "
-        "when it is one)",
-    )
-    bs.add_argument("--draft", type=int, help="drafts per pass of verify (default: the model's)")
-    bs.add_argument(
-        "--draft-sweep",
-        dest="draft_sweep",
-        help="comma-separated k values timed as verify_kK, plotted as tok/s against k",
-    )
-    bs.add_argument("--out", default="runs/bench_speed", help="directory for the PNG plot")
-    bs.add_argument("--json", action="store_true", help="(the JSON line is always printed last)")
-
-    from .bench.serve import (
-        add_arguments as serve_bench_args,  # lazy: a command loads only its own subsystem
-    )
-
-    serve_bench_args(
-        bsub.add_parser(
-            "serve", help="a live server under load, and an agent loop with/without prefix cache"
-        )
-    )
-    from .bench.soak import (
-        add_arguments as soak_bench_args,  # lazy: a command loads only its own subsystem
-    )
-
-    soak_bench_args(
-        bsub.add_parser(
-            "soak",
-            help="N streams for T minutes with disconnects and overload bursts: failures, RSS",
-        )
-    )
-    from .bench.shapes import (
-        add_arguments as shapes_bench_args,  # lazy: a command loads only its own subsystem
-    )
-
-    shapes_bench_args(
-        bsub.add_parser(
-            "shapes",
-            help="CPU cost of a step per window vs an AR token step at published shapes "
-            "(random weights; float32, bfloat16, int8)",
-        )
-    )
-    from .bench.steps import (
-        add_arguments as steps_bench_args,  # lazy: a command loads only its own subsystem
-    )
-
-    steps_bench_args(
-        bsub.add_parser("steps", help="ms per step of each CPU backend (torch, onnx, openvino)")
-    )
-    from .bench.gpu_families import (
-        add_arguments as families_bench_args,  # lazy: a command loads only its own subsystem
-    )
-
-    families_bench_args(
-        bsub.add_parser("families", help="GPU speed of LLaDA-8B / Dream-7B shapes (random weights)")
-    )
-
-    add_train_parser(sub)
-    add_distill_parser(sub)
-    add_eval_parser(sub)
-    return p
+    for name, (add_arguments, help) in BENCHES.items():
+        add_arguments(bsub.add_parser(name, help=help))
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -125,3 +125,19 @@ def run_decode_bench(model_path: Path, args: argparse.Namespace) -> int:
         }
     )
     return 0
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    """The flags of ``quicksilver bench decode``."""
+    p.add_argument("--model", help="checkpoint directory (default: the embedded model)")
+    p.add_argument("--max-tokens", type=int, default=64, dest="max_tokens")
+    p.add_argument("--threshold", type=float, default=0.9)
+    p.add_argument("--block-length", type=int, default=None, dest="block_length")
+    p.add_argument("--prompts", type=int, default=8, help="number of prompts")
+    p.add_argument(
+        "--repeats", type=int, default=3, help="timed repeats per prompt (median reported)"
+    )
+    p.add_argument(
+        "--out", default="runs/bench_decode", help="directory for the table and PNG plot"
+    )
+    p.add_argument("--json", action="store_true", help="(the JSON line is always printed last)")

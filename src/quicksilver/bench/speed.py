@@ -35,11 +35,11 @@ from typing import Any
 import torch
 
 from ..assets import embedded_ar_model_path, embedded_diffusion_model_path, embedded_model_path
-from ..cli_util import dataclass_from_args
+from ..cli_util import add_load_args, dataclass_from_args
 from ..engine import Engine, EngineConfig, EngineRequest
 from ..errors import QuicksilverError
 from ..models.checkpoint import dtype_name
-from ..pipeline import LoadConfig, Pipeline, load
+from ..pipeline import DTYPE_CHOICES, LoadConfig, Pipeline, load
 from ..sampling import SamplerConfig, reference_generate
 from ..sampling.autoregressive import ar_stream
 from ..sampling.caches import resolve_window
@@ -331,3 +331,68 @@ def run_speed_bench(args: argparse.Namespace) -> int:
         }
     )
     return 0
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    """The flags of ``quicksilver bench speed``."""
+    p.add_argument("--model", help="diffusion checkpoint (default: the embedded diffusion model)")
+    p.add_argument(
+        "--ar-model",
+        dest="ar_model",
+        help="equal-size AR checkpoint (default: the embedded baseline)",
+    )
+    p.add_argument(
+        "--tasks", default=DEFAULT_TASKS, help=f"comma-separated tasks (default: {DEFAULT_TASKS})"
+    )
+    p.add_argument("--limit", type=int, default=8, help="held-out items per task")
+    p.add_argument("--seed", type=int, default=1234, help="test-split seed")
+    p.add_argument("--repeats", type=int, default=3, help="timed repeats per item (median)")
+    p.add_argument(
+        "--threshold", type=float, default=0.9, help="threshold of the default configuration"
+    )
+    add_load_args(p)  # every model the bench loads (--dtype: the one timed against the AR baseline)
+    p.add_argument(
+        "--ar-dtype",
+        dest="ar_dtype",
+        choices=DTYPE_CHOICES,
+        help="compute dtype of the AR baseline (default: --dtype); on AMX CPUs bf16 speeds up "
+        "32-token blocks but slows 1-token AR steps, so each can run at its best",
+    )
+    p.add_argument(
+        "--window",
+        type=int,
+        help="decode window of the default configuration (default: the device's, see README)",
+    )
+    p.add_argument(
+        "--skip-reference",
+        action="store_true",
+        dest="skip_reference",
+        help="leave out the slow reference decoder",
+    )
+    p.add_argument(
+        "--vs-llama-cpp",
+        action="store_true",
+        dest="vs_llama_cpp",
+        help="also time the AR twin in llama.cpp (exported to GGUF; needs `make test-llama-cpp`)",
+    )
+    p.add_argument(
+        "--llama-cpp-dtype",
+        default="f32",
+        choices=["f32", "f16", "bf16"],
+        dest="llama_cpp_dtype",
+        help="weight type of the GGUF llama.cpp runs",
+    )
+    p.add_argument(
+        "--verify-model",
+        dest="verify_model",
+        help="causal drafting checkpoint timed under verify decoding (default: the embedded model "
+        "when it is one)",
+    )
+    p.add_argument("--draft", type=int, help="drafts per pass of verify (default: the model's)")
+    p.add_argument(
+        "--draft-sweep",
+        dest="draft_sweep",
+        help="comma-separated k values timed as verify_kK, plotted as tok/s against k",
+    )
+    p.add_argument("--out", default="runs/bench_speed", help="directory for the PNG plot")
+    p.add_argument("--json", action="store_true", help="(the JSON line is always printed last)")

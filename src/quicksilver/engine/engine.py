@@ -18,15 +18,15 @@ from __future__ import annotations
 import collections
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
 from ..errors import ConfigError, QuicksilverError
-from ..sampling import Decoder, Row, SamplerConfig
+from ..sampling import Row, SamplerConfig
 from ..sampling.hooks import Constraint
-from ..sampling.state import DecodeResult
-from ..sampling.verify import VerifyDecoder, VerifyRow
+from ..sampling.state import DecodeResult, RowEvent
+from ..sampling.verify import VerifyRow
 from .prefix_cache import PrefixCache
 
 
@@ -107,12 +107,32 @@ class _Live:
     prompt_cached: int = 0  # prompt tokens served by the prefix cache
 
 
+class RowDecoder(Protocol):
+    """The engine's contract with a decoder (``Decoder``, ``VerifyDecoder``, the mock engine's
+    scripted one): it makes a row per request and steps a batch of its rows in one forward pass."""
+
+    model: Any  # its ``config`` (a ``ModelConfig``) sizes the prefix cache
+
+    def resolve_cache_mode(self) -> str: ...
+
+    def new_row(
+        self,
+        prompt_ids: Sequence[int],
+        cfg: SamplerConfig,
+        tag: object = None,
+        prefill: dict[int, int] | None = None,
+        suffix: Sequence[int] | None = None,
+        constraint: Constraint | None = None,
+        extra_stops: Sequence[int] | None = None,
+    ) -> Any: ...
+
+    def step(self, rows: Sequence[Any]) -> list[RowEvent]: ...
+
+
 class Engine:
     """Continuous batching over the decoder's rows."""
 
-    def __init__(
-        self, decoder: Decoder | VerifyDecoder, config: EngineConfig | None = None
-    ) -> None:
+    def __init__(self, decoder: RowDecoder, config: EngineConfig | None = None) -> None:
         self.decoder = decoder
         self.config = config or EngineConfig()
         self._commands: collections.deque[tuple[str, Any]] = collections.deque()

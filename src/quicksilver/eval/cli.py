@@ -20,6 +20,7 @@ from ..suite.tasks.phrasing import PHRASINGS
 from ..train.likelihood import heldout_loss
 from .gsm8k import PRESETS
 from .gsm8k import run as run_gsm8k
+from .served import served_tool_calls
 
 DEFAULT_TASKS = "path_star,sudoku4,countdown3,multiply,tool_call,chat,fim"
 
@@ -233,10 +234,6 @@ def handle(args: argparse.Namespace) -> int:
             other = resolve_model(None if args.compare == "ar" else args.compare, ar=True)
             rep["compare"] = run(load(other, lcfg))
         if args.tool_choice and "tool_call" in rep["tasks"]:
-            from .served import (
-                served_tool_calls,  # lazy: the server stack loads only for this check
-            )
-
             rep["tasks"]["tool_call"]["served"] = served_tool_calls(
                 resolve_model(args.model),
                 args.tool_choice,

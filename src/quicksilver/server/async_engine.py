@@ -1,5 +1,9 @@
 """The engine in one background thread, bridged to asyncio.
 
+The server reaches every model through this seam, and every engine is an ``engine.Engine`` (the
+mock engine and the tensor-parallel one are subclasses; the AR twin is the engine over its causal
+decoder), so the contract is the engine's own.
+
 One thread steps the (synchronous) engine while it has work and sleeps on an event otherwise. Each
 request gets an ``asyncio.Queue``; after every step the thread hands the step's events to the event
 loop with one ``loop.call_soon_threadsafe``, so nothing on the loop ever blocks on the model. When
@@ -14,38 +18,14 @@ import asyncio
 import logging
 import threading
 from collections.abc import AsyncGenerator
-from typing import Any, Protocol
 
-from ..engine import EngineEvent, EngineRequest
+from ..engine import Engine, EngineEvent, EngineRequest
 
 log = logging.getLogger("quicksilver.server")
 
 
-class EngineLike(Protocol):
-    """What the server needs from an engine (``Engine`` and ``MockEngine`` both provide it)."""
-
-    def add(self, req: EngineRequest) -> None: ...
-
-    def cancel(self, request_id: str) -> None: ...
-
-    def step(self) -> list[EngineEvent]: ...
-
-    @property
-    def has_work(self) -> bool: ...
-
-    @property
-    def num_running(self) -> int: ...
-
-    @property
-    def num_waiting(self) -> int: ...
-
-    totals: Any  # a Counter of engine-wide numbers (steps, forward passes, committed tokens)
-    failing_steps: int  # steps in a row that failed their requests (0 after one that did not)
-    prefix_cache: Any  # the cross-request prefix cache (query_tokens, hit_tokens), or None
-
-
 class AsyncEngine:
-    def __init__(self, engine: EngineLike) -> None:
+    def __init__(self, engine: Engine) -> None:
         self.engine = engine
         self._queues: dict[str, asyncio.Queue[EngineEvent]] = {}
         self._wake = threading.Event()

@@ -201,6 +201,6 @@ class MockEngine(Engine):
         self.tokenizer = tokenizer or Tokenizer.byte_level()
         self.max_context = max_context
         super().__init__(
-            ScriptedDecoder(self.tokenizer, script, max_context, step_delay),  # type: ignore[arg-type]
+            ScriptedDecoder(self.tokenizer, script, max_context, step_delay),
             config,
         )

@@ -27,7 +27,7 @@ from ..metrics import Metrics
 from ..protocol.chat import Tool
 from ..protocol.errors import APIError, bad_request
 from ..reliability.limits import check_schema, check_states
-from .budgets import check_explicit, check_prompt, split
+from .budgets import Split, check_explicit, check_prompt, split
 from .generation import CallPlan, Effort, Plan, ServedModel
 from .tools import CLOSE_TAG, OPEN_TAG, forced_call_pieces, tool_dicts
 
@@ -115,17 +115,7 @@ class TurnPlanner:
             calls = self._call_layout(spec, mode == "forced", limit, room)
         elif structured:
             layout = self._schema_layout(spec, limit)
-        fixed, reserved = mt, 0
-        if layout is not None:
-            fixed = layout[1].length
-        elif calls is not None:
-            call_len = calls.canvas.length
-            fixed = call_len if calls.forced else fixed
-            reserved = 0 if calls.forced else min(call_len, room - 1)
-            if fixed is not None and not calls.forced:
-                fixed = max(1, min(fixed, room - reserved))
-        want = min(spec.effort.reasoning, c.max_reasoning_tokens)
-        sizes = split(room, fixed, want, min(c.default_max_tokens, c.max_tokens), reserved)
+        sizes = self._split(spec, room, layout, calls)
         if mode == "auto" and calls is None:
             self._calls_unavailable(room)
         # offered tools without a call canvas: the reply is text, and text never holds call markup
@@ -142,6 +132,23 @@ class TurnPlanner:
             calls=calls,
             logprobs=spec.logprobs,
         )
+
+    def _split(
+        self, spec: TurnSpec, room: int, layout: Layout | None, calls: CallPlan | None
+    ) -> Split:
+        """Answer and reasoning budgets: a structured canvas fixes the answer's size, a forced
+        call's canvas is the answer, an optional one is kept in reserve after it."""
+        c, fixed, reserved = self.cfg, spec.max_tokens, 0
+        if layout is not None:
+            fixed = layout[1].length
+        elif calls is not None:
+            call_len = calls.canvas.length
+            fixed = call_len if calls.forced else fixed
+            reserved = 0 if calls.forced else min(call_len, room - 1)
+            if fixed is not None and not calls.forced:
+                fixed = max(1, min(fixed, room - reserved))
+        want = min(spec.effort.reasoning, c.max_reasoning_tokens)
+        return split(room, fixed, want, min(c.default_max_tokens, c.max_tokens), reserved)
 
     # ---- checks -----------------------------------------------------------------------------------
     def _tool_mode(self, spec: TurnSpec) -> str:

@@ -27,7 +27,7 @@ from ..protocol.chat import ChatCompletionRequest
 from ..protocol.errors import bad_request
 from ..protocol.responses import ResponseNamedTool, ResponsesRequest
 from .chat import OpenAIServingChat
-from .generation import ChoiceResult, Delta
+from .generation import ChoiceResult
 from .planner import RESPONSES_FIELDS
 
 ROLES = ("user", "system", "developer", "assistant")
@@ -278,142 +278,117 @@ class OpenAIServingResponses:
         self, req: ResponsesRequest, runners: list[Any], prompt_tokens: int
     ) -> AsyncGenerator[str, None]:
         rid, created = f"resp_{uuid.uuid4().hex}", int(time.time())
-        seq = 0
-        out: list[dict[str, Any]] = []
-        cur: dict[str, Any] | None = None  # the open reasoning or message item
-        text = ""
-
-        def event(kind: str, **fields: Any) -> str:
-            nonlocal seq
-            seq += 1
-            data = {"type": kind, "sequence_number": seq - 1, **fields}
-            return f"event: {kind}\ndata: {json.dumps(data, ensure_ascii=False)}\n\n"
-
-        def close() -> list[str]:
-            nonlocal cur, text
-            if cur is None:
-                return []
-            i = len(out) - 1
-            evs = []
-            if cur["type"] == "reasoning":
-                cur["content"] = [{"type": "reasoning_text", "text": text}]
-                evs.append(
-                    event(
-                        "response.reasoning_text.done",
-                        item_id=cur["id"],
-                        output_index=i,
-                        content_index=0,
-                        text=text,
-                    )
-                )
-            else:
-                part = output_text(text)
-                cur.update(status="completed", content=[part])
-                evs.append(
-                    event(
-                        "response.output_text.done",
-                        item_id=cur["id"],
-                        output_index=i,
-                        content_index=0,
-                        text=text,
-                        logprobs=[],
-                    )
-                )
-                evs.append(
-                    event(
-                        "response.content_part.done",
-                        item_id=cur["id"],
-                        output_index=i,
-                        content_index=0,
-                        part=part,
-                    )
-                )
-            evs.append(event("response.output_item.done", output_index=i, item=cur))
-            cur, text = None, ""
-            return evs
-
-        def start(kind: str) -> list[str]:
-            nonlocal cur
-            evs = close()
-            cur = new_item(kind)
-            out.append(cur)
-            i = len(out) - 1
-            evs.append(event("response.output_item.added", output_index=i, item=dict(cur)))
-            if kind == "message":
-                evs.append(
-                    event(
-                        "response.content_part.added",
-                        item_id=cur["id"],
-                        output_index=i,
-                        content_index=0,
-                        part=output_text(""),
-                    )
-                )
-            return evs
-
-        yield event(
-            "response.created",
-            response=self._response(req, rid, created, "in_progress", [], None, prompt_tokens),
-        )
-        yield event(
-            "response.in_progress",
-            response=self._response(req, rid, created, "in_progress", [], None, prompt_tokens),
-        )
+        ev = StreamEvents()
+        pending = self._response(req, rid, created, "in_progress", [], None, prompt_tokens)
+        yield ev.event("response.created", response=pending)
+        yield ev.event("response.in_progress", response=pending)
         result: ChoiceResult | None = None
         async for _, item in self.chat.merged(runners):
             if isinstance(item, BaseException):
                 raise item
             if isinstance(item, ChoiceResult):
                 result = item
-                continue
-            d: Delta = item
-            if d.kind in ("reasoning", "content"):
-                kind = "reasoning" if d.kind == "reasoning" else "message"
-                if cur is None or cur["type"] != kind:
-                    for e in start(kind):
-                        yield e
-                text += d.text
-                i = len(out) - 1
-                name = (
-                    "response.reasoning_text.delta"
-                    if kind == "reasoning"
-                    else "response.output_text.delta"
-                )
-                extra: dict[str, Any] = {} if kind == "reasoning" else {"logprobs": []}
-                assert cur is not None
-                yield event(
-                    name, item_id=cur["id"], output_index=i, content_index=0, delta=d.text, **extra
-                )
-            elif d.kind == "tool_call" and d.call is not None:
-                for e in close():
+            elif item.kind in ("reasoning", "content"):
+                for e in ev.text(item.kind, item.text):
                     yield e
-                done = function_item(d.call)
-                out.append(done)
-                i = len(out) - 1
-                yield event(
-                    "response.output_item.added",
-                    output_index=i,
-                    item={**done, "status": "in_progress", "arguments": ""},
-                )
-                yield event(
-                    "response.function_call_arguments.delta",
-                    item_id=done["id"],
-                    output_index=i,
-                    delta=done["arguments"],
-                )
-                yield event(
-                    "response.function_call_arguments.done",
-                    item_id=done["id"],
-                    output_index=i,
-                    arguments=done["arguments"],
-                    name=done["name"],
-                )
-                yield event("response.output_item.done", output_index=i, item=done)
-        if result is not None and not out:
-            for e in start("message"):
+            elif item.kind == "tool_call" and item.call is not None:
+                for e in ev.call(item.call):
+                    yield e
+        if result is not None and not ev.out:
+            for e in ev.start("message"):
                 yield e
-        for e in close():
+        for e in ev.close():
             yield e
-        final = self._response(req, rid, created, "completed", out, result, prompt_tokens)
+        final = self._response(req, rid, created, "completed", ev.out, result, prompt_tokens)
         kind = "response.incomplete" if final["status"] == "incomplete" else "response.completed"
-        yield event(kind, response=final)
+        yield ev.event(kind, response=final)
+
+
+class StreamEvents:
+    """The typed events of one streamed response: numbered in order, with the output items so far
+    (``out``) and the reasoning or message item still open (``cur``) with its text."""
+
+    def __init__(self) -> None:
+        self.seq = 0
+        self.out: list[dict[str, Any]] = []
+        self.cur: dict[str, Any] | None = None
+        self.text_so_far = ""
+
+    def event(self, kind: str, **fields: Any) -> str:
+        data = {"type": kind, "sequence_number": self.seq, **fields}
+        self.seq += 1
+        return f"event: {kind}\ndata: {json.dumps(data, ensure_ascii=False)}\n\n"
+
+    def _part_event(self, kind: str, **fields: Any) -> str:
+        assert self.cur is not None
+        i = len(self.out) - 1
+        return self.event(kind, item_id=self.cur["id"], output_index=i, content_index=0, **fields)
+
+    def close(self) -> list[str]:
+        """Finish the open item, if any: its text's done events, then the item's."""
+        cur, text = self.cur, self.text_so_far
+        if cur is None:
+            return []
+        if cur["type"] == "reasoning":
+            cur["content"] = [{"type": "reasoning_text", "text": text}]
+            evs = [self._part_event("response.reasoning_text.done", text=text)]
+        else:
+            part = output_text(text)
+            cur.update(status="completed", content=[part])
+            evs = [
+                self._part_event("response.output_text.done", text=text, logprobs=[]),
+                self._part_event("response.content_part.done", part=part),
+            ]
+        evs.append(
+            self.event("response.output_item.done", output_index=len(self.out) - 1, item=cur)
+        )
+        self.cur, self.text_so_far = None, ""
+        return evs
+
+    def start(self, kind: str) -> list[str]:
+        """Close the open item and open a ``reasoning`` or ``message`` one."""
+        evs = self.close()
+        self.cur = new_item(kind)
+        self.out.append(self.cur)
+        i = len(self.out) - 1
+        evs.append(self.event("response.output_item.added", output_index=i, item=dict(self.cur)))
+        if kind == "message":
+            evs.append(self._part_event("response.content_part.added", part=output_text("")))
+        return evs
+
+    def text(self, delta_kind: str, text: str) -> list[str]:
+        """A reasoning or content delta, in the item of its kind (opened when it is not)."""
+        kind = "reasoning" if delta_kind == "reasoning" else "message"
+        evs = self.start(kind) if self.cur is None or self.cur["type"] != kind else []
+        self.text_so_far += text
+        if kind == "reasoning":
+            evs.append(self._part_event("response.reasoning_text.delta", delta=text))
+        else:
+            evs.append(self._part_event("response.output_text.delta", delta=text, logprobs=[]))
+        return evs
+
+    def call(self, call: dict[str, Any]) -> list[str]:
+        """A decoded tool call as a ``function_call`` item: added, its arguments, done."""
+        evs = self.close()
+        done = function_item(call)
+        self.out.append(done)
+        i = len(self.out) - 1
+        added = {**done, "status": "in_progress", "arguments": ""}
+        args = done["arguments"]
+        return evs + [
+            self.event("response.output_item.added", output_index=i, item=added),
+            self.event(
+                "response.function_call_arguments.delta",
+                item_id=done["id"],
+                output_index=i,
+                delta=args,
+            ),
+            self.event(
+                "response.function_call_arguments.done",
+                item_id=done["id"],
+                output_index=i,
+                arguments=args,
+                name=done["name"],
+            ),
+            self.event("response.output_item.done", output_index=i, item=done),
+        ]
