@@ -18,8 +18,8 @@ import openai
 import pytest
 
 from inprocess import serving
-from quicksilver.server.scale import ray_serve  # ray[serve] is in [dev]: `make test` installs it
 from quicksilver.server.config import ServerConfig
+from quicksilver.server.scale import ray_serve  # ray[serve] is in [dev]: `make test` installs it
 
 KEY = "ray-key"
 SYSTEM = "You are a careful assistant. Answer briefly and use the tools when they help. " * 3

@@ -24,11 +24,13 @@ from .playground import install_browser_rules, is_public
 from .playground import router as playground_router
 from .protocol.base import ModelCard
 from .protocol.errors import REJECTED, APIError, error_body, error_response, overloaded
+from .protocol.messages import AnthropicErrors
 from .reliability.lifecycle import Drain, Lifecycle
 from .routes import router
 from .serving.chat import OpenAIServingChat
 from .serving.completion import OpenAIServingCompletion
 from .serving.generation import ServedModel
+from .serving.messages import AnthropicServingMessages
 from .serving.responses import OpenAIServingResponses
 from .twin import ByModel
 
@@ -69,13 +71,15 @@ class Guard:
 
         if self.key and path not in OPEN_PATHS and not is_public(path):
             auth = headers.get("authorization", "")
-            given = auth[7:].strip() if auth.lower().startswith("bearer ") else ""
+            bearer = auth[7:].strip() if auth.lower().startswith("bearer ") else ""
+            given = bearer or headers.get("x-api-key", "")  # x-api-key: Anthropic's clients
             if not hmac.compare_digest(given.encode(), self.key.encode()):
                 self.state.metrics.inc("requests_rejected_total", reason="auth")
                 await error_response(
                     APIError(
                         401,
-                        "invalid or missing API key (send 'Authorization: Bearer KEY')",
+                        "invalid or missing API key (send 'Authorization: Bearer KEY' or "
+                        "'x-api-key: KEY')",
                         "invalid_request_error",
                         None,
                         "invalid_api_key",
@@ -104,6 +108,10 @@ class ServerState:
         self.responses = ByModel(
             OpenAIServingResponses(chats[served.name]),
             {t.name: OpenAIServingResponses(chats[t.name]) for t in twins},
+        )
+        self.messages = ByModel(
+            AnthropicServingMessages(chats[served.name]),
+            {t.name: AnthropicServingMessages(chats[t.name]) for t in twins},
         )
 
     def cards(self) -> list[ModelCard]:
@@ -154,6 +162,7 @@ def build_app(
     app.state.qs = state
     app.add_middleware(Lifecycle, config=config, state=state)
     app.add_middleware(Guard, config=config, state=state)  # outside the lifecycle: no key, no work
+    app.add_middleware(AnthropicErrors)  # outside every source of errors on the Messages routes
     install_browser_rules(app, config.allowed_origins)  # outermost: foreign origins answered first
     app.include_router(playground_router)
 

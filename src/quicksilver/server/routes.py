@@ -1,5 +1,5 @@
 """The HTTP routes, on one ``APIRouter``: the OpenAI endpoints (chat, completions, FIM, responses,
-models), the vLLM-style extras (``/tokenize``, ``/detokenize``), ``/health`` (GET and HEAD) and
+models), Anthropic's Messages API (``/v1/messages``, ``/v1/messages/count_tokens``), the vLLM-style extras (``/tokenize``, ``/detokenize``), ``/health`` (GET and HEAD) and
 ``/metrics``. Handlers only translate: the serving objects on ``app.state.qs`` do the work."""
 
 from __future__ import annotations
@@ -17,6 +17,7 @@ from .protocol.base import ErrorResponse, ModelCard, ModelList
 from .protocol.chat import ChatCompletionRequest, ChatCompletionResponse
 from .protocol.completion import CompletionRequest, CompletionResponse, FimCompletionRequest
 from .protocol.errors import APIError, bad_request
+from .protocol.messages import CountTokensRequest, MessagesRequest
 from .protocol.responses import ResponsesRequest
 from .protocol.sse import SSEResponse
 from .protocol.tokenize import DetokenizeRequest, TokenizeRequest
@@ -75,6 +76,23 @@ async def _completion(req: CompletionRequest, request: Request, fim: bool) -> An
     if req.stream:
         return await _sse(request, lambda: serving.stream(req, arrival, fim))
     return await _json(request, serving.create(req, arrival, fim))
+
+
+@router.post("/v1/messages", responses=ERRORS)
+async def messages(req: MessagesRequest, request: Request) -> Any:
+    """Anthropic's Messages API (errors in its envelope: ``protocol/messages.py``)."""
+    arrival = _admit(request, "messages")
+    serving = _state(request).messages
+    if req.stream:
+        return await _sse(request, lambda: serving.stream(req, arrival), "messages")
+    return await _json(request, serving.create(req, arrival))
+
+
+@router.post("/v1/messages/count_tokens", responses=ERRORS)
+async def count_tokens(req: CountTokensRequest, request: Request) -> dict[str, Any]:
+    serving = _state(request).messages
+    serving.check_model(req.model)
+    return await asyncio.to_thread(serving.pick(req.model).count_tokens, req)
 
 
 @router.post("/v1/completions", response_model=CompletionResponse, responses=ERRORS)

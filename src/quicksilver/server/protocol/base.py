@@ -95,6 +95,11 @@ class DiffusionExtras(OpenAIBaseModel):
     )
 
 
+def diffusion_fields(req: DiffusionExtras) -> dict[str, Any]:
+    """The request's diffusion extras by name (for a request planned as a chat completion)."""
+    return {k: getattr(req, k) for k in DiffusionExtras.model_fields}
+
+
 class ModelCard(BaseModel):
     id: str
     object: Literal["model"] = "model"

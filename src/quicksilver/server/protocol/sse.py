@@ -15,6 +15,7 @@ from starlette.types import Receive, Scope, Send
 
 from ..metrics import Metrics
 from .errors import REJECTED, APIError, error_response, internal_error
+from .messages import error_envelope
 
 
 def sse(obj: dict[str, Any]) -> str:
@@ -41,6 +42,9 @@ def sse_chunk(
 def error_events(err: APIError, kind: str) -> list[str]:
     """The stream's last events for an error: the envelope then ``[DONE]`` (chat, completions), or
     the Responses API's typed ``error`` event."""
+    if kind == "messages":
+        data = error_envelope(err.status, err.message)
+        return [f"event: error\ndata: {json.dumps(data, ensure_ascii=False)}\n\n"]
     if kind == "responses":
         e = err.body()["error"]
         data = {

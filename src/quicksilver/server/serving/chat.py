@@ -19,6 +19,8 @@ from collections.abc import AsyncGenerator
 from dataclasses import replace
 from typing import Any
 
+from pydantic import ValidationError
+
 from ..config import ServerConfig
 from ..metrics import Metrics
 from ..protocol.chat import ChatCompletionRequest, NamedToolChoice
@@ -66,22 +68,22 @@ class OpenAIServingChat(GenerationServing):
         if req.max_completion_tokens and fields is CHAT_FIELDS:
             fields = replace(fields, max_tokens="max_completion_tokens")
         return TurnSpec(
-            template_messages(req.messages),
-            self.sampler(
+            messages=template_messages(req.messages),
+            sampler=self.sampler(
                 req, effort, req.temperature, req.top_p, req.seed, req.reasoning_effort is not None
             ),
-            effort,
-            req.max_completion_tokens or req.max_tokens,
-            tools,
-            choice.function.name if isinstance(choice, NamedToolChoice) else choice,
-            req.parallel_tool_calls is not False,
-            fmt.type if fmt is not None else "text",
-            js.schema_ if js is not None else None,
-            bool(js.strict) if js is not None else False,
-            stops,
-            bool(req.diffusing),
-            (req.top_logprobs or 0) if req.logprobs else None,
-            fields,
+            effort=effort,
+            max_tokens=req.max_completion_tokens or req.max_tokens,
+            tools=tools,
+            tool_choice=choice.function.name if isinstance(choice, NamedToolChoice) else choice,
+            parallel_tool_calls=req.parallel_tool_calls is not False,
+            output=fmt.type if fmt is not None else "text",
+            schema=js.schema_ if js is not None else None,
+            strict=bool(js.strict) if js is not None else False,
+            stops=stops,
+            diffusing=bool(req.diffusing),
+            logprobs=(req.top_logprobs or 0) if req.logprobs else None,
+            fields=fields,
         )
 
     def plan(self, req: ChatCompletionRequest, fields: FieldNames = CHAT_FIELDS) -> Plan:
@@ -180,6 +182,17 @@ class OpenAIServingChat(GenerationServing):
                 cid, "chat.completion.chunk", created, self.b.name, len(plan.prompt_ids), results
             )
         yield "data: [DONE]\n\n"
+
+
+def chat_request(body: dict[str, Any], param: str) -> ChatCompletionRequest:
+    """Another protocol's request as the chat completion it is planned as, validated (a 400
+    naming ``param``, the field of that protocol it came from)."""
+    try:
+        return ChatCompletionRequest.model_validate(body)
+    except ValidationError as e:
+        err = e.errors()[0]
+        loc = ".".join(str(x) for x in err.get("loc", ()))
+        raise bad_request(f"{loc}: {err.get('msg')}", param) from None
 
 
 def call_deltas(index: int, call: dict[str, Any]) -> list[dict[str, Any]]:

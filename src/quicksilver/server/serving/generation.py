@@ -158,6 +158,7 @@ class ChoiceResult:
     cached_tokens: int = 0  # prompt tokens the prefix cache served (first phase)
     tool_calls: list[dict[str, Any]] = field(default_factory=list)
     logprobs: list[TokenLogprob] | None = None  # the answer's tokens, when the request asked
+    stop_string: str | None = None  # the client's stop string that ended the text, if one did
 
 
 class EngineFailure(APIError):
@@ -432,6 +433,7 @@ class ChoiceRunner:
             if cutter.hit:
                 res.finish_reason = "stop"
                 self._opened = cutter.hit == OPEN_TAG
+                res.stop_string = None if self._opened else cutter.hit
                 break
             if ev.done:
                 reason = ev.finish_reason or "stop"

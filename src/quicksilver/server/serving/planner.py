@@ -56,6 +56,10 @@ RESPONSES_FIELDS = FieldNames(
     schema="text.format.schema",
 )
 
+MESSAGES_FIELDS = FieldNames(
+    tool_parameters="tools[{i}].input_schema", format="tool_choice", schema="tools"
+)
+
 
 @dataclass
 class TurnSpec:
@@ -65,6 +69,7 @@ class TurnSpec:
     sampler: SamplerConfig  # the request's decoding settings
     effort: Effort
     max_tokens: int | None = None  # the client's own bound on the answer
+    lower_max_tokens: bool = False  # above the cap or the room left, lower it (else a 400)
     tools: list[Tool] = field(default_factory=list)
     tool_choice: str = "none"  # none | auto | required | the name of the one tool to call
     parallel_tool_calls: bool = True
@@ -91,23 +96,13 @@ class TurnPlanner:
             raise bad_request(
                 f"{f.format} and a forced {f.tool_choice} cannot be combined", f.format
             )
-        tools = tool_dicts(spec.tools) if mode != "none" else None
-
-        def encode(reasoning: bool) -> list[int]:
-            kw: dict[str, Any] = {} if reasoning else {"reasoning": False}
-            try:
-                text = tok.apply_chat_template(
-                    spec.messages, tools=tools, add_generation_prompt=True, **kw
-                )
-            except ConfigError as e:
-                raise bad_request(str(e), f.messages) from None
-            return tok.encode(text)
-
         # the answer phase's prompt is at least as long as the prompt that answers at once
-        plain = encode(False)
+        plain = self.prompt(spec, False)
         check_prompt(plain, c.max_prompt_tokens, self.b.max_context, f.messages)
         room = self.b.max_context - len(plain)
         mt = spec.max_tokens
+        if mt is not None and spec.lower_max_tokens:
+            mt = spec.max_tokens = max(1, min(mt, c.max_tokens, room))
         check_explicit(mt, room, c.max_tokens, self.b.max_context, len(plain), f.max_tokens)
         limit = min(mt or room, room)
         layout, calls = None, None
@@ -121,7 +116,7 @@ class TurnPlanner:
         # offered tools without a call canvas: the reply is text, and text never holds call markup
         ban = tok.token_to_id(OPEN_TAG) if spec.tools and calls is None else None
         return Plan(
-            encode(True) if sizes.reasoning else plain,
+            self.prompt(spec, True) if sizes.reasoning else plain,
             spec.sampler,
             sizes.answer,
             sizes.reasoning,
@@ -149,6 +144,19 @@ class TurnPlanner:
                 fixed = max(1, min(fixed, room - reserved))
         want = min(spec.effort.reasoning, c.max_reasoning_tokens)
         return split(room, fixed, want, min(c.default_max_tokens, c.max_tokens), reserved)
+
+    def prompt(self, spec: TurnSpec, reasoning: bool) -> list[int]:
+        """The prompt's ids through the chat template: with the offered tools unless the turn
+        calls none, opening a reasoning phase or answering at once."""
+        tools = tool_dicts(spec.tools) if self._tool_mode(spec) != "none" else None
+        kw: dict[str, Any] = {} if reasoning else {"reasoning": False}
+        try:
+            text = self.b.tokenizer.apply_chat_template(
+                spec.messages, tools=tools, add_generation_prompt=True, **kw
+            )
+        except ConfigError as e:
+            raise bad_request(str(e), spec.fields.messages) from None
+        return self.b.tokenizer.encode(text)
 
     # ---- checks -----------------------------------------------------------------------------------
     def _tool_mode(self, spec: TurnSpec) -> str:

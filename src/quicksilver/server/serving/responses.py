@@ -21,12 +21,11 @@ import uuid
 from collections.abc import AsyncGenerator
 from typing import Any
 
-from pydantic import ValidationError
-
+from ..protocol.base import diffusion_fields
 from ..protocol.chat import ChatCompletionRequest
 from ..protocol.errors import bad_request
 from ..protocol.responses import ResponseNamedTool, ResponsesRequest
-from .chat import OpenAIServingChat
+from .chat import OpenAIServingChat, chat_request
 from .generation import ChoiceResult
 from .planner import RESPONSES_FIELDS
 
@@ -113,17 +112,7 @@ def to_chat(req: ResponsesRequest) -> ChatCompletionRequest:
         "logprobs": bool(req.top_logprobs),
         "top_logprobs": req.top_logprobs,
     }
-    for k in (
-        "steps",
-        "block_length",
-        "window",
-        "threshold",
-        "policy",
-        "diffusing",
-        "realtime",
-        "ignore_eos",
-    ):
-        body[k] = getattr(req, k)
+    body |= diffusion_fields(req)
     if req.reasoning is not None and req.reasoning.effort is not None:
         body["reasoning_effort"] = req.reasoning.effort
     if req.tools:
@@ -141,12 +130,7 @@ def to_chat(req: ResponsesRequest) -> ChatCompletionRequest:
         body["response_format"] = {"type": "json_schema", "json_schema": js}
     elif fmt is not None:
         body["response_format"] = {"type": fmt.type}
-    try:
-        return ChatCompletionRequest.model_validate(body)
-    except ValidationError as e:
-        err = e.errors()[0]
-        loc = ".".join(str(x) for x in err.get("loc", ()))
-        raise bad_request(f"{loc}: {err.get('msg')}", "input") from None
+    return chat_request(body, "input")
 
 
 def new_item(kind: str) -> dict[str, Any]:
