@@ -298,3 +298,21 @@ def test_top_p_keeps_the_nucleus_only() -> None:
     gen = torch.Generator().manual_seed(1)
     draws = sample_tokens(logits.expand(5000, -1), 1.0, 0.75, gen)
     assert set(draws.tolist()) <= {0, 1}
+
+
+def test_top_k_samples_only_among_the_k_most_likely() -> None:
+    g = torch.Generator().manual_seed(0)
+    logits = torch.randn(64, 50, generator=g)  # (n, V)
+    top2 = logits.topk(2, dim=-1).indices  # (n, 2)
+    drawn = [sample_tokens(logits, 2.0, 1.0, torch.Generator().manual_seed(s), 2) for s in range(8)]
+    assert all(bool((d[:, None] == top2).any(-1).all()) for d in drawn)
+    assert any(bool((d != logits.argmax(-1)).any()) for d in drawn)  # it does sample
+    one = sample_tokens(logits, 5.0, 1.0, torch.Generator().manual_seed(1), 1)
+    assert torch.equal(one, logits.argmax(-1))  # k = 1 is greedy at any temperature
+    with pytest.raises(ConfigError, match="top_k"):
+        SamplerConfig(top_k=-1).validate()
+    model = DiffusionLM(preset("tiny", attention="block_causal", block_size=8)).eval()
+    dec = Decoder(model, model.config.mask_token_id, [])
+    greedy = dec.generate([[5, 6, 7]], SamplerConfig(max_new_tokens=16, stop_at_eos=False))[0]
+    hot = SamplerConfig(max_new_tokens=16, stop_at_eos=False, temperature=3.0, top_k=1, seed=4)
+    assert dec.generate([[5, 6, 7]], hot)[0].tokens == greedy.tokens

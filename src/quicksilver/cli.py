@@ -46,6 +46,7 @@ SAMPLER_HELP = {
     "max_new_tokens": "canvas length: most tokens to generate",
     "policy": "unmasking policy: low_confidence, threshold, margin, entropy, random",
     "threshold": "confidence bound of the threshold policy, in (0, 1]",
+    "top_k": "with --temperature: sample among the k most likely tokens (0: all)",
     "steps": "refinement steps in all (schedule policies; a cap for threshold)",
     "block_length": "semi-autoregressive block length",
     "window": "decode window of a block-causal model: positions a step computes inside its block "

@@ -22,6 +22,7 @@ class SamplerConfig:
     window: int | None = None
     temperature: float = 0.0
     top_p: float = 1.0
+    top_k: int = 0  # sample among the k most likely tokens (0: all)
     seed: int | None = None
     # verify policy (causal models): masks drafted per pass; None: the model's draft_length; 0: AR
     draft: int | None = None
@@ -53,6 +54,8 @@ class SamplerConfig:
             raise ConfigError(f"draft must be an integer in [0, 64], got {self.draft}")
         if not (0.0 <= float(self.temperature) <= 100.0):
             raise ConfigError(f"temperature must be in [0, 100], got {self.temperature}")
+        if not isinstance(self.top_k, int) or self.top_k < 0:
+            raise ConfigError(f"top_k must be a non-negative integer, got {self.top_k}")
         if not (0.0 < float(self.top_p) <= 1.0):
             raise ConfigError(f"top_p must be in (0, 1], got {self.top_p}")
         if self.revise_threshold is not None and not (0.0 < self.revise_threshold < 1.0):

@@ -118,7 +118,8 @@ def select_commits(
     gens = [r.generator for r in rows]
     names = [r.cfg.policy for r in rows]
     temps, top_ps = [r.cfg.temperature for r in rows], [r.cfg.top_p for r in rows]
-    x0 = draw_tokens(w.logits, w.widths, temps, top_ps, gens)  # (R, W)
+    top_ks = [r.cfg.top_k for r in rows]
+    x0 = draw_tokens(w.logits, w.widths, temps, top_ps, gens, top_ks)  # (R, W)
     probs = w.logits.softmax(-1)  # (R, W, V)
     noise = draw_noise((len(rows), w.logits.shape[1]), w.widths, names, gens, dev)
     inf = float("inf")

@@ -1,4 +1,5 @@
-"""Token sampling: greedy at temperature 0, otherwise top-p + Gumbel-max in float64 from a seeded generator."""
+"""Token sampling: greedy at temperature 0, otherwise top-k, top-p, then Gumbel-max in float64 from a
+seeded generator."""
 
 from __future__ import annotations
 
@@ -14,6 +15,19 @@ def filter_top_p(logits: torch.Tensor, top_p: float) -> torch.Tensor:
     drop = cum - sorted_logits.softmax(-1) >= top_p  # mass before this token already reaches top_p
     sorted_logits = sorted_logits.masked_fill(drop, float("-inf"))
     return torch.empty_like(logits).scatter_(-1, idx, sorted_logits)
+
+
+def filter_top_k(logits: torch.Tensor, top_k: int) -> torch.Tensor:
+    """Keep the ``top_k`` most likely tokens of each row (0: all); ties at the k-th value stay."""
+    if top_k <= 0 or top_k >= logits.shape[-1]:
+        return logits
+    kth = logits.topk(top_k, dim=-1).values[..., -1:]  # (n, 1)
+    return logits.masked_fill(logits < kth, float("-inf"))
+
+
+def filtered(logits: torch.Tensor, temperature: float, top_p: float, top_k: int) -> torch.Tensor:
+    """Logits (n, V) in float64 at ``temperature``, top-k then top-p applied."""
+    return filter_top_p(filter_top_k(logits.double() / temperature, top_k), top_p)
 
 
 def request_generator(seed: int | None, device: torch.device) -> torch.Generator:
@@ -35,9 +49,10 @@ def sample_tokens(
     temperature: float,
     top_p: float = 1.0,
     generator: torch.Generator | None = None,
+    top_k: int = 0,
 ) -> torch.Tensor:
     """x0 (n,) from logits (n, V): argmax(logits / T + Gumbel) in float64, i.e. a categorical draw."""
     if temperature <= 0.0:
         return logits.argmax(-1)
-    scaled = filter_top_p(logits.double() / temperature, top_p)  # (n, V) float64
+    scaled = filtered(logits, temperature, top_p, top_k)  # (n, V) float64
     return (scaled + gumbel(tuple(scaled.shape), generator, scaled.device)).argmax(-1)

@@ -40,12 +40,14 @@ def draw_tokens(
     temperatures: Sequence[float],
     top_ps: Sequence[float],
     generators: Sequence[torch.Generator | None],
+    top_ks: Sequence[int] | None = None,
 ) -> torch.Tensor:
     """x0 (R, W): argmax where a row's temperature is 0, else a categorical draw over its window."""
     x0 = logits.argmax(-1)  # (R, W)
     for i, (n, t) in enumerate(zip(widths, temperatures)):
         if t > 0:
-            x0[i, :n] = sample_tokens(logits[i, :n], t, top_ps[i], generators[i])  # (n,)
+            k = top_ks[i] if top_ks is not None else 0
+            x0[i, :n] = sample_tokens(logits[i, :n], t, top_ps[i], generators[i], k)  # (n,)
     return x0
 
 

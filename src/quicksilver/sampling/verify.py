@@ -48,7 +48,7 @@ from ..models.transformer import DiffusionLM, Segment
 from .config import SamplerConfig
 from .decoder import Decoder
 from .hooks import Constraint
-from .noise import filter_top_p, request_generator, sample_tokens
+from .noise import filtered, request_generator, sample_tokens
 from .policies import POLICIES
 from .select import forbid, pad_windows
 from .state import DecodeResult, RowEvent
@@ -260,8 +260,8 @@ def accept_constrained(row: VerifyRow, causal: torch.Tensor) -> tuple[list[int],
 
 
 def probabilities(logits: torch.Tensor, cfg: SamplerConfig) -> torch.Tensor:
-    """The sampling distribution (n, V) float64 at the request's temperature and top_p."""
-    return filter_top_p(logits.double() / cfg.temperature, cfg.top_p).softmax(-1)
+    """The sampling distribution (n, V) float64 at the request's temperature, top_k and top_p."""
+    return filtered(logits, cfg.temperature, cfg.top_p, cfg.top_k).softmax(-1)
 
 
 def draw(p: torch.Tensor, gen: torch.Generator | None) -> int:
@@ -400,7 +400,7 @@ class VerifyDecoder:
                     mask = logits[i, n + 1 : n + 1 + m]  # (m, V)
                     q = probabilities(mask, r.cfg)
                     drafts = sample_tokens(
-                        mask, r.cfg.temperature, r.cfg.top_p, r.generator
+                        mask, r.cfg.temperature, r.cfg.top_p, r.generator, r.cfg.top_k
                     ).tolist()
             elif greedy[i]:
                 new, kept = accept_greedy(r, top[i][: n + 1])
@@ -412,7 +412,9 @@ class VerifyDecoder:
                 if kept and m:
                     mask = logits[i, n + 1 : n + 1 + m]  # (m, V)
                     q = probabilities(mask, r.cfg)
-                    drawn = sample_tokens(mask, r.cfg.temperature, r.cfg.top_p, r.generator)
+                    drawn = sample_tokens(
+                        mask, r.cfg.temperature, r.cfg.top_p, r.generator, r.cfg.top_k
+                    )
                     drafts = drawn.tolist()
             events.append(r.finish(new, kept, drafts, q, dconf))
         return events

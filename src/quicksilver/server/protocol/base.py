@@ -93,6 +93,9 @@ class DiffusionExtras(OpenAIBaseModel):
     ignore_eos: bool | None = Field(
         default=False, description="decode the whole canvas (benchmarks)"
     )
+    top_k: int | None = Field(
+        default=None, ge=0, description="sample among the k most likely tokens (0: all)"
+    )
 
 
 def diffusion_fields(req: DiffusionExtras) -> dict[str, Any]:

@@ -111,6 +111,7 @@ class GenerationServing:
             "window": extras.window,
             "temperature": temperature,
             "top_p": top_p,
+            "top_k": extras.top_k,
             "seed": seed,
         }
         opts.update({k: v for k, v in given.items() if v is not None})

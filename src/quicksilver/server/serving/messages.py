@@ -89,8 +89,6 @@ def to_chat(req: CountTokensRequest) -> ChatCompletionRequest:
     """The request as the chat completion it is planned as (a 400 for what it cannot carry)."""
     body: dict[str, Any] = {"messages": to_messages(req), "model": req.model}
     if isinstance(req, MessagesRequest):
-        if req.top_k is not None:
-            raise bad_request("top_k is not supported; use top_p", "top_k")
         if req.diffusing:
             raise bad_request("diffusing is not supported on /v1/messages", "diffusing")
         body |= diffusion_fields(req) | {
