@@ -265,6 +265,27 @@ def test_bad_requests_are_the_sdks_typed_errors(url: str, client: anthropic.Anth
     )
 
 
+def test_limits_and_overload_answer_in_the_anthropic_envelope() -> None:
+    """The server's own refusals (body size before any parsing, a full queue) on these routes."""
+    from fastapi.testclient import TestClient
+
+    from quicksilver.server import build_app, build_served_model
+
+    hi = {"model": MODEL, "max_tokens": 16, "messages": [{"role": "user", "content": "hi"}]}
+    cfg = ServerConfig(mock=True, max_body_bytes=256, max_waiting=0)
+    with TestClient(build_app(build_served_model(cfg), cfg)) as c:
+        big = c.post("/v1/messages", json={**hi, "system": "x" * 300})
+        assert big.status_code == 413 and big.json()["error"]["type"] == "request_too_large"
+        busy = c.post("/v1/messages", json=hi)
+        assert busy.status_code == 503 and busy.headers["retry-after"] == "1"
+        assert busy.json() == {
+            "type": "error",
+            "error": {"type": "overloaded_error", "message": busy.json()["error"]["message"]},
+        }
+        other = c.post("/v1/chat/completions", json={"messages": hi["messages"]})
+        assert other.status_code == 503 and other.json()["error"]["code"] == "server_overloaded"
+
+
 # ---- frameworks -------------------------------------------------------------------------------
 def test_langchain_chat_anthropic_tool_loop(url: str) -> None:
     from langchain_anthropic import ChatAnthropic

@@ -42,7 +42,8 @@ SERVER_FAULTS = {"internal_error", "engine_error"}
 
 def stream_faults(body: str) -> list[dict[str, Any]]:
     """The server-fault errors inside a streamed body: the chat/completions envelope
-    (``data: {"error": ...}``) or the Responses API's ``error`` event."""
+    (``data: {"error": ...}``), the Responses API's ``error`` event, or the Messages API's
+    (``{"type": "error", "error": {"type": "api_error", ...}}``: a 500-class failure)."""
     faults = []
     for line in body.splitlines():
         if not line.startswith("data: ") or line == "data: [DONE]":
@@ -54,6 +55,12 @@ def stream_faults(body: str) -> list[dict[str, Any]]:
         if not isinstance(obj, dict):
             continue
         err = obj if obj.get("type") == "error" else obj.get("error")
+        if isinstance(err, dict) and isinstance(err.get("error"), dict):
+            err = (
+                {"code": "internal_error", **err["error"]}
+                if err["error"].get("type") == "api_error"
+                else {}
+            )
         if isinstance(err, dict) and err.get("code") in SERVER_FAULTS:
             faults.append(err)
     return faults
@@ -75,17 +82,26 @@ def test_stream_faults_sees_errors_inside_a_200_stream() -> None:
     chunk = 'data: {"choices": [{"delta": {"content": "hi"}}]}'
     internal = 'data: {"error": {"message": "internal error: KeyError", "code": "internal_error"}}'
     typed = 'event: error\ndata: {"type": "error", "code": "engine_error", "message": "x"}'
+    anthropic = (
+        'event: error\ndata: {"type": "error", "error": {"type": "api_error", "message": "x"}}'
+    )
+    busy = 'event: error\ndata: {"type": "error", "error": {"type": "overloaded_error", "message": "x"}}'
     refused = 'data: {"error": {"message": "busy", "code": "server_overloaded"}}'
     assert stream_faults("\n\n".join([chunk, "data: [DONE]"])) == []
     assert stream_faults("\n\n".join([chunk, refused, "data: [DONE]"])) == []
     assert len(stream_faults("\n\n".join([chunk, internal, "data: [DONE]"]))) == 1
     assert len(stream_faults("\n\n".join([chunk, typed]))) == 1
+    assert len(stream_faults(anthropic)) == 1 and stream_faults(busy) == []
 
 
 STREAMED = [  # a valid streamed request per streaming route: the check below reads real streams
     ("/v1/chat/completions", {"messages": [{"role": "user", "content": "hi"}], "stream": True}),
     ("/v1/completions", {"prompt": "hi", "stream": True}),
     ("/v1/responses", {"input": "hi", "stream": True}),
+    (
+        "/v1/messages",
+        {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 32, "stream": True},
+    ),
 ]
 
 
@@ -99,6 +115,7 @@ def test_the_stream_check_reads_real_streams() -> None:
             r = c.post(path, json=body)
             assert r.status_code == 200 and "text/event-stream" in content_type(r.headers), path
             assert "data: " in r.text and not stream_faults(r.text), (path, r.text[:300])
+            assert r.text.count("data: ") >= 3, (path, r.text[:300])
 
 
 @pytest.fixture(scope="module", autouse=True)
