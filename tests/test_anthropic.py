@@ -18,12 +18,12 @@ import anthropic
 import httpx
 import jsonschema
 import pytest
-from pydantic import BaseModel
 
 from inprocess import serving
 from quicksilver.assets import embedded_model_path
 from quicksilver.server import ServerConfig
 from quicksilver.server.mock_engine import MOCK_ANSWER, MOCK_REASONING
+from test_frameworks import City, get_weather
 
 MODEL = "quicksilver-mock"
 KEY = "sk-anthropic-test"
@@ -38,16 +38,6 @@ WEATHER = {
 }
 TIME = {**WEATHER, "name": "get_time", "description": "Current time in a city."}
 USER = [{"role": "user", "content": "What is the weather in Paris?"}]
-
-
-def get_weather(city: str) -> str:
-    """Get the weather in a city."""
-    return json.dumps({"city": city, "temp_c": 21})
-
-
-class City(BaseModel):
-    name: str
-    population: int
 
 
 @pytest.fixture(scope="module")
