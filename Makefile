@@ -142,9 +142,10 @@ runs/small-ar-v2-twin6k/final/config.json:
 	mkdir -p runs/small-ar-v2-twin6k/final
 	git archive $(V2_COMMIT) src/quicksilver/assets/model-ar | tar -x --strip-components=4 -C runs/small-ar-v2-twin6k/final
 
-# v3.1 (assets/model since 2026-12-02): draft weight 0.3, 1,200 + 600 + 900 steps (~1.5 h, one thread)
+# v3.2 (assets/model since 2026-12-02, seventh sitting): draft weight 0.3, 1,200 + 600 + 900 + 1,500
+# steps (~2.5 h, one thread); v3.1 was the chain up to small-ar-draft-more2
 train-draft: $(STAMP) runs/small-ar-v2-twin6k/final/config.json
-	for r in small-ar-draft-w03-full small-ar-draft-more small-ar-draft-more2; do $(BIN)/quicksilver train --recipe $$r || exit 1; done
+	for r in small-ar-draft-w03-full small-ar-draft-more small-ar-draft-more2 small-ar-draft-more3; do $(BIN)/quicksilver train --recipe $$r || exit 1; done
 
 # v3 (the fifth sitting's shipped run, draft weight 1) and the levers measured against v3.1
 train-draft-v3: $(STAMP) runs/small-ar-v2-twin6k/final/config.json

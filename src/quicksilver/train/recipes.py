@@ -184,11 +184,12 @@ V3_DRAFT_MORE = dataclasses.replace(
     lr=1e-4,
 )
 
-V3_DRAFT_MORE2 = dataclasses.replace(  # v3.1, assets/model since 2026-12-02
+V3_DRAFT_MORE2 = dataclasses.replace(  # v3.1 (assets/model in the sixth sitting)
     V3_DRAFT_MORE, init_from="runs/small-ar-draft-more/final", seed=12, steps=900, eval_every=900
 )
 
-# lever: tokens per pass had not flattened after 2,700 steps, so 1,500 more at weight 0.3
+# v3.2, assets/model since the seventh sitting: tokens per pass had not flattened after 2,700 steps,
+# so 1,500 more at weight 0.3
 V3_DRAFT_MORE3 = dataclasses.replace(
     V3_DRAFT_MORE2,
     init_from="runs/small-ar-draft-more2/final",
