@@ -369,6 +369,7 @@ def _streamed(c: anthropic.Anthropic, kw: dict[str, Any]) -> Any:
 
 @pytest.mark.skipif(embedded_model_path() is None, reason="this build ships no embedded model")
 def test_the_embedded_model_calls_a_tool_and_answers() -> None:
+    """The anthropic SDK and LangChain's ChatAnthropic on the embedded model."""
     with serving(ServerConfig()) as u:
         c = anthropic.Anthropic(base_url=u, api_key="unused", max_retries=0)
         ask = [{"role": "user", "content": "Please get the weather in Paris."}]
@@ -386,6 +387,14 @@ def test_the_embedded_model_calls_a_tool_and_answers() -> None:
             extra_body={"temperature": 1.0, "top_k": 1},  # top_k 1: greedy at any temperature
         )
         assert hot.content == hi.content
+        from langchain_anthropic import ChatAnthropic
+        from langchain_core.messages import HumanMessage
+        from langchain_core.tools import tool
+
+        llm = ChatAnthropic(model="quicksilver", base_url=u, api_key="unused", max_retries=0)  # type: ignore[call-arg]
+        ai = llm.bind_tools([tool(get_weather)]).invoke([HumanMessage(ask[0]["content"])])
+        assert [c["name"] for c in ai.tool_calls] == ["get_weather"]
+        assert isinstance(ai.tool_calls[0]["args"]["city"], str)
         assert (
             hi.content[0].type == "text"
             and hi.content[0].text.strip()
