@@ -147,6 +147,10 @@ runs/small-ar-v2-twin6k/final/config.json:
 train-draft: $(STAMP) runs/small-ar-v2-twin6k/final/config.json
 	for r in small-ar-draft-w03-full small-ar-draft-more small-ar-draft-more2 small-ar-draft-more3; do $(BIN)/quicksilver train --recipe $$r || exit 1; done
 
+# the next lever (started in the seventh sitting; resumable): 1,500 more steps on v3.2
+train-draft-more4: train-draft
+	$(BIN)/quicksilver train --recipe small-ar-draft-more4
+
 # v3 (the fifth sitting's shipped run, draft weight 1) and the levers measured against v3.1
 train-draft-v3: $(STAMP) runs/small-ar-v2-twin6k/final/config.json
 	$(BIN)/quicksilver train --recipe small-ar-draft --steps 1500 --eval-every 500 --stop-at 600
