@@ -173,10 +173,12 @@ def test_chat_canvas_and_step_through(server: RemoteServer, context: Any, shots:
     )
     assert shown == r.choices[0].message.content and shown.strip()
 
-    # live: at least three canvas frames, masked cells becoming committed
+    # live: the canvas drawn while it decodes, masked cells becoming committed. The embedded model
+    # answers this in ~9 passes, and frames that arrive within one task of the page are drawn (and
+    # observed) once, so live frames are at least two; the replay below checks every frame
     seen = page.evaluate("window.__seen")
     answer = [s for s in seen if s["phase"] == "answer"]
-    assert len({s["step"] for s in answer}) >= 3
+    assert len({s["step"] for s in answer}) >= 2
     assert answer[0]["masked"] > 0 and answer[-1]["masked"] == 0
     assert answer[-1]["committed"] > answer[0]["committed"]
     stats = {
