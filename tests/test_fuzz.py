@@ -23,8 +23,17 @@ from schemathesis import GenerationMode
 from quicksilver.server import ServerConfig, build_app, build_served_model
 
 EXAMPLES = int(os.environ.get("FUZZ_EXAMPLES", "60"))
-# small limits keep each generated request cheap on the mock engine, the checks are the same
-CFG = ServerConfig(mock=True, max_tokens=64, default_max_tokens=16, max_reasoning_tokens=16)
+# small limits keep each generated request cheap on the mock engine, the checks are the same (a
+# tool without parameters is a free-form object canvas; at 8 calls of 64 tokens one request took
+# ~1,000 steps, 10-13 s on a shared core: past the client's 10 s read timeout)
+CFG = ServerConfig(
+    mock=True,
+    max_tokens=64,
+    default_max_tokens=16,
+    max_reasoning_tokens=16,
+    max_tool_calls=2,
+    json_object_tokens=16,
+)
 APP = build_app(build_served_model(CFG), CFG)
 schema = schemathesis.openapi.from_asgi("/openapi.json", APP)
 schema.config.generation.update(
