@@ -369,7 +369,7 @@ def _streamed(c: anthropic.Anthropic, kw: dict[str, Any]) -> Any:
 
 @pytest.mark.skipif(embedded_model_path() is None, reason="this build ships no embedded model")
 def test_the_embedded_model_calls_a_tool_and_answers() -> None:
-    """The anthropic SDK and LangChain's ChatAnthropic on the embedded model."""
+    """The anthropic SDK, LangChain's ChatAnthropic and pydantic-ai on the embedded model."""
     with serving(ServerConfig()) as u:
         c = anthropic.Anthropic(base_url=u, api_key="unused", max_retries=0)
         ask = [{"role": "user", "content": "Please get the weather in Paris."}]
@@ -395,6 +395,15 @@ def test_the_embedded_model_calls_a_tool_and_answers() -> None:
         ai = llm.bind_tools([tool(get_weather)]).invoke([HumanMessage(ask[0]["content"])])
         assert [c["name"] for c in ai.tool_calls] == ["get_weather"]
         assert isinstance(ai.tool_calls[0]["args"]["city"], str)
+        from pydantic_ai import Agent
+        from pydantic_ai.models.anthropic import AnthropicModel
+        from pydantic_ai.providers.anthropic import AnthropicProvider
+
+        model = AnthropicModel("quicksilver", provider=AnthropicProvider(base_url=u, api_key="x"))
+        run = Agent(model, tools=[get_weather]).run_sync("What is the weather in Paris?")
+        kinds = [p.part_kind for m in run.all_messages() for p in m.parts]
+        assert kinds[:3] == ["user-prompt", "tool-call", "tool-return"] and run.output.strip()
+        assert isinstance(Agent(model, output_type=City).run_sync("Name a city.").output, City)
         assert (
             hi.content[0].type == "text"
             and hi.content[0].text.strip()
