@@ -167,9 +167,9 @@ class AnthropicServingMessages:
     def spec(self, req: CountTokensRequest) -> TurnSpec:
         spec = self.chat.spec(to_chat(req), MESSAGES_FIELDS)
         spec.lower_max_tokens = True  # the API's max_tokens is a bound, and harnesses send 32k+
-        budget = req.thinking.budget_tokens if req.thinking is not None else None
-        if budget is not None and req.thinking is not None and req.thinking.type != "disabled":
-            spec.effort = replace(spec.effort, reasoning=budget)
+        t = req.thinking
+        if t is not None and t.type != "disabled" and t.budget_tokens is not None:
+            spec.effort = replace(spec.effort, reasoning=t.budget_tokens)
         return spec
 
     def plan(self, req: MessagesRequest) -> Plan:
@@ -213,7 +213,6 @@ class AnthropicServingMessages:
                     "content": [],
                     "stop_reason": None,
                 }
-                head["usage"]["output_tokens"] = 0
                 yield event("message_start", message=head)
                 yield event("ping")
                 ev.index = 0
