@@ -82,9 +82,9 @@ def test_verify_is_the_ar_output_on_every_task(backend: str) -> None:
     [
         ("chat", "held-out", 10, 9),
         ("sudoku4", "templated", 12, 11),
-        ("sudoku4", "held-out", 12, 10),
-        ("countdown3", "templated", 12, 6),
-        ("multiply", "templated", 12, 9),
+        ("sudoku4", "held-out", 12, 8),
+        ("countdown3", "templated", 12, 5),
+        ("multiply", "templated", 12, 8),
         ("tool_call", "templated", 12, 9),
         ("tool_loop", "templated", 12, 10),
         ("tool_loop", "held-out", 12, 4),
@@ -140,7 +140,7 @@ def test_verify_is_the_ar_output_on_the_whole_suite(phrasing: str) -> None:
 
 # The shipped joint model's 200-item accuracy per phrasing (8-task mean) and suite tokens per pass,
 # as measured for docs/MODEL.md; the slow check allows one point and 0.05 tokens per pass.
-MEASURED = {"templated": (0.644, 2.98), "held-out": (0.505, 2.66)}
+MEASURED = {"templated": (0.647, 3.12), "held-out": (0.519, 2.79)}
 
 
 @pytest.mark.slow
