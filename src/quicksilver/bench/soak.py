@@ -5,7 +5,8 @@ Each of ``--streams`` workers loops until the time is up: a streamed chat comple
 end — or, with probability ``--disconnect``, dropped after its first chunks; a refused worker
 waits the ``Retry-After`` it was given, as a well-behaved client does. Every few seconds a
 burst of ``--burst`` extra requests arrives at once, above the server's ``--max-concurrent``, and
-must be refused with 429/503 and ``Retry-After``. A poller times ``GET /health`` throughout.
+must be refused with 429/503 and ``Retry-After``. A poller in its own process times ``GET /health``
+throughout.
 
 A **failure** is anything a client could not have expected: a status other than 200 (or a refusal
 without ``Retry-After``), a stream without ``data: [DONE]``, an error event, a transport error.
@@ -20,6 +21,7 @@ import argparse
 import asyncio
 import contextlib
 import json
+import multiprocessing
 import random
 import time
 from collections import Counter
@@ -139,19 +141,40 @@ async def soak(url: str, args: argparse.Namespace, s: Soak) -> None:
                         *(one_stream(client, url, body(), 1, s) for _ in range(args.burst))
                     )
 
-        async def health() -> None:
-            while time.perf_counter() < end:
-                t0 = time.perf_counter()
-                try:
-                    r = await client.get(url + "/health", timeout=10)
-                    if r.status_code != 200:
-                        s.fail(f"/health {r.status_code}")
-                except Exception as e:  # noqa: BLE001
-                    s.fail(f"/health {type(e).__name__}")
-                s.health.append(time.perf_counter() - t0)
-                await asyncio.sleep(0.25)
+        ctx = multiprocessing.get_context("spawn")
+        results = ctx.SimpleQueue()
+        poller = ctx.Process(
+            target=poll_health, args=(url, end - time.perf_counter(), headers, results)
+        )
+        poller.start()
+        await asyncio.gather(*(worker() for _ in range(args.streams)), bursts())
+        times, failures = await asyncio.to_thread(results.get)
+        await asyncio.to_thread(poller.join)
+        s.health += times
+        for why in failures:
+            s.fail(why)
 
-        await asyncio.gather(*(worker() for _ in range(args.streams)), bursts(), health())
+
+def poll_health(url: str, seconds: float, headers: dict[str, str], out: Any) -> None:
+    """Time ``GET /health`` every 0.25 s for ``seconds`` (in its own process, so that the soak
+    client's busy event loop is not part of the figure); put (latencies, failures) on ``out``."""
+    import httpx
+
+    times: list[float] = []
+    failures: list[str] = []
+    end = time.perf_counter() + seconds
+    with httpx.Client(timeout=10, headers=headers) as client:
+        while time.perf_counter() < end:
+            t0 = time.perf_counter()
+            try:
+                r = client.get(url + "/health")
+                if r.status_code != 200:
+                    failures.append(f"/health {r.status_code}")
+            except httpx.HTTPError as e:
+                failures.append(f"/health {type(e).__name__}")
+            times.append(time.perf_counter() - t0)
+            time.sleep(0.25)
+    out.put((times, failures))
 
 
 def run_soak_bench(args: argparse.Namespace) -> int:
