@@ -5,13 +5,14 @@ Each of ``--streams`` workers loops until the time is up: a streamed chat comple
 end — or, with probability ``--disconnect``, dropped after its first chunks; a refused worker
 waits the ``Retry-After`` it was given, as a well-behaved client does. Every few seconds a
 burst of ``--burst`` extra requests arrives at once, above the server's ``--max-concurrent``, and
-must be refused with 429/503 and ``Retry-After``. A poller in its own process times ``GET /health``
-throughout.
+must be refused with 429/503 and ``Retry-After``. ``--hostile`` clients send schemas over the
+server's budgets (a 20,000-value enum, ``minLength: 1e8``, 4,096 ``anyOf`` paths, …) back to back,
+each of which must be a 400. A poller in its own process times ``GET /health`` throughout.
 
 A **failure** is anything a client could not have expected: a status other than 200 (or a refusal
 without ``Retry-After``), a stream without ``data: [DONE]``, an error event, a transport error.
 Reported: requests by outcome, failures (first reasons), end-to-end and TTFT p50/p99 of full streams,
-``/health`` latency p50/p99/max, and the server's RSS after warm-up and at the end (growth in %).
+``/health`` latency p50/p99/max, the hostile 400s' p50/p99, and the server's RSS after warm-up and at the end (growth in %).
 The last line is JSON.
 """
 
@@ -35,6 +36,25 @@ from .serve import launch_server, percentile
 PROMPTS = ["Tell me about rivers.", "Count to ten.", "What is 12 + 30?", "Write a short poem."]
 
 
+def _fanout(width: int, levels: int) -> dict[str, Any]:
+    """``width``-way ``anyOf`` through ``$ref`` at each of ``levels`` levels: width**levels paths."""
+    defs: dict[str, Any] = {f"l{levels}": {"type": "string"}}
+    for k in range(levels - 1, -1, -1):
+        defs[f"l{k}"] = {"anyOf": [{"$ref": f"#/$defs/l{k + 1}"} for _ in range(width)]}
+    return {"$defs": defs, "$ref": "#/$defs/l0"}
+
+
+# schemas over the server's budgets: each must be a fast 400, whatever else is running
+HOSTILE_SCHEMAS: list[dict[str, Any]] = [
+    {"enum": [f"value-{i}" for i in range(20_000)]},
+    {"type": "string", "minLength": 100_000_000},
+    {"type": "array", "items": {"type": "integer"}, "maxItems": 10_000_000},
+    _fanout(4, 6),
+    {"type": "object", "properties": {f"p{i}": {"enum": [f"v{i}-{k:04}" for k in range(200)]}
+                                      for i in range(12)}},
+]  # fmt: skip
+
+
 @dataclass
 class Soak:
     outcomes: Counter[str] = field(default_factory=Counter)
@@ -42,6 +62,7 @@ class Soak:
     e2e: list[float] = field(default_factory=list)
     ttft: list[float] = field(default_factory=list)
     health: list[float] = field(default_factory=list)
+    refusals: list[float] = field(default_factory=list)  # seconds to each hostile request's 400
 
     def fail(self, why: str) -> None:
         self.outcomes["failed"] += 1
@@ -117,7 +138,7 @@ async def soak(url: str, args: argparse.Namespace, s: Soak) -> None:
     rng = random.Random(args.seed)
     end = time.perf_counter() + args.minutes * 60
     headers = {"Authorization": f"Bearer {args.api_key}"} if args.api_key else {}
-    limits = httpx.Limits(max_connections=args.streams + args.burst + 8)
+    limits = httpx.Limits(max_connections=args.streams + args.burst + args.hostile + 8)
     async with httpx.AsyncClient(timeout=120, headers=headers, limits=limits) as client:
 
         def body() -> dict[str, Any]:
@@ -133,6 +154,37 @@ async def soak(url: str, args: argparse.Namespace, s: Soak) -> None:
                 drop = rng.randint(1, 3) if rng.random() < args.disconnect else None
                 await asyncio.sleep(await one_stream(client, url, body(), drop, s))  # as asked
 
+        async def hostile() -> None:
+            bodies = [
+                json.dumps(
+                    {
+                        "messages": [{"role": "user", "content": "hi"}],
+                        "response_format": {
+                            "type": "json_schema",
+                            "json_schema": {"name": "hostile", "schema": schema},
+                        },
+                    }
+                )
+                for schema in HOSTILE_SCHEMAS
+            ]
+            k = 0
+            while time.perf_counter() < end:
+                t0 = time.perf_counter()
+                try:
+                    r = await client.post(
+                        url + "/v1/chat/completions",
+                        content=bodies[k % len(bodies)],
+                        headers={"content-type": "application/json"},
+                    )
+                    if r.status_code != 400 or "error" not in r.json():
+                        s.fail(f"hostile schema: HTTP {r.status_code}")
+                    else:
+                        s.outcomes["hostile_refused"] += 1
+                        s.refusals.append(time.perf_counter() - t0)
+                except Exception as e:  # noqa: BLE001
+                    s.fail(f"hostile schema: {type(e).__name__}")
+                k += 1
+
         async def bursts() -> None:
             while time.perf_counter() < end:
                 await asyncio.sleep(args.burst_every)
@@ -147,7 +199,11 @@ async def soak(url: str, args: argparse.Namespace, s: Soak) -> None:
             target=poll_health, args=(url, end - time.perf_counter(), headers, results)
         )
         poller.start()
-        await asyncio.gather(*(worker() for _ in range(args.streams)), bursts())
+        await asyncio.gather(
+            *(worker() for _ in range(args.streams)),
+            *(hostile() for _ in range(args.hostile)),
+            bursts(),
+        )
         times, failures = await asyncio.to_thread(results.get)
         await asyncio.to_thread(poller.join)
         s.health += times
@@ -180,7 +236,8 @@ def poll_health(url: str, seconds: float, headers: dict[str, str], out: Any) -> 
 def run_soak_bench(args: argparse.Namespace) -> int:
     s = Soak()
     pids: list[int] = []
-    extra = ["--max-concurrent", str(args.streams)] + (["--mock"] if args.mock else [])
+    slots = args.streams + args.hostile  # the bursts go beyond these
+    extra = ["--max-concurrent", str(slots)] + (["--mock"] if args.mock else [])
     if args.mock:
         extra += ["--mock-step-delay", str(args.mock_step_delay)]
     with contextlib.ExitStack() as stack:
@@ -212,6 +269,8 @@ def run_soak_bench(args: argparse.Namespace) -> int:
         "health_p50_ms": 1000 * percentile(s.health, 0.5),
         "health_p99_ms": 1000 * percentile(s.health, 0.99),
         "health_max_ms": 1000 * max(s.health, default=float("nan")),
+        "hostile_400_p50_ms": 1000 * percentile(s.refusals, 0.5),
+        "hostile_400_p99_ms": 1000 * percentile(s.refusals, 0.99),
         "rss_start_mb": rss_start,
         "rss_end_mb": rss_end,
         "rss_growth_pct": growth,
@@ -220,6 +279,7 @@ def run_soak_bench(args: argparse.Namespace) -> int:
             "max_tokens": args.max_tokens,
             "disconnect": args.disconnect,
             "burst": args.burst,
+            "hostile_clients": args.hostile,
             "burst_every_s": args.burst_every,
         },
         "hardware": hardware(),
@@ -268,5 +328,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--disconnect", type=float, default=0.1, help="share of clients that hang up")
     p.add_argument("--burst", type=int, default=8, help="extra requests per burst (refused)")
     p.add_argument("--burst-every", type=float, default=5.0, dest="burst_every", help="seconds")
+    p.add_argument(
+        "--hostile",
+        type=int,
+        default=0,
+        help="clients that send schemas over the server's budgets in a loop (each must be a 400)",
+    )
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--json", action="store_true", help="(the JSON line is always printed last)")
