@@ -176,7 +176,12 @@ async def soak(url: str, args: argparse.Namespace, s: Soak) -> None:
                         content=bodies[k % len(bodies)],
                         headers={"content-type": "application/json"},
                     )
-                    if r.status_code != 400 or "error" not in r.json():
+                    if r.status_code in (429, 503) and "retry-after" in r.headers:
+                        s.outcomes["refused"] += (
+                            1  # a burst filled every slot: overload comes first
+                        )
+                        await asyncio.sleep(float(r.headers["retry-after"]))
+                    elif r.status_code != 400 or "error" not in r.json():
                         s.fail(f"hostile schema: HTTP {r.status_code}")
                     else:
                         s.outcomes["hostile_refused"] += 1
