@@ -32,9 +32,9 @@ from .eval.cli import handle as handle_eval
 from .live import show
 from .models.gguf_export import export_gguf
 from .models.init import init_model
-from .pipeline import LOAD_CHOICES, LoadConfig, load
+from .pipeline import LoadConfig, load
 from .sampling import SamplerConfig
-from .server.config import SERVER_HELP, ServerConfig
+from .server.config import SERVER_CHOICES, SERVER_HELP, ServerConfig
 from .server.entry import serve
 from .train.cli import add_distill_parser, handle_distill
 from .train.cli import add_parser as add_train_parser
@@ -275,7 +275,7 @@ def add_model_parsers(sub: argparse._SubParsersAction[argparse.ArgumentParser]) 
     sv = sub.add_parser(
         "serve", help="the OpenAI-compatible HTTP server (default: the embedded model)"
     )
-    add_dataclass_args(sv, ServerConfig, help=SERVER_HELP, choices=LOAD_CHOICES)
+    add_dataclass_args(sv, ServerConfig, help=SERVER_HELP, choices=SERVER_CHOICES)
     sv.add_argument(
         "--mock-step-delay",
         type=float,

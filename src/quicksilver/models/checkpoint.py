@@ -180,6 +180,15 @@ def build_model(
     return model.eval()
 
 
+def load_tokenizer(path: str | Path) -> Tokenizer:
+    """The tokenizer of a checkpoint directory, as its family stores it."""
+    path = Path(path)
+    cj = read_config_json(path)
+    archs = cj.get("architectures")
+    tok_loader = TOKENIZER_LOADERS.get(archs[0]) if isinstance(archs, list) and archs else None
+    return tok_loader(path, cj) if tok_loader is not None else Tokenizer.from_dir(path)
+
+
 def load_checkpoint(
     path: str | Path, dtype: torch.dtype | None = None, device: str | torch.device | None = None
 ) -> tuple[DiffusionLM, Tokenizer]:
@@ -194,8 +203,7 @@ def load_checkpoint(
         raise CheckpointError(
             f"{path}: unsupported architecture {archs[0]!r} (known: {sorted(LOADERS)})"
         )
-    tok_loader = TOKENIZER_LOADERS.get(archs[0])
-    tokenizer = tok_loader(path, cj) if tok_loader is not None else Tokenizer.from_dir(path)
+    tokenizer = load_tokenizer(path)
     cfg, state = loader(path, cj)
     if tokenizer.vocab_size > cfg.vocab_size:
         raise CheckpointError(

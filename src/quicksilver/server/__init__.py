@@ -3,7 +3,7 @@
 from .app import build_app
 from .config import ServerConfig
 from .entry import serve
-from .launch import build_served_model
 from .mock_engine import MockEngine
+from .served import build_served_model
 
 __all__ = ["build_app", "build_served_model", "serve", "ServerConfig", "MockEngine"]

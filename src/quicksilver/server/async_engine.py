@@ -1,10 +1,11 @@
-"""The engine in one background thread, bridged to asyncio.
+"""The engine in one background thread, bridged to asyncio (the default; ``engine_process.py`` runs
+it in its own process behind the same ``EngineClient`` surface).
 
 The server reaches every model through this seam, and every engine is an ``engine.Engine`` (the
 mock engine and the tensor-parallel one are subclasses; the AR twin is the engine over its causal
 decoder), so the contract is the engine's own.
 
-One thread steps the (synchronous) engine while it has work and sleeps on an event otherwise. Each
+One thread (``drive``, the step loop both designs run) steps the (synchronous) engine while it has work and sleeps on an event otherwise. Each
 request gets an ``asyncio.Queue``; after every step the thread hands the step's events to the event
 loop with one ``loop.call_soon_threadsafe``, so nothing on the loop ever blocks on the model. When
 a consumer stops early (client disconnect, a stop string, the end of a reasoning phase) its
@@ -17,11 +18,73 @@ from __future__ import annotations
 import asyncio
 import logging
 import threading
-from collections.abc import AsyncGenerator
+from collections import Counter
+from collections.abc import AsyncGenerator, Callable
+from typing import Any, Protocol
 
 from ..engine import Engine, EngineEvent, EngineRequest
 
 log = logging.getLogger("quicksilver.server")
+
+
+class EngineView(Protocol):
+    """What the server reads of an engine: admission, ``/metrics`` and ``/health``."""
+
+    @property
+    def num_running(self) -> int: ...
+    @property
+    def num_waiting(self) -> int: ...
+    @property
+    def has_work(self) -> bool: ...
+    @property
+    def failing_steps(self) -> int: ...
+    @property
+    def totals(self) -> Counter[str]: ...
+    @property
+    def prefix_cache(self) -> Any: ...
+
+
+class EngineClient(Protocol):
+    """The server's handle on one engine: ``AsyncEngine`` (a thread) or ``ProcessEngine``."""
+
+    @property
+    def engine(self) -> EngineView: ...
+    @property
+    def alive(self) -> bool: ...
+    def start(self) -> None: ...
+    async def stop(self) -> None: ...
+    async def submit(self, req: EngineRequest) -> None: ...
+    def events(self, request_id: str) -> AsyncGenerator[EngineEvent, None]: ...
+    def cancel(self, request_id: str) -> None: ...
+
+
+def drive(
+    engine: Engine,
+    stop: threading.Event,
+    wake: threading.Event,
+    emit: Callable[[list[EngineEvent]], bool],
+    idle: Callable[[], object] | None = None,
+) -> None:
+    """Step ``engine`` while it has work and sleep on ``wake`` otherwise, until ``stop``; hand each
+    step's events to ``emit`` (False: stop). ``idle`` is called each time the work runs out."""
+    busy = False
+    while not stop.is_set():
+        if not engine.has_work:
+            if busy and idle is not None:
+                idle()
+            busy = False
+            wake.wait(0.05)
+            wake.clear()
+            continue
+        busy = True
+        try:
+            events = engine.step()
+        except Exception:  # the engine fails requests, not itself; this is a last resort
+            engine.totals["step_errors"] += 1
+            log.exception("engine step failed")
+            continue
+        if events and not emit(events):
+            return
 
 
 class AsyncEngine:
@@ -32,8 +95,6 @@ class AsyncEngine:
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
-        self.step_errors = 0
-        self.cancelled_by_client = 0
 
     # ---- lifecycle -----------------------------------------------------------------------------
     def start(self) -> None:
@@ -54,22 +115,16 @@ class AsyncEngine:
         return self._thread is not None and self._thread.is_alive()
 
     def _run(self) -> None:
-        while not self._stop.is_set():
-            if not self.engine.has_work:
-                self._wake.wait(0.05)
-                self._wake.clear()
-                continue
-            try:
-                events = self.engine.step()
-            except Exception:  # the engine fails requests, not itself; this is a last resort
-                self.step_errors += 1
-                log.exception("engine step failed")
-                continue
-            if events and self._loop is not None:
-                try:
-                    self._loop.call_soon_threadsafe(self._dispatch, events)
-                except RuntimeError:  # the loop is closed: shutting down
-                    return
+        drive(self.engine, self._stop, self._wake, self._hand_over)
+
+    def _hand_over(self, events: list[EngineEvent]) -> bool:
+        if self._loop is None:
+            return True
+        try:
+            self._loop.call_soon_threadsafe(self._dispatch, events)
+        except RuntimeError:  # the loop is closed: shutting down
+            return False
+        return True
 
     def _dispatch(self, events: list[EngineEvent]) -> None:
         for ev in events:
@@ -78,8 +133,8 @@ class AsyncEngine:
                 q.put_nowait(ev)
 
     # ---- requests ------------------------------------------------------------------------------
-    def submit(self, req: EngineRequest) -> None:
-        """Queue a request (raises ConfigError / EngineOverloaded at once); then iterate ``events``."""
+    async def submit(self, req: EngineRequest) -> None:
+        """Queue a request (raises ConfigError / EngineOverloaded); then iterate ``events``."""
         loop = asyncio.get_running_loop()
         if loop is not self._loop or not self.alive:  # first request, or a new loop (tests)
             if self.alive:

@@ -10,7 +10,7 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass
 
-from ..pipeline import LOAD_HELP, LoadConfig
+from ..pipeline import LOAD_CHOICES, LOAD_HELP, LoadConfig
 
 MAX_BODY_BYTES = 2 * 1024 * 1024  # request body (TGI's --payload-limit default is 2 MB)
 MAX_PROMPT_TOKENS = 8192  # further bounded by the model's context
@@ -49,6 +49,7 @@ class ServerConfig(LoadConfig):
     mock: bool = False  # serve the scripted mock engine (no weights; for demos and protocol tests)
     prefix_cache_mb: int = 256  # cross-request prefix cache for block-causal models (0: off)
     threads: int = 0  # torch intra-op threads (0: leave the default)
+    engine: str = "thread"  # where the engine steps: thread (in the server) | process (its own)
     max_body_bytes: int = MAX_BODY_BYTES
     max_prompt_tokens: int = MAX_PROMPT_TOKENS
     max_tokens: int = MAX_TOKENS
@@ -93,6 +94,8 @@ SERVER_HELP = LOAD_HELP | {
     "allowed_origins": "comma-separated origins a browser may call this server from (CORS; '*': any); "
     "other cross-origin requests get 403",
     "mock": "serve the scripted mock engine instead of a model (no weights)",
+    "engine": "where each engine steps: a thread of the server, or a process of its own (the HTTP "
+    "loop then never shares an interpreter with a step)",
     "prefix_cache_mb": "cross-request prefix cache for block-causal models, in MiB (0: off)",
     "max_body_bytes": "largest request body accepted (413 above)",
     "max_prompt_tokens": "longest prompt accepted, in tokens (400 above)",
@@ -117,3 +120,4 @@ SERVER_HELP = LOAD_HELP | {
     "tensor_parallel": "split the model over N processes/GPUs (torch.distributed tensor parallelism)",
     "verify_checksum": "refuse to serve weights that do not match the checkpoint's model.sha256",
 }
+SERVER_CHOICES = LOAD_CHOICES | {"engine": ("thread", "process")}

@@ -6,8 +6,9 @@ from __future__ import annotations
 import logging
 
 from .config import ServerConfig
-from .launch import build_served_model, run_server
+from .launch import run_server
 from .scale.tp_launch import serve_tensor_parallel
+from .served import build_served_model
 from .twin import build_twin
 
 

@@ -13,16 +13,18 @@ canvas of an AR request is simply the tokens so far: no masked positions, one co
 
 from __future__ import annotations
 
+from functools import partial
 from pathlib import Path
 from typing import Any
 
 from ..assets import embedded_ar_model_path
 from ..engine import Engine, EngineConfig
 from ..errors import ConfigError
+from ..models.checkpoint import load_tokenizer
 from ..pipeline import load
 from ..sampling.verify import VerifyDecoder
-from .async_engine import AsyncEngine
 from .config import ServerConfig
+from .served import engine_client, pipeline_facts
 from .serving.generation import ServedModel
 
 AR_SUFFIX = "-ar"  # the twin's id is the diffusion model's id plus this
@@ -41,6 +43,12 @@ def build_twin(cfg: ServerConfig, name: str) -> ServedModel | None:
 
 def served_twin(path: Path, name: str, cfg: ServerConfig) -> ServedModel:
     """A causal checkpoint served under ``name`` by the engine, decoding one token per pass."""
+    client, facts = engine_client(cfg, partial(twin_engine, path, cfg))
+    return ServedModel(name, load_tokenizer(path), client, **facts)
+
+
+def twin_engine(path: Path, cfg: ServerConfig) -> tuple[Engine, dict[str, Any]]:
+    """The twin's engine (one token per pass, no prefix cache) and its facts."""
     pipe = load(
         path, cfg
     )  # the same load options (runtime among them) as the model it is raced against
@@ -50,17 +58,9 @@ def served_twin(path: Path, name: str, cfg: ServerConfig) -> ServedModel:
         )
     pipe.model.eval()
     ecfg = EngineConfig(max_batch=cfg.max_batch, max_waiting=cfg.max_waiting, prefix_cache_mb=0)
-    return ServedModel(
-        name,
-        pipe.tokenizer,
-        AsyncEngine(Engine(pipe.decoder, ecfg)),
-        pipe.config.max_seq_len,
-        pipe.config.attention,
-        list(pipe.stop_ids),
-        pipe.config.mask_token_id,
-        {**pipe.generation_defaults, **AR_DEFAULTS},
-        pipe.runtime,
-    )
+    facts = pipeline_facts(pipe)
+    facts["defaults"] = {**facts["defaults"], **AR_DEFAULTS}
+    return Engine(pipe.decoder, ecfg), facts
 
 
 class ByModel:

@@ -207,7 +207,11 @@ V3_DRAFT_MORE4 = dataclasses.replace(
 # lever (eighth sitting): 2,400 more on -more4 — tokens per pass rose 0.14 over its 1,500 steps and
 # the held-out suite is 0.21 short of 3
 V3_DRAFT_MORE5 = dataclasses.replace(
-    V3_DRAFT_MORE4, init_from="runs/small-ar-draft-more4/final", seed=15, steps=2400, eval_every=2400
+    V3_DRAFT_MORE4,
+    init_from="runs/small-ar-draft-more4/final",
+    seed=15,
+    steps=2400,
+    eval_every=2400,
 )
 
 RECIPES: dict[str, TrainConfig] = {

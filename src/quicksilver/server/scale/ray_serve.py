@@ -38,9 +38,9 @@ from starlette.types import Message
 from ...errors import QuicksilverError
 from ..app import build_app
 from ..config import ServerConfig
-from ..launch import build_served_model
 from ..protocol.errors import error_body
 from ..reliability.lifecycle import replay
+from ..served import build_served_model
 from ..twin import build_twin
 from .ray_router import ROUTERS
 from .routing import route_key

@@ -22,7 +22,8 @@ from ...engine.lockstep import LockstepEngine, follow
 from ...errors import QuicksilverError
 from ...models.tensor_parallel import parallelize
 from ..config import ServerConfig
-from ..launch import engine_config, load_pipeline, run_server, served_pipeline
+from ..launch import run_server
+from ..served import engine_config, load_pipeline, served_pipeline
 
 WAIT = datetime.timedelta(days=30)  # followers wait for rank 0's next step however long it idles
 

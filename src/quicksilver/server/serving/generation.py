@@ -40,7 +40,7 @@ from ...engine import EngineEvent, EngineRequest, IncrementalDetokenizer
 from ...sampling import SamplerConfig
 from ...sampling.canvas import AllowTokens, BanTokens, StructuredCanvas
 from ...tokenizer import Tokenizer
-from ..async_engine import AsyncEngine
+from ..async_engine import EngineClient
 from ..metrics import Metrics
 from ..protocol.errors import APIError
 from .logprobs import LogprobRecorder, TokenLogprob
@@ -55,7 +55,7 @@ class ServedModel:
 
     name: str
     tokenizer: Tokenizer
-    engine: AsyncEngine
+    engine: EngineClient
     max_context: int
     attention: str  # bidirectional | block_causal | causal
     stop_ids: list[int]
@@ -264,7 +264,7 @@ class ChoiceRunner:
         stop_ids: list[int] | None = None,
     ) -> AsyncGenerator[EngineEvent, None]:
         rid = f"{self.rid}-{name}"
-        self.b.engine.submit(
+        await self.b.engine.submit(
             EngineRequest(
                 rid,
                 prompt,

@@ -36,6 +36,7 @@ class LogprobRecorder:
     def __init__(self, inner: Any, top: int) -> None:
         self.inner, self.top = inner, top
         self.values: dict[int, TokenLogprob] = {}  # canvas position -> at its commit
+        self._fresh: list[int] = []  # positions recorded since the last ``take``
         self._lo = 0
         self._lp: torch.Tensor | None = None  # (n, V) log-softmax of this step's window
 
@@ -55,7 +56,17 @@ class LogprobRecorder:
                 vals, ids = lp.topk(min(self.top, lp.shape[0]))
                 top = [(int(i), float(v)) for i, v in zip(ids, vals) if v > float("-inf")]
             self.values[pos] = TokenLogprob(int(token), float(lp[token]), top)
+            self._fresh.append(pos)
         return True
+
+    def take(self) -> dict[int, TokenLogprob]:
+        """What was recorded since the last call (an engine in another process sends it back)."""
+        fresh, self._fresh = self._fresh, []
+        return {p: self.values[p] for p in fresh}
+
+    def put(self, values: dict[int, TokenLogprob]) -> None:
+        """Values ``take`` returned in the engine's process, into this (the server's) copy."""
+        self.values.update(values)
 
     def entries(self, tokens: list[int], hidden: set[int]) -> list[TokenLogprob]:
         """One entry per output token that shows as text (pads of a structured canvas hidden)."""
