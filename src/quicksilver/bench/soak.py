@@ -242,7 +242,8 @@ def run_soak_bench(args: argparse.Namespace) -> int:
     s = Soak()
     pids: list[int] = []
     slots = args.streams + args.hostile  # the bursts go beyond these
-    extra = ["--max-concurrent", str(slots)] + (["--mock"] if args.mock else [])
+    extra = ["--max-concurrent", str(slots), "--engine", args.engine]
+    extra += ["--mock"] if args.mock else []
     if args.mock:
         extra += ["--mock-step-delay", str(args.mock_step_delay)]
     with contextlib.ExitStack() as stack:
@@ -285,6 +286,7 @@ def run_soak_bench(args: argparse.Namespace) -> int:
             "disconnect": args.disconnect,
             "burst": args.burst,
             "hostile_clients": args.hostile,
+            "engine": args.engine,
             "burst_every_s": args.burst_every,
         },
         "hardware": hardware(),
@@ -338,6 +340,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         type=int,
         default=0,
         help="clients that send schemas over the server's budgets in a loop (each must be a 400)",
+    )
+    p.add_argument(
+        "--engine",
+        default="thread",
+        choices=("thread", "process"),
+        help="where the served engine steps (serve --engine)",
     )
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--json", action="store_true", help="(the JSON line is always printed last)")
