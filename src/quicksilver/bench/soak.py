@@ -71,15 +71,21 @@ class Soak:
 
 
 def rss_mb(pid: int | None) -> float | None:
+    """Resident memory of ``pid`` and its descendants (an engine process counts with its server)."""
     if pid is None:
         return None
+    total, todo = 0, [pid]
     try:
-        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-            if line.startswith("VmRSS:"):
-                return int(line.split()[1]) / 1024
+        while todo:
+            p = todo.pop()
+            for line in Path(f"/proc/{p}/status").read_text().splitlines():
+                if line.startswith("VmRSS:"):
+                    total += int(line.split()[1])
+            for task in Path(f"/proc/{p}/task").iterdir():
+                todo += [int(c) for c in (task / "children").read_text().split()]
     except OSError:
-        return None
-    return None
+        return None if total == 0 else total / 1024
+    return total / 1024
 
 
 async def one_stream(
