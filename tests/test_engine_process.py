@@ -92,7 +92,9 @@ def test_a_hang_up_cancels_in_the_engine_process(
         "POST", process.url + "/v1/chat/completions", json=body, headers=AUTH, timeout=60
     ) as r:
         for line in r.iter_lines():
-            delta = json.loads(line[6:])["choices"][0]["delta"] if line.startswith("data: {") else {}
+            delta = (
+                json.loads(line[6:])["choices"][0]["delta"] if line.startswith("data: {") else {}
+            )
             if delta.get("content"):
                 running = process.metric("num_requests_running")
                 break  # hang up mid-stream
@@ -103,22 +105,6 @@ def test_a_hang_up_cancels_in_the_engine_process(
     assert process.metric("num_requests_running") == 0  # the child dropped it
 
 
-def test_engine_refusals_keep_their_status() -> None:
-    """EngineOverloaded raised by ``engine.add`` in the child is the thread design's 503."""
-    server = RemoteServer(
-        "--mock", "--mock-step-delay", "0.05", "--max-batch", "1", "--max-waiting", "1",
-        "--engine", "process",
-    )  # fmt: skip
-    try:
-        body = {"messages": USER, "max_tokens": 40, "ignore_eos": True}
-        with ThreadPoolExecutor(8) as pool:
-            codes = sorted(r.status_code for r in pool.map(lambda _: post(server, body), range(8)))
-        assert codes[0] == 200 and codes[-1] == 503, codes
-        assert set(codes) <= {200, 503}, codes
-    finally:
-        server.stop()
-
-
 def _engine_pid(server_pid: int) -> int:
     for child in Path(f"/proc/{server_pid}/task/{server_pid}/children").read_text().split():
         cmd = Path(f"/proc/{child}/cmdline").read_bytes().replace(b"\0", b" ")
@@ -127,9 +113,21 @@ def _engine_pid(server_pid: int) -> int:
     raise AssertionError("no engine process")
 
 
-def test_a_dead_engine_process_fails_its_requests_and_health() -> None:
-    server = RemoteServer("--mock", "--mock-step-delay", "0.05", "--engine", "process")
+def test_refusals_keep_their_status_and_a_dead_engine_fails_its_requests() -> None:
+    """EngineOverloaded raised by ``engine.add`` in the child is the thread design's 503; then the
+    child is killed mid-stream: the stream ends with an error event, ``/health`` and new requests
+    get 503."""
+    server = RemoteServer(
+        "--mock", "--mock-step-delay", "0.05", "--max-batch", "1", "--max-waiting", "1",
+        "--engine", "process",
+    )  # fmt: skip
     try:
+        body: dict[str, Any] = {"messages": USER, "max_tokens": 40, "ignore_eos": True}
+        with ThreadPoolExecutor(8) as pool:
+            codes = sorted(r.status_code for r in pool.map(lambda _: post(server, body), range(8)))
+        assert codes[0] == 200 and codes[-1] == 503, codes
+        assert set(codes) <= {200, 503}, codes
+
         body = {"messages": USER, "max_tokens": 400, "ignore_eos": True, "stream": True}
         with httpx.stream(
             "POST", server.url + "/v1/chat/completions", json=body, headers=AUTH, timeout=60
