@@ -87,6 +87,23 @@ def drive(
             return
 
 
+async def until_done(
+    q: asyncio.Queue[EngineEvent], leave: Callable[[bool], None]
+) -> AsyncGenerator[EngineEvent, None]:
+    """``q``'s events up to a request's final one; ``leave(finished)`` runs however the consumer
+    leaves (``finished`` False: it stopped early, so the request is to be cancelled)."""
+    finished = False
+    try:
+        while True:
+            ev = await q.get()
+            finished = finished or ev.done
+            yield ev
+            if ev.done:
+                return
+    finally:
+        leave(finished)
+
+
 class AsyncEngine:
     def __init__(self, engine: Engine) -> None:
         self.engine = engine
@@ -149,23 +166,15 @@ class AsyncEngine:
             raise
         self._wake.set()
 
-    async def events(self, request_id: str) -> AsyncGenerator[EngineEvent, None]:
+    def events(self, request_id: str) -> AsyncGenerator[EngineEvent, None]:
         """The request's events until its final one. Leaving early cancels it in the engine."""
-        q = self._queues[request_id]
-        finished = False
-        try:
-            while True:
-                ev = await q.get()
-                if ev.done:
-                    finished = True
-                yield ev
-                if ev.done:
-                    return
-        finally:
-            self._queues.pop(request_id, None)
-            if not finished:
-                self.engine.cancel(request_id)
-                self._wake.set()
+        return until_done(self._queues[request_id], lambda done: self._leave(request_id, done))
+
+    def _leave(self, request_id: str, finished: bool) -> None:
+        self._queues.pop(request_id, None)
+        if not finished:
+            self.engine.cancel(request_id)
+            self._wake.set()
 
     def cancel(self, request_id: str) -> None:
         self.engine.cancel(request_id)

@@ -37,7 +37,7 @@ from typing import Any
 from ..engine import Engine, EngineEvent, EngineRequest
 from ..engine.engine import RequestStats
 from ..errors import QuicksilverError
-from .async_engine import drive
+from .async_engine import drive, until_done
 from .protocol.errors import APIError
 
 log = logging.getLogger("quicksilver.server")
@@ -268,21 +268,14 @@ class ProcessEngine:
         self._queues.pop(rid, None)
         self._recorders.pop(rid, None)
 
-    async def events(self, request_id: str) -> AsyncGenerator[EngineEvent, None]:
+    def events(self, request_id: str) -> AsyncGenerator[EngineEvent, None]:
         """The request's events until its final one. Leaving early cancels it in the child."""
-        q = self._queues[request_id]
-        finished = False
-        try:
-            while True:
-                ev = await q.get()
-                finished = finished or ev.done
-                yield ev
-                if ev.done:
-                    return
-        finally:
-            self._forget(request_id)
-            if not finished:
-                self.cancel(request_id)
+        return until_done(self._queues[request_id], lambda done: self._leave(request_id, done))
+
+    def _leave(self, request_id: str, finished: bool) -> None:
+        self._forget(request_id)
+        if not finished:
+            self.cancel(request_id)
 
     def cancel(self, request_id: str) -> None:
         if self.alive:
