@@ -131,3 +131,10 @@ def test_bench_decode_ends_with_json(tiny_ckpt: Path, tmp_path: Path) -> None:
     for m in last["methods"].values():
         assert m["nfe"] > 0 and m["tok_s"] > 0
     assert (tmp_path / "decode.png").stat().st_size > 1000
+
+
+def test_bench_decode_defaults_to_the_embedded_diffusion_model(tmp_path: Path) -> None:
+    """The default model decodes by verify, not by the policies this bench compares."""
+    r = qs(*"bench decode --prompts 1 --repeats 1 --max-tokens 16 --out".split(), str(tmp_path))
+    assert r.returncode == 0, r.stderr
+    assert json.loads(r.stdout.strip().splitlines()[-1])["methods"]["threshold"]["nfe"] > 0

@@ -12,6 +12,7 @@ from quicksilver.engine import Engine, EngineConfig, EngineOverloaded, EngineReq
 from quicksilver.errors import ConfigError
 from quicksilver.models import DiffusionLM, preset
 from quicksilver.sampling import Decoder, SamplerConfig
+from quicksilver.sampling.verify import VerifyDecoder
 
 MASK, EOS = 2, 1
 
@@ -177,3 +178,34 @@ def test_a_request_can_add_its_own_stop_tokens() -> None:
         and len(own.result.tokens) <= 3
     )
     assert out["other"][-1].result.tokens == plain
+
+
+def test_prefix_cache_serves_a_causal_stream_and_keeps_its_ar_output() -> None:
+    """The shipped model is causal: every prefix of its stream is exact, so agent-loop turns start
+    from the previous turn's blocks and still give the AR output (greedy verify, drafts on)."""
+    torch.manual_seed(0)
+    m = DiffusionLM(preset("tiny", vocab_size=96, attention="causal", block_size=8)).eval()
+    dec = VerifyDecoder(m, [EOS])
+
+    def req(rid: str, prompt: list[int]) -> EngineRequest:
+        cfg = SamplerConfig(max_new_tokens=16, policy="verify", draft=4, stop_at_eos=False)
+        return EngineRequest(rid, prompt, cfg)
+
+    system = list(range(10, 50))  # 5 whole blocks of 8
+    plain = Engine(dec, EngineConfig(prefix_cache_mb=0))
+    plain.add(req("p", system + [60, 61, 62]))
+    want = _drain(plain)["p"][-1].result.tokens
+    e = Engine(dec)
+    assert e.prefix_cache is not None
+    e.add(req("first", system + [70, 71]))
+    _drain(e)
+    e.add(req("second", system + [60, 61, 62]))
+    final = _drain(e)["second"][-1]
+    assert final.cached_tokens == 40 and final.result.tokens == want
+    turn2 = system + [60, 61, 62] + want + [80, 81]
+    plain.add(req("t2", turn2))
+    e.add(req("t2", turn2))
+    cached = _drain(e)["t2"][-1]
+    assert (
+        cached.cached_tokens >= 56 and cached.result.tokens == _drain(plain)["t2"][-1].result.tokens
+    )

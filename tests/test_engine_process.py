@@ -166,3 +166,28 @@ def test_greedy_replies_equal_the_thread_design_on_the_embedded_model() -> None:
         finally:
             server.stop()
     assert replies[0] == replies[1] and all(replies[0])
+
+
+def test_ctrl_c_drains_before_the_engine_process_stops() -> None:
+    """A terminal's Ctrl-C reaches the server and its engine process alike: the engine ignores it,
+    the server drains (the open stream still ends normally), then stops the engine and exits."""
+    server = RemoteServer("--mock", "--mock-step-delay", "0.02", "--engine", "process")
+    engine = _engine_pid(server.proc.pid)
+    body = {"messages": USER, "max_tokens": 48, "stream": True, "reasoning_effort": "none"}
+    try:
+        with httpx.stream(
+            "POST", server.url + "/v1/chat/completions", json=body, headers=AUTH, timeout=60
+        ) as r:
+            lines = r.iter_lines()
+            data = [next(ln for ln in lines if ln.startswith("data: "))]
+            for pid in (server.proc.pid, engine):
+                os.kill(pid, signal.SIGINT)
+            data += [ln for ln in lines if ln.startswith("data: ")]
+        assert data[-1] == "data: [DONE]" and not any('"error"' in ln for ln in data), data[-3:]
+        assert server.proc.wait(20) == 0
+        deadline = time.time() + 10
+        while time.time() < deadline and Path(f"/proc/{engine}").exists():
+            time.sleep(0.1)
+        assert not Path(f"/proc/{engine}").exists()  # stopped with its server
+    finally:
+        server.stop()

@@ -188,7 +188,7 @@ def cmd_info(args: argparse.Namespace) -> int:
 @command("bench")
 def cmd_bench(args: argparse.Namespace) -> int:
     if args.bench == "decode":
-        return run_decode_bench(resolve_model(args.model), args)
+        return run_decode_bench(resolve_model(args.model, which="diffusion model"), args)
     if args.bench == "serve" and args.replicas:
         return run_replicas_bench(args)
     runs: dict[str, Callable[[argparse.Namespace], int]] = {

@@ -129,7 +129,7 @@ def run_decode_bench(model_path: Path, args: argparse.Namespace) -> int:
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     """The flags of ``quicksilver bench decode``."""
-    p.add_argument("--model", help="checkpoint directory (default: the embedded model)")
+    p.add_argument("--model", help="diffusion checkpoint (default: the embedded diffusion model)")
     p.add_argument("--max-tokens", type=int, default=64, dest="max_tokens")
     p.add_argument("--threshold", type=float, default=0.9)
     p.add_argument("--block-length", type=int, default=None, dest="block_length")

@@ -146,7 +146,7 @@ class Engine:
         self.failing_steps = 0  # steps in a row that raised (0 after one that did not)
         mcfg = decoder.model.config
         self.prefix_cache: PrefixCache | None = None
-        if self.config.prefix_cache_mb > 0 and decoder.resolve_cache_mode() == "block":
+        if self.config.prefix_cache_mb > 0 and decoder.resolve_cache_mode() in ("block", "verify"):
             self.prefix_cache = PrefixCache(mcfg.block_size, self.config.prefix_cache_mb << 20)
 
     # ---- thread-safe commands -------------------------------------------------------------------
@@ -225,7 +225,7 @@ class Engine:
             if need > budget and self._running:
                 break  # wait for room; a lone request is always admitted
             self._waiting.popitem(last=False)
-            if self.prefix_cache is not None and isinstance(lv.row, Row):
+            if self.prefix_cache is not None:
                 lv.prompt_cached = self.prefix_cache.attach(lv.row)
             lv.stats.admitted = now
             self._running[rid] = lv
@@ -284,7 +284,7 @@ class Engine:
         self.totals["forward_passes"] += 1
         for lv, ev in zip(live, row_events):
             row = lv.row
-            if self.prefix_cache is not None and isinstance(row, Row) and (row.nfe == 1 or ev.done):
+            if self.prefix_cache is not None and (row.nfe == 1 or ev.done):
                 self.prefix_cache.insert(row)
             self.totals["committed_tokens"] += len(ev.committed)
             new = row.host_tokens[lv.emitted : ev.stable] if ev.stable > lv.emitted else []

@@ -4,8 +4,10 @@ Agent loops resend the whole conversation every turn. For a block-causal model t
 complete block depend only on the tokens of that block and the blocks before it, so a new request
 whose prompt starts with blocks another request already ran can start with those keys/values
 (exact, like vLLM's automatic prefix caching). Entries are chained by hash (parent hash, block
-tokens); least recently used entries are evicted beyond a byte budget. Bidirectional models have
-no exact prefix cache (their prompt attends to the canvas), so rows in other cache modes are skipped.
+tokens); least recently used entries are evicted beyond a byte budget. A causal model's stream
+(``verify`` rows) is the same case with every prefix exact: its blocks are cut at the same size.
+Bidirectional models have no exact prefix cache (their prompt attends to the canvas), so rows in
+other cache modes are skipped.
 """
 
 from __future__ import annotations
@@ -19,8 +21,9 @@ import torch
 
 from ..models.kvcache import KVCache
 from ..sampling.state import Row
+from ..sampling.verify import VerifyRow
 
-CACHED_MODES = ("block", "window")  # cache modes whose finished blocks are exact
+CACHED_MODES = ("block", "window", "verify")  # cache modes whose finished blocks are exact
 
 
 @dataclass
@@ -50,7 +53,7 @@ class PrefixCache:
             keys.append(h)
         return keys
 
-    def attach(self, row: Row) -> int:
+    def attach(self, row: Row | VerifyRow) -> int:
         """Fill a fresh row's cache with the longest cached run of its prompt's complete blocks.
 
         Returns the number of prompt tokens served. At least the prompt's last token is left to
@@ -78,18 +81,19 @@ class PrefixCache:
             cache.v[li][0, :, :n] = kv[li, 1]
         cache.write_meta(torch.arange(n, device=kv.device)[None], None)
         cache.commit(n)
-        row.exact = n  # the window cache recomputes from here
+        if isinstance(row, Row):
+            row.exact = n  # the window cache recomputes from here
         self.hit_tokens += n
         return n
 
-    def insert(self, row: Row) -> None:
+    def insert(self, row: Row | VerifyRow) -> None:
         """Remember the complete blocks a row has in its cache (prompt and finished answer blocks)."""
         cache = row.cache
         if cache is None or row.cache_mode not in CACHED_MODES:
             return
         final = (
-            row.exact if row.cache_mode == "window" else cache.length
-        )  # keys/values that are final
+            row.exact if isinstance(row, Row) and row.cache_mode == "window" else cache.length
+        )  # keys/values that are final (a verify row's cache holds only final tokens after a pass)
         tokens = row.host_sequence()
         n_blocks = min(final, len(tokens)) // self.block
         for i, key in enumerate(self._keys(tokens, n_blocks)):

@@ -91,9 +91,15 @@ class VerifyRow:
             self.canvas[pos], self.committed[pos] = tok, True
         self._take_forced()
 
+    cache_mode = "verify"  # the exact causal stream (engine/prefix_cache.py)
+
     @property
     def steps(self) -> int:
         return self.nfe
+
+    def host_sequence(self) -> list[int]:
+        """Prompt + final tokens: what the cache holds keys/values of after a pass."""
+        return self.prompt_ids + self.host_tokens
 
     def input_len(self) -> int:
         """Tokens this row feeds to the next forward pass."""

@@ -26,6 +26,7 @@ import gc
 import logging
 import multiprocessing
 import pickle
+import signal
 import threading
 import time
 from collections import Counter
@@ -94,6 +95,9 @@ class _Pipe:
 
 # ---- the child ---------------------------------------------------------------------------------
 def child_main(factory: Factory, conn: Connection) -> None:
+    # a terminal's Ctrl-C reaches the whole process group: the server drains first, then stops this
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(sig, signal.SIG_IGN)
     pipe = _Pipe(conn)
     try:
         engine, facts = factory()

@@ -86,11 +86,11 @@ class Replica:
         self.tag = serve.get_replica_context().replica_id.unique_id
 
     def check_health(self) -> None:
-        """Ray Serve's health check: a replica whose engine thread died is replaced."""
+        """Ray Serve's health check: a replica whose engine died with work left is replaced (the
+        rule of ``/health``'s ``engine stopped``)."""
         for b in self.state.served_models:
-            thread = b.engine._thread
-            if thread is not None and not thread.is_alive():
-                raise RuntimeError(f"engine thread of {b.name!r} died")
+            if not b.engine.alive and b.engine.engine.has_work:
+                raise RuntimeError(f"the engine of {b.name!r} died")
 
     async def handle(
         self, scope: dict[str, Any], body: bytes, route_key: list[str] | None = None
