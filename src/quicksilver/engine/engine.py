@@ -39,7 +39,7 @@ class EngineConfig:
     max_batch: int = 16  # requests in one forward pass
     max_batch_tokens: int = 8192  # tokens in one forward pass (bounds step latency and memory)
     max_waiting: int = 256  # queued requests before add() refuses
-    prefix_cache_mb: int = 256  # cross-request prefix cache (block-causal models); 0 disables
+    prefix_cache_mb: int = 256  # cross-request prefix cache (block-causal, causal); 0: off
 
 
 @dataclass

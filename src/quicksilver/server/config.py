@@ -47,7 +47,7 @@ class ServerConfig(LoadConfig):
     ar_twin: bool = True  # with the embedded default: also serve its AR twin as `<name>-ar`
     allowed_origins: str | None = None  # comma-separated origins allowed cross-origin ('*': any)
     mock: bool = False  # serve the scripted mock engine (no weights; for demos and protocol tests)
-    prefix_cache_mb: int = 256  # cross-request prefix cache for block-causal models (0: off)
+    prefix_cache_mb: int = 256  # cross-request prefix cache, block-causal and causal (0: off)
     threads: int = 0  # torch intra-op threads (0: leave the default)
     engine: str = "thread"  # where the engine steps: thread (in the server) | process (its own)
     max_body_bytes: int = MAX_BODY_BYTES
@@ -96,7 +96,7 @@ SERVER_HELP = LOAD_HELP | {
     "mock": "serve the scripted mock engine instead of a model (no weights)",
     "engine": "where each engine steps: a thread of the server, or a process of its own (the HTTP "
     "loop then never shares an interpreter with a step)",
-    "prefix_cache_mb": "cross-request prefix cache for block-causal models, in MiB (0: off)",
+    "prefix_cache_mb": "cross-request prefix cache for block-causal and causal models, in MiB (0: off)",
     "max_body_bytes": "largest request body accepted (413 above)",
     "max_prompt_tokens": "longest prompt accepted, in tokens (400 above)",
     "max_tokens": "largest max_tokens a request may ask for (400 above)",
