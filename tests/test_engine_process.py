@@ -147,6 +147,7 @@ def test_refusals_keep_their_status_and_a_dead_engine_fails_its_requests() -> No
         server.stop()
 
 
+@pytest.mark.slow  # re-proves on the real model what the mock tests show (make test-slow)
 def test_greedy_replies_equal_the_thread_design_on_the_embedded_model() -> None:
     prompts = ["What is 12 + 30?", "Tell me about rivers.", "Count to ten."]
     replies = []
