@@ -11,8 +11,9 @@ each of which must be a 400. A poller in its own process times ``GET /health`` t
 
 A **failure** is anything a client could not have expected: a status other than 200 (or a refusal
 without ``Retry-After``), a stream without ``data: [DONE]``, an error event, a transport error.
-Reported: requests by outcome, failures (first reasons), end-to-end and TTFT p50/p99 of full streams,
-``/health`` latency p50/p99/max, the hostile 400s' p50/p99, and the server's RSS after warm-up and at the end (growth in %).
+Reported: requests by outcome, failures (first reasons), end-to-end and TTFT p50/p99 of full
+streams, ``/health`` latency p50/p99/max, the hostile 400s' p50/p99, and the server's RSS after
+warm-up and at the end (growth in %).
 The last line is JSON.
 """
 

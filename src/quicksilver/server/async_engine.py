@@ -5,12 +5,12 @@ The server reaches every model through this seam, and every engine is an ``engin
 mock engine and the tensor-parallel one are subclasses; the AR twin is the engine over its causal
 decoder), so the contract is the engine's own.
 
-One thread (``drive``, the step loop both designs run) steps the (synchronous) engine while it has work and sleeps on an event otherwise. Each
-request gets an ``asyncio.Queue``; after every step the thread hands the step's events to the event
-loop with one ``loop.call_soon_threadsafe``, so nothing on the loop ever blocks on the model. When
-a consumer stops early (client disconnect, a stop string, the end of a reasoning phase) its
-generator's ``finally`` calls ``engine.cancel``: the engine drops the request before its next step,
-freeing its canvas and cache.
+One thread (``drive``, the step loop both designs run) steps the (synchronous) engine while it
+has work and sleeps on an event otherwise. Each request gets an ``asyncio.Queue``; after every step
+the thread hands the step's events to the event loop with one ``loop.call_soon_threadsafe``, so
+nothing on the loop ever blocks on the model. When a consumer stops early (client disconnect, a
+stop string, the end of a reasoning phase), leaving ``until_done`` calls ``engine.cancel``: the
+engine drops the request before its next step, freeing its canvas and cache.
 """
 
 from __future__ import annotations

@@ -58,7 +58,7 @@ def served_name(cfg: ServerConfig) -> str:
 
 
 def served_pipeline(cfg: ServerConfig, pipe: Pipeline, engine: Engine) -> ServedModel:
-    """``pipe`` stepped by ``engine`` on this process's engine thread (tensor parallelism's rank 0)."""
+    """``pipe`` stepped by ``engine`` on this process's engine thread (tensor parallel rank 0)."""
     return ServedModel(
         served_name(cfg), pipe.tokenizer, AsyncEngine(engine), **pipeline_facts(pipe)
     )
