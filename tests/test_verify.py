@@ -10,6 +10,7 @@ import torch
 
 from quicksilver.errors import ConfigError
 from quicksilver.models.config import ModelConfig, preset
+from quicksilver.models.cpu_backends import TOKEN_BUCKETS, step_buckets
 from quicksilver.models.kvcache import KVCache
 from quicksilver.models.transformer import DiffusionLM, Segment
 from quicksilver.sampling import SamplerConfig
@@ -116,6 +117,27 @@ def test_perfect_drafts_are_all_kept(monkeypatch: pytest.MonkeyPatch) -> None:
     )[0]
     assert res.tokens == want
     assert res.nfe == 1 + math.ceil((n - 1) / (k + 1))  # the first pass has nothing to verify
+
+
+def test_masks_never_move_a_prefill_into_a_larger_bucket() -> None:
+    """In shape buckets a prompt of 25 tokens + 8 masks would compute 64 positions, not 32: the
+    first pass drafts only the 7 that fit; steady passes (1 + 8, 9 + 8) keep all k."""
+    buckets = step_buckets(8)
+    padded = lambda n: next(b for b in buckets if b >= n)  # noqa: E731
+    model = causal_model(seed=6)
+    dec = VerifyDecoder(model, [])
+    cfg = SamplerConfig(max_new_tokens=40, policy="verify", draft=8)
+    row = dec.new_row(list(range(5, 30)), cfg)
+    assert row.segment(padded).draft == 7  # 25 + 7 = 32
+    assert row.segment().draft == 8  # exact shapes: every mask
+    row.cache.length, row.host_tokens = 25, [9]  # the bonus is the whole feed
+    assert row.segment(padded).draft == 8
+    row.drafts = [9] * 8
+    assert row.segment(padded).draft == 8
+
+
+def test_a_drafting_model_gets_buckets_for_both_verify_passes() -> None:
+    assert {7, 13} <= set(step_buckets(6)) and set(step_buckets(0)) == set(TOKEN_BUCKETS)
 
 
 def test_stop_tokens_end_the_reply() -> None:

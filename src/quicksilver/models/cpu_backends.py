@@ -147,8 +147,11 @@ BACKEND_CHOICES = ("auto", "torch", *RUNNERS)
 AUTO_ORDER = ("openvino-bf16", "openvino", "onnx")
 
 
-def _bucket(n: int) -> int | None:
-    return next((b for b in TOKEN_BUCKETS if b >= n), None)
+def step_buckets(draft: int) -> tuple[int, ...]:
+    """``TOKEN_BUCKETS`` plus the two verify passes of a model that drafts ``draft`` tokens: k + 1
+    new tokens (the bonus and k masks, after a rejection) and 2k + 1 (with k drafts to check)."""
+    extra = {draft + 1, 2 * draft + 1} if draft > 0 else set()
+    return tuple(sorted(set(TOKEN_BUCKETS) | extra))
 
 
 class ExportedStep:
@@ -161,9 +164,16 @@ class ExportedStep:
         self.runner = RUNNERS[name][1](str(path), threads)
         n = model.config.n_layers
         self.past_names = [f"past_k{i}" for i in range(n)] + [f"past_v{i}" for i in range(n)]
+        self.buckets = step_buckets(model.config.draft_length)
+
+    def _bucket(self, n: int) -> int | None:
+        return next((b for b in self.buckets if b >= n), None)
+
+    def padded(self, n: int) -> int:
+        return self._bucket(n) or n  # past the largest bucket eager torch runs the exact shape
 
     def covers(self, seg: Segment) -> bool:
-        return seg.cache is not None and _bucket(seg.length) is not None
+        return seg.cache is not None and self._bucket(seg.length) is not None
 
     def _slot(self, cache: KVCache, Tb: int) -> Slot:
         """This cache allocation's slot for bucket Tb, made and bound on first use."""
@@ -230,7 +240,7 @@ class ExportedStep:
             return None
         cache, cfg, T = seg.cache, self.cfg, seg.length
         assert cache is not None
-        Tb = _bucket(T)
+        Tb = self._bucket(T)
         assert Tb is not None
         if seg.overwrite:
             assert seg.start + T <= cache.length, "overwrite inside the cached range only"
@@ -246,29 +256,40 @@ class ExportedStep:
         slot.run()
         if seg.overwrite:
             slot.mask[:, at : at + T] = 0.0
-        raw = torch.from_numpy(slot.outs[0][0, :T].copy())  # (T, V): the slot's buffer is reused
+        a, b = _rows_read(seg, cfg.logit_shift)
+        raw = torch.from_numpy(slot.outs[0][0, a:b].copy())  # (b-a, V): the slot's buffer is reused
         cache.numpy_views()[0][..., at : at + T, :] = slot.outs[1][
             ..., :T, :
         ]  # (2n, 1, Hkv, T, hd)
-        return _aligned(seg, raw, cache, cfg.logit_shift)
+        return _aligned(seg, raw, a, cache, cfg.logit_shift)
 
 
-def _aligned(seg: Segment, raw: torch.Tensor, cache: KVCache, shift: bool) -> torch.Tensor:
-    """The segment's logits [lo, hi) from the raw ones (T, V), logit shift applied, and the cache's
-    commit/last_logits bookkeeping (the same as ``DiffusionLM.forward_segments``)."""
+def _rows_read(seg: Segment, shift: bool) -> tuple[int, int]:
+    """The rows [a, b) of the segment's raw logits that ``_aligned`` reads: a prefill's one, not
+    its every position."""
     if not shift:
-        logits = raw[seg.lo : seg.hi]  # (hi-lo, V)
+        return seg.lo, seg.hi
+    kept = seg.kept() if seg.append else None
+    a = max(seg.lo - 1, 0) if kept is None else min(max(seg.lo - 1, 0), kept)
+    return a, max(seg.hi - 1, a + 1, (kept or 0) + 1)
+
+
+def _aligned(seg: Segment, raw: torch.Tensor, a: int, cache: KVCache, shift: bool) -> torch.Tensor:
+    """The segment's logits [lo, hi) from its raw ones, rows [a, a + len(raw)) (n, V), logit shift
+    applied, and the cache's commit/last_logits bookkeeping (as ``DiffusionLM.forward_segments``)."""
+    if not shift:
+        logits = raw  # (hi-lo, V)
     elif seg.lo >= 1:
-        logits = raw[seg.lo - 1 : seg.hi - 1]
+        logits = raw[seg.lo - 1 - a : seg.hi - 1 - a]
     else:
         first = cache.last_logits.reshape(1, -1) if cache.last_logits is not None else raw[:1]
-        logits = torch.cat((first, raw[: seg.hi - 1]))[: seg.hi - seg.lo]  # (hi-lo, V)
+        logits = torch.cat((first, raw[: seg.hi - 1 - a]))[: seg.hi - seg.lo]  # (hi-lo, V)
     cache.cursor = None
     if seg.append:
         cache.commit(seg.append)
         kept = seg.kept()
         if shift and kept is not None:
-            cache.last_logits = raw[kept][None]  # (1, V) raw
+            cache.last_logits = raw[kept - a][None]  # (1, V) raw
     return logits
 
 

@@ -149,6 +149,10 @@ class StepBackend(Protocol):
 
     def forward_segment(self, seg: Segment) -> torch.Tensor | None: ...
 
+    def padded(self, n: int) -> int:
+        """The positions a single-segment pass of ``n`` new tokens computes (its shape bucket)."""
+        ...
+
 
 def draft_horizon(q_pos: torch.Tensor, draft_from: torch.Tensor | None) -> torch.Tensor:
     """The verify layout in causal terms: a query in a row's draft block (position >= its
@@ -545,6 +549,11 @@ class DiffusionLM(nn.Module):
         return plan_batched(
             spans, starts, caches, key_lens, mask, cfg.max_seq_len, n_tokens, device
         )
+
+    def pass_length(self, n: int) -> int:
+        """The positions a one-sequence cached pass of ``n`` new tokens computes: the step
+        backend's shape bucket, else ``n`` (eager torch runs the exact shape)."""
+        return n if self.step_backend is None else self.step_backend.padded(n)
 
     def forward_segments(self, segments: list[Segment]) -> list[torch.Tensor]:
         """Packed inference forward: one pass for several sequences, each with its own KV cache.

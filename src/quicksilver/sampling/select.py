@@ -9,6 +9,7 @@ whose score reaches its ``tau``. Nothing here reads the device from the host.
 
 from __future__ import annotations
 
+import functools
 import itertools
 from collections.abc import Sequence
 
@@ -26,12 +27,17 @@ def pad_windows(logits: Sequence[torch.Tensor]) -> torch.Tensor:
     return torch.nn.utils.rnn.pad_sequence(list(logits), batch_first=True).float()  # (R, W, V)
 
 
+@functools.lru_cache(maxsize=16)
+def _banned(mask_id: int, vocab_limit: int | None, V: int, device: torch.device) -> torch.Tensor:
+    """The ids ``forbid`` bans (n,), built once: one index_fill_ per step instead of two setitems."""
+    ids = [mask_id] + list(range(vocab_limit, V)) if vocab_limit is not None else [mask_id]
+    return torch.tensor(ids, dtype=torch.long, device=device)
+
+
 def forbid(logits: torch.Tensor, mask_id: int, vocab_limit: int | None) -> torch.Tensor:
     """The mask is never a prediction, nor an id past the tokenizer's vocabulary (in place)."""
-    logits[..., mask_id] = float("-inf")
-    if vocab_limit is not None:
-        logits[..., vocab_limit:] = float("-inf")
-    return logits
+    banned = _banned(mask_id, vocab_limit, logits.shape[-1], logits.device)  # (n,)
+    return logits.index_fill_(-1, banned, float("-inf"))
 
 
 def draw_tokens(

@@ -36,7 +36,7 @@ pass (per-row caches, continuous batching), which no speculative-decoding librar
 from __future__ import annotations
 
 import time
-from collections.abc import Generator, Sequence
+from collections.abc import Callable, Generator, Sequence
 from dataclasses import dataclass, field
 
 import torch
@@ -52,6 +52,11 @@ from .noise import filtered, request_generator, sample_tokens
 from .policies import POLICIES
 from .select import forbid, pad_windows
 from .state import DecodeResult, RowEvent
+
+
+def exact(n: int) -> int:
+    """A pass of n tokens computes n positions (eager torch, packed batches)."""
+    return n
 
 
 @dataclass
@@ -110,19 +115,25 @@ class VerifyRow:
         while len(self.host_tokens) in self.prefill and len(self.host_tokens) < self.N:
             self.host_tokens.append(self.prefill[len(self.host_tokens)])
 
-    def _masks(self) -> int:
-        """Masks this pass: the k drafts after the bonus, none past the canvas."""
+    def _masks(self, feed: int, padded: Callable[[int], int]) -> int:
+        """Masks this pass: the k drafts after the bonus, none past the canvas; and where the
+        pass runs in shape buckets (``padded``), none that would move a prefill-sized ``feed``
+        into a larger bucket: that costs more padded positions than a whole verify pass has."""
         room = self.N - (len(self.host_tokens) + len(self.drafts) + 1)
-        return max(0, min(self.k, room))
+        m = max(0, min(self.k, room))
+        if padded(feed + m) - padded(feed) > 2 * self.k + 1:
+            m = padded(feed) - feed  # the room left in the feed's own bucket
+        return m
 
-    def segment(self) -> Segment:
+    def segment(self, padded: Callable[[int], int] = exact) -> Segment:
+        """This pass's segment; ``padded`` gives the positions a pass of n tokens computes."""
         seq = self.prompt_ids + self.host_tokens
         start = self.cache.length
         feed = seq[start:] + self.drafts
-        m = self._masks()
-        ids = to_device(feed + [self.mask_id] * m, torch.long, self.device)
+        m = self._masks(len(feed), padded)
+        ids = to_device(feed + [self.mask_id] * m, torch.long, self.device)  # (n + m,)
         lo = len(seq) - start - 1
-        return Segment(ids, start, lo, len(ids), self.cache, append=len(feed), draft=m)
+        return Segment(ids, start, lo, len(feed) + m, self.cache, append=len(feed), draft=m)
 
     # ---- after the pass ---------------------------------------------------------------------------
     def forced(self, pos: int) -> int | None:
@@ -380,7 +391,9 @@ class VerifyDecoder:
         if not rows:
             return []
         self.step_count += 1
-        segs = [r.segment() for r in rows]
+        # one row runs in the step backend's shape buckets; a packed batch runs its exact shape
+        padded = self.model.pass_length if len(rows) == 1 else exact
+        segs = [r.segment(padded) for r in rows]
         out = self.model.forward_segments(segs)  # (1 + n_i + m_i, V) each
         logits = forbid(pad_windows(out), self.mask_id, self.vocab_limit)  # (R, W, V)
         greedy = [r.cfg.temperature <= 0 for r in rows]
