@@ -7,6 +7,7 @@ import os
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -117,8 +118,7 @@ def test_bench_speed_refuses_a_non_causal_baseline(pair: tuple[Path, Path]) -> N
     assert r.returncode == 2 and "not a causal" in r.stderr and "Traceback" not in r.stderr
 
 
-def test_bench_serve_levels_and_agent_loop(pair: tuple[Path, Path], tmp_path: Path) -> None:
-    diff, _ = pair
+def bench_serve(diff: Path, out: Path, *extra: str) -> dict[str, Any]:
     r = qs(
         "bench",
         "serve",
@@ -132,23 +132,31 @@ def test_bench_serve_levels_and_agent_loop(pair: tuple[Path, Path], tmp_path: Pa
         "2",
         "--max-tokens",
         "16",
-        "--agent-turns",
-        "2",
         "--out",
-        str(tmp_path),
+        str(out),
+        *extra,
         timeout=600,
     )
     assert r.returncode == 0, r.stderr[-2000:]
-    out = json.loads(r.stdout.strip().splitlines()[-1])
-    assert [lv["concurrency"] for lv in out["levels"]] == [1, 2]
-    for lv in out["levels"]:
+    report: dict[str, Any] = json.loads(r.stdout.strip().splitlines()[-1])
+    assert [lv["concurrency"] for lv in report["levels"]] == [1, 2]
+    for lv in report["levels"]:
         assert lv["failed"] == 0 and lv["requests"] == 2 and lv["aggregate_tok_s"] > 0
-    loop = out["agent_loop"]
+    assert (out / "serve.png").stat().st_size > 1000
+    return report
+
+
+def test_bench_serve_levels(pair: tuple[Path, Path], tmp_path: Path) -> None:
+    assert "agent_loop" not in bench_serve(pair[0], tmp_path, "--agent-turns", "0")
+
+
+@pytest.mark.slow  # two more servers, with and without the prefix cache: ~30 s (make test-slow, CI)
+def test_bench_serve_agent_loop(pair: tuple[Path, Path], tmp_path: Path) -> None:
+    loop = bench_serve(pair[0], tmp_path, "--agent-turns", "2")["agent_loop"]
     assert (
         len(loop["seconds_per_turn"]["prefix_cache"]) == 2
         and len(loop["seconds_per_turn"]["no_prefix_cache"]) == 2
     )
-    assert (tmp_path / "serve.png").stat().st_size > 1000
 
 
 def test_json_line_is_strict_json(capsys: pytest.CaptureFixture[str]) -> None:

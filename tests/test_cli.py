@@ -52,7 +52,7 @@ def test_generate_show_and_raw(tiny_ckpt: Path) -> None:
     assert "forward passes" in r.stdout and "step" in r.stdout
 
 
-def test_info_and_init_model(tmp_path: Path) -> None:
+def test_info_and_init_model(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     out = tmp_path / "m"
     r = qs(
         "init-model",
@@ -65,12 +65,16 @@ def test_info_and_init_model(tmp_path: Path) -> None:
         "16",
     )
     assert r.returncode == 0, r.stderr
-    info = json.loads(qs("info", str(out), "--json").stdout)
+    from quicksilver.cli import main  # the rest in this process: the same commands, no start-up
+
+    assert main(["info", str(out), "--json"]) == 0
+    info = json.loads(capsys.readouterr().out)
     assert (
         info["attention"] == "block_causal" and info["block_size"] == 16 and info["parameters"] > 0
     )
-    again = qs("init-model", str(out))
-    assert again.returncode == 2 and "not empty" in again.stderr
+    with pytest.raises(SystemExit) as e:
+        main(["init-model", str(out)])
+    assert e.value.code == 2 and "not empty" in capsys.readouterr().err
 
 
 @pytest.mark.parametrize(
@@ -84,17 +88,25 @@ def test_info_and_init_model(tmp_path: Path) -> None:
         (["--max-tokens", "100000"], "exceeds the context"),
     ],
 )
-def test_bad_input_is_one_line_and_exit_2(tiny_ckpt: Path, args: list[str], msg: str) -> None:
-    full = (
-        ["generate", "hi", "--model", str(tiny_ckpt), *args]
-        if "--model" not in args
-        else ["generate", "hi", *args]
-    )
-    r = qs(*full)
+def test_bad_input_is_one_line_and_exit_2(
+    tiny_ckpt: Path, args: list[str], msg: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """In this process (the command's own error path; a real process's below): exit 2, one line."""
+    from quicksilver.cli import main
+
+    model = [] if "--model" in args else ["--model", str(tiny_ckpt)]
+    with pytest.raises(SystemExit) as e:
+        main(["generate", "hi", *model, *args])
+    err = capsys.readouterr().err
+    assert e.value.code == 2
+    assert msg in err and "Traceback" not in err and len(err.strip().splitlines()) == 1
+
+
+def test_bad_input_in_a_real_process_is_one_line_and_exit_2(tiny_ckpt: Path) -> None:
+    r = qs("generate", "hi", "--model", str(tiny_ckpt), "--policy", "bogus")
     assert r.returncode == 2
-    assert (
-        msg in r.stderr and "Traceback" not in r.stderr and len(r.stderr.strip().splitlines()) == 1
-    )
+    assert "unknown policy" in r.stderr and "Traceback" not in r.stderr
+    assert len(r.stderr.strip().splitlines()) == 1
 
 
 def test_prompt_longer_than_context(tiny_ckpt: Path) -> None:

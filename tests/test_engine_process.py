@@ -113,6 +113,7 @@ def _engine_pid(server_pid: int) -> int:
     raise AssertionError("no engine process")
 
 
+@pytest.mark.slow  # two engine-process servers: ~15 s (make test-slow, CI)
 def test_refusals_keep_their_status_and_a_dead_engine_fails_its_requests() -> None:
     """EngineOverloaded raised by ``engine.add`` in the child is the thread design's 503; then the
     child is killed mid-stream: the stream ends with an error event, ``/health`` and new requests
@@ -169,6 +170,7 @@ def test_greedy_replies_equal_the_thread_design_on_the_embedded_model() -> None:
     assert replies[0] == replies[1] and all(replies[0])
 
 
+@pytest.mark.slow  # an engine-process server and its drain: ~10 s (make test-slow, CI)
 def test_ctrl_c_drains_before_the_engine_process_stops() -> None:
     """A terminal's Ctrl-C reaches the server and its engine process alike: the engine ignores it,
     the server drains (the open stream still ends normally), then stops the engine and exits."""

@@ -69,6 +69,7 @@ def _conversation(i: int) -> list[Any]:
     ]
 
 
+@pytest.mark.slow  # a Ray cluster: ~30 s to start (make test-slow, CI)
 def test_replicas_answer_like_one_process_and_route_by_prefix(ray_url: str) -> None:
     prompts = [_conversation(i) for i in range(8)]
 
@@ -117,6 +118,7 @@ def _value(metrics: str, name: str) -> float:
     return float(m.group(1)) if m else 0.0
 
 
+@pytest.mark.slow  # the same Ray cluster (make test-slow, CI)
 def test_cancelled_stream_frees_its_replica_and_key_holds(ray_url: str) -> None:
     assert httpx.get(ray_url + "/health").status_code == 200  # open route
     denied = httpx.post(ray_url + "/v1/chat/completions", json={"messages": []})

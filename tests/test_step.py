@@ -225,6 +225,7 @@ def test_each_cache_mode_runs_the_positions_it_promises() -> None:
     assert (first.start, first.append) == (0, P // 8 * 8)  # complete model blocks are kept
 
 
+@pytest.mark.slow  # re-proves the GPU script on the CPU: ~25 s (make test-slow, CI)
 def test_the_prepared_gpu_run_works_on_the_cpu_with_tiny_shapes(tmp_path) -> None:  # type: ignore[no-untyped-def]
     import json
     import subprocess

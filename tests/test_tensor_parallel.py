@@ -77,6 +77,7 @@ def _worker(rank: int, port: int, paths: dict[str, Path], out: Path) -> None:
     dist.destroy_process_group()
 
 
+@pytest.mark.slow  # two ranks in subprocesses: ~15 s (make test-slow, CI)
 def test_tp2_equals_tp1_dense_and_moe(tmp_path: Path) -> None:
     paths = {f: write_tiny(f, tmp_path / f) for f in FAMILIES}
     mp.spawn(_worker, args=(_port(), paths, tmp_path), nprocs=2, join=True)

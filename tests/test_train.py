@@ -321,8 +321,8 @@ def test_resume_equals_straight_run(tmp_path: Path) -> None:
     ):
         torch.testing.assert_close(v1, v2, atol=0, rtol=0, msg=k)
     assert (tmp_path / "b" / "final" / "model.safetensors").is_file()
-    # and it can fail: a different seed gives different weights
-    other = Trainer(get_recipe("tiny", out=str(tmp_path / "c"), steps=6, seed=1))
+    # and it can fail: one step fewer gives different weights (the same tokenizer: built once)
+    other = Trainer(get_recipe("tiny", out=str(tmp_path / "c"), steps=5, ckpt_every=100))
     other.run()
     assert not torch.equal(
         other.model.model.embed_tokens.weight, straight.model.model.embed_tokens.weight

@@ -208,7 +208,8 @@ async def soak(url: str, args: argparse.Namespace, s: Soak) -> None:
         ctx = multiprocessing.get_context("spawn")
         results = ctx.SimpleQueue()
         poller = ctx.Process(
-            target=poll_health, args=(url, end - time.perf_counter(), headers, results)
+            target=poll_health,
+            args=(url, time.time() + end - time.perf_counter(), headers, results),
         )
         poller.start()
         await asyncio.gather(
@@ -223,16 +224,16 @@ async def soak(url: str, args: argparse.Namespace, s: Soak) -> None:
             s.fail(why)
 
 
-def poll_health(url: str, seconds: float, headers: dict[str, str], out: Any) -> None:
-    """Time ``GET /health`` every 0.25 s for ``seconds`` (in its own process, so that the soak
-    client's busy event loop is not part of the figure); put (latencies, failures) on ``out``."""
+def poll_health(url: str, deadline: float, headers: dict[str, str], out: Any) -> None:
+    """Time ``GET /health`` every 0.25 s until the wall-clock ``deadline``, the soak's end, however
+    long this process took to start (in its own process, so that the soak client's busy event
+    loop is not part of the figure); put (latencies, failures) on ``out``."""
     import httpx
 
     times: list[float] = []
     failures: list[str] = []
-    end = time.perf_counter() + seconds
     with httpx.Client(timeout=10, headers=headers) as client:
-        while time.perf_counter() < end:
+        while not times or time.time() < deadline:  # at least one, however late it started
             t0 = time.perf_counter()
             try:
                 r = client.get(url + "/health")

@@ -7,6 +7,7 @@ pads up to the end of the block the answer ends in, so the model learns where an
 
 from __future__ import annotations
 
+import functools
 import random
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -29,8 +30,10 @@ def corpus(n: int, seed: int = 0) -> Iterator[str]:
         yield prompt_text(item, base, False) + answer_text(item, False)
 
 
+@functools.lru_cache(maxsize=4)
 def build_tokenizer(vocab_size: int, n_texts: int = 20000, seed: int = 0) -> Tokenizer:
-    """Byte-level BPE with individual digits, trained on generated text of every task."""
+    """Byte-level BPE with individual digits, trained on generated text of every task (a pure
+    function of its arguments, built once per process: the training takes seconds)."""
     return Tokenizer.byte_level(
         merges_from=corpus(n_texts, seed), vocab_size=vocab_size, individual_digits=True
     )

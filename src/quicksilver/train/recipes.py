@@ -43,6 +43,7 @@ class TrainConfig:
     )
     max_seq_len: int = 384
     vocab_size: int = 1024  # BPE vocabulary trained on generated text (individual digits)
+    tokenizer_texts: int = 20000  # generated texts the BPE merges are learned from
     # data
     tasks: str = DEFAULT_MIX  # task:weight mixture; fresh examples every batch
     instant_frac: float = 0.15  # examples rendered with an empty <think></think> (instant mode)
@@ -101,6 +102,7 @@ class TrainConfig:
             "batch_size",
             "steps",
             "vocab_size",
+            "tokenizer_texts",
             "draft_len",
             "draft_blocks",
         ):
@@ -344,6 +346,7 @@ RECIPES: dict[str, TrainConfig] = {
         n_heads=2,
         mlp_hidden=172,
         vocab_size=384,
+        tokenizer_texts=2000,
         batch_size=8,
         steps=20,
         warmup=2,

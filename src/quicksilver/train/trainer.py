@@ -97,7 +97,7 @@ def load_or_build_tokenizer(cfg: TrainConfig, out: Path, d: Dist) -> Tokenizer:
         if cfg.init_from:  # the initial weights' vocabulary
             Tokenizer.from_dir(cfg.init_from).save(tdir)
         else:
-            build_tokenizer(cfg.vocab_size, seed=cfg.seed).save(tdir)
+            build_tokenizer(cfg.vocab_size, cfg.tokenizer_texts, cfg.seed).save(tdir)
     d.barrier()
     return Tokenizer.from_dir(tdir)
 
