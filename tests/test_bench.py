@@ -64,6 +64,7 @@ def test_bench_speed_reports_all_four_methods_and_ratios(
         v = out["methods"]["verify"]
         assert v["identical_to_ar"] == 1.0 and v["differences"] == [] and sum(v["accepted_hist"])
         assert out["verify"]["ratio_vs_ar"] > 0 and out["verify"]["tpf"] >= 1.0
+        assert out["verify"]["decode_ratio_vs_ar"] > 0
     for key in (
         "tok_s",
         "tpf",
@@ -78,6 +79,8 @@ def test_bench_speed_reports_all_four_methods_and_ratios(
     ref = out["methods"]["reference"]
     assert ref["nfe"] >= ref["tokens"] - 1  # the reference runs one forward per canvas position
     assert out["methods"]["ar_kv_cache"]["tpf"] <= 1.0
+    for m in ("ar_kv_cache", "default"):  # streamed methods: tok/s after the first token too
+        assert out["methods"][m]["decode_tok_s"] > 0
     assert (tmp_path / "speed.png").stat().st_size > 1000
 
 
