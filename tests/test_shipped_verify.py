@@ -81,11 +81,11 @@ def test_verify_is_the_ar_output_on_every_task(backend: str) -> None:
     "task,phrasing,n,need",
     [
         ("chat", "held-out", 10, 9),
-        ("sudoku4", "templated", 12, 11),
-        ("sudoku4", "held-out", 12, 8),
+        ("sudoku4", "templated", 12, 10),
+        ("sudoku4", "held-out", 12, 9),
         ("countdown3", "templated", 12, 5),
-        ("multiply", "templated", 12, 8),
-        ("tool_call", "templated", 12, 9),
+        ("multiply", "templated", 12, 9),
+        ("tool_call", "templated", 12, 8),
         ("tool_loop", "templated", 12, 10),
         ("tool_loop", "held-out", 12, 4),
     ],
@@ -140,7 +140,7 @@ def test_verify_is_the_ar_output_on_the_whole_suite(phrasing: str) -> None:
 
 # The shipped joint model's 200-item accuracy per phrasing (8-task mean) and suite tokens per pass,
 # as measured for docs/MODEL.md; the slow check allows one point and 0.05 tokens per pass.
-MEASURED = {"templated": (0.647, 3.12), "held-out": (0.519, 2.79)}
+MEASURED = {"templated": (0.652, 3.30), "held-out": (0.534, 2.92)}
 
 
 @pytest.mark.slow

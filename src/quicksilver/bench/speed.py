@@ -217,11 +217,15 @@ def run_speed_bench(args: argparse.Namespace) -> int:
     warm = items[0]
     for fn in methods.values():  # warm-up
         fn(pipe, ar, tok.encode(prompt_text(warm, tok, False)), 16)
-    for it in items:
+    names = list(methods)
+    for i, it in enumerate(items):
         task = get_task(it.task)
         ids = tok.encode(prompt_text(it, tok, False))
         n = min(task.max_answer_tokens + 8, pipe.config.max_seq_len - len(ids))
-        for name, fn in methods.items():
+        # the methods' order turns with each item: none always runs first, on caches another
+        # model left cold (the same configuration timed first and fourth differed by 5%)
+        for name in names[i % len(names) :] + names[: i % len(names)]:
+            fn = methods[name]
             runs = [fn(pipe, ar, ids, n) for _ in range(max(1, args.repeats))]
             r = runs[0]
             secs = median([x.seconds for x in runs])
