@@ -9,7 +9,7 @@ PORT    ?= 8000
 CHROMIUM := /usr/bin/chromium
 SUDO    := $(if $(filter 0,$(shell id -u)),,sudo)
 
-.PHONY: install run lint test test-fuzz test-llama-cpp test-slow test-all screenshots train-ar train-model train-ar-v2 train-model-v2 train-model-v2-cf distill-v2 distill-v2-self distill-v2-self2 train-model-v2-kd train-model-v2-sdcf2 train-ar-v2-twin train-draft train-draft-v3 train-draft-levers train-draft-ablation train-draft-more4 clean
+.PHONY: install run lint test test-fuzz test-llama-cpp test-slow test-all screenshots train-ar train-model train-ar-v2 train-model-v2 train-model-v2-cf distill-v2 distill-v2-self distill-v2-self2 train-model-v2-kd train-model-v2-sdcf2 train-ar-v2-twin train-draft train-draft-v3 train-draft-levers train-draft-ablation train-draft-more4 train-draft-more5 clean
 
 $(STAMP): pyproject.toml Makefile
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
@@ -148,9 +148,13 @@ runs/small-ar-v2-twin6k/final/config.json:
 train-draft: $(STAMP) runs/small-ar-v2-twin6k/final/config.json
 	for r in small-ar-draft-w03-full small-ar-draft-more small-ar-draft-more2 small-ar-draft-more3; do $(BIN)/quicksilver train --recipe $$r || exit 1; done
 
-# the next lever (started in the seventh sitting; resumable): 1,500 more steps on v3.2
+# v3.3 (eighth sitting): 1,500 more steps on v3.2; v3.4 (assets/model since the ninth sitting):
+# 2,400 more on v3.3 (~1.5 h more, one thread; resumable)
 train-draft-more4: train-draft
 	$(BIN)/quicksilver train --recipe small-ar-draft-more4
+
+train-draft-more5: train-draft-more4
+	$(BIN)/quicksilver train --recipe small-ar-draft-more5
 
 # v3 (the fifth sitting's shipped run, draft weight 1) and the levers measured against v3.1
 train-draft-v3: $(STAMP) runs/small-ar-v2-twin6k/final/config.json
