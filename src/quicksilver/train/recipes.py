@@ -216,6 +216,12 @@ V3_DRAFT_MORE5 = dataclasses.replace(
     eval_every=2400,
 )
 
+# lever (ninth sitting): 2,400 more on -more5 — tokens per pass rose 0.18 over its 2,400 steps
+# with accuracy rising too, and the held-out suite is 0.08 short of 3
+V3_DRAFT_MORE6 = dataclasses.replace(
+    V3_DRAFT_MORE5, init_from="runs/small-ar-draft-more5/final", seed=16
+)
+
 RECIPES: dict[str, TrainConfig] = {
     # phase 1 (superseded): block-causal diffusion from scratch, ~3.0M parameters
     "small": TrainConfig(out="runs/small"),
@@ -324,6 +330,7 @@ RECIPES: dict[str, TrainConfig] = {
     "small-ar-draft-more3": dataclasses.replace(V3_DRAFT_MORE3, out="runs/small-ar-draft-more3"),
     "small-ar-draft-more4": dataclasses.replace(V3_DRAFT_MORE4, out="runs/small-ar-draft-more4"),
     "small-ar-draft-more5": dataclasses.replace(V3_DRAFT_MORE5, out="runs/small-ar-draft-more5"),
+    "small-ar-draft-more6": dataclasses.replace(V3_DRAFT_MORE6, out="runs/small-ar-draft-more6"),
     "small-ar-draft-more-w1": dataclasses.replace(
         V3_DRAFT_MORE2, out="runs/small-ar-draft-more-w1", draft_weight=1.0
     ),
