@@ -173,8 +173,13 @@ def test_greedy_replies_equal_the_thread_design_on_the_embedded_model() -> None:
 @pytest.mark.slow  # an engine-process server and its drain: ~10 s (make test-slow, CI)
 def test_ctrl_c_drains_before_the_engine_process_stops() -> None:
     """A terminal's Ctrl-C reaches the server and its engine process alike: the engine ignores it,
-    the server drains (the open stream still ends normally), then stops the engine and exits."""
-    server = RemoteServer("--mock", "--mock-step-delay", "0.02", "--engine", "process")
+    the server drains (the open stream still ends normally), then stops the engine and exits 130 —
+    also where it started with SIGINT ignored, as a shell's background job does (uvicorn's re-raise
+    of the signal is then ignored too)."""
+    ignore = lambda: signal.signal(signal.SIGINT, signal.SIG_IGN)  # noqa: E731
+    server = RemoteServer(
+        "--mock", "--mock-step-delay", "0.02", "--engine", "process", preexec_fn=ignore
+    )
     engine = _engine_pid(server.proc.pid)
     body = {"messages": USER, "max_tokens": 48, "stream": True, "reasoning_effort": "none"}
     try:

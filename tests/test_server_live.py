@@ -11,7 +11,7 @@ import socket
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import httpx
@@ -58,7 +58,9 @@ def free_port() -> int:
 class RemoteServer:
     """``quicksilver serve`` in a subprocess; waits for /health, stops it (by its pid) at the end."""
 
-    def __init__(self, *args: str, key: str | None = KEY) -> None:
+    def __init__(
+        self, *args: str, key: str | None = KEY, preexec_fn: Callable[[], object] | None = None
+    ) -> None:
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         cmd = [sys.executable, "-m", "quicksilver.cli", "serve", "--port", str(self.port), *args]
@@ -67,7 +69,12 @@ class RemoteServer:
         env = {**os.environ, "OMP_NUM_THREADS": "1"}
         env.pop("QUICKSILVER_API_KEY", None)
         self.proc = subprocess.Popen(
-            cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
+            cmd,
+            env=env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+            preexec_fn=preexec_fn,
         )
         deadline = time.time() + 120
         while time.time() < deadline:

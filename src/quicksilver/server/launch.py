@@ -36,5 +36,6 @@ def run_server(
         timeout_graceful_shutdown=5,
         http=protocol_with_header_timeout(cfg.header_timeout),
     )
-    DrainingServer(config, app.state.qs.drain, cfg.drain_timeout).run()
-    return 0
+    server = DrainingServer(config, app.state.qs.drain, cfg.drain_timeout)
+    server.run()
+    return 130 if server.interrupted else 0  # the CLI's status for an interrupt, as on Ctrl-C

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import signal
 from dataclasses import dataclass, field
 from types import FrameType
 
@@ -80,6 +81,12 @@ class DrainingServer(uvicorn.Server):
     async def serve(self, sockets: list | None = None) -> None:  # type: ignore[type-arg]
         self._loop = asyncio.get_running_loop()
         await super().serve(sockets)
+
+    @property
+    def interrupted(self) -> bool:
+        """Whether a SIGINT stopped it. uvicorn re-raises the signal after the shutdown, which a
+        process whose parent ignored SIGINT (a shell's background job) ignores too."""
+        return signal.SIGINT in self._captured_signals
 
     def handle_exit(self, sig: int, frame: FrameType | None) -> None:
         if self.drain.draining or self._loop is None:  # a second signal: shut down now
