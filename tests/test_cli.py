@@ -145,6 +145,7 @@ def test_bench_decode_ends_with_json(tiny_ckpt: Path, tmp_path: Path) -> None:
     assert (tmp_path / "decode.png").stat().st_size > 1000
 
 
+@pytest.mark.slow  # bench decode runs in test_bench_decode_ends_with_json; this re-proves its default model: ~7 s (make test-slow, CI)
 def test_bench_decode_defaults_to_the_embedded_diffusion_model(tmp_path: Path) -> None:
     """The default model decodes by verify, not by the policies this bench compares."""
     r = qs(*"bench decode --prompts 1 --repeats 1 --max-tokens 16 --out".split(), str(tmp_path))

@@ -144,6 +144,7 @@ def test_gpu_bench_shapes_are_the_published_models() -> None:
     assert round(counts["dream-7b"] / 1e9, 2) == 7.62  # Qwen2.5-7B
 
 
+@pytest.mark.slow  # the eval command in its own process on a family model: ~11 s (make test-slow, CI)
 def test_eval_cli_runs_gsm8k(llada: quicksilver.Pipeline, tmp_path: Path) -> None:
     """`quicksilver eval --benchmark gsm8k --data FILE` is wired to the harness and ends with JSON."""
     import json

@@ -9,7 +9,10 @@ import os
 import subprocess
 import sys
 
+import pytest
 
+
+@pytest.mark.slow  # a server, a poller process and 6 s of soak: ~20 s (make test-slow, CI)
 def test_bench_soak_on_the_mock_engine_reports_zero_failures() -> None:
     cmd = [sys.executable, "-m", "quicksilver.cli", "bench", "soak", "--mock"]
     cmd += ["--streams", "4", "--minutes", "0.1", "--burst", "6", "--burst-every", "1"]
