@@ -271,7 +271,7 @@ def _rows_read(seg: Segment, shift: bool) -> tuple[int, int]:
         return seg.lo, seg.hi
     kept = seg.kept() if seg.append else None
     a = max(seg.lo - 1, 0) if kept is None else min(max(seg.lo - 1, 0), kept)
-    return a, max(seg.hi - 1, a + 1, (kept or 0) + 1)
+    return a, max(seg.hi, (kept or 0) + 1)  # [lo - 1, hi - 1) and the kept row, within [a, b)
 
 
 def _aligned(seg: Segment, raw: torch.Tensor, a: int, cache: KVCache, shift: bool) -> torch.Tensor:
