@@ -151,8 +151,8 @@ def test_bound_slot_follows_truncation_and_torch_turns(ar_pipe, name: str) -> No
 
 
 def test_a_prefill_longer_than_384_tokens_runs_in_the_exported_graph(ar_pipe) -> None:  # type: ignore[no-untyped-def]
-    """The buckets reach the model's context: a 700-token prefill is one exported pass (it ran in
-    torch when the largest bucket was 384), its logits those of torch."""
+    """The buckets reach the model's context: a 700-token prefill runs in the exported graph (it
+    ran in torch when the largest bucket was 384), its logits those of torch."""
     model = ar_pipe.model
     ids = (_prompt(ar_pipe) * 64)[:700]
     assert len(ids) == 700 < model.config.max_seq_len
@@ -172,6 +172,41 @@ def test_a_prefill_longer_than_384_tokens_runs_in_the_exported_graph(ar_pipe) ->
         assert (got - ref).abs().max().item() < ATOL
     finally:
         attach_backend(model, "torch")
+
+
+@pytest.mark.parametrize("name", RUNTIMES)
+def test_a_prompt_that_would_waste_its_bucket_runs_in_whole_bucket_chunks(
+    ar_pipe, name: str
+) -> None:  # type: ignore[no-untyped-def]
+    """A 70-token prompt computes 64 + 8 positions, not the 128 of its bucket: two exported runs,
+    the logits, the cache and the greedy reply after it those of eager torch."""
+    model = ar_pipe.model
+    prompt = (_prompt(ar_pipe) * 8)[:70]
+    attach_backend(model, "torch")
+    ref = ar_generate(model, prompt, 40, []).tokens
+    ref_logits = _teacher_forced(model, prompt, ref[:20])
+    try:
+        attach_backend(model, name)
+        step = model.step_backend
+        assert step is not None and model.pass_length(70) == 72 and model.pass_length(20) == 32
+        runs = []
+        one = step._pass
+        step._pass = lambda seg: runs.append(seg.length) or one(seg)  # type: ignore[method-assign]
+        logits = _teacher_forced(model, prompt, ref[:20])
+        assert runs[:2] == [64, 6]  # the prefill; then one-token steps
+        assert (logits - ref_logits).abs().max().item() < ATOL
+        assert ar_generate(model, prompt, 40, []).tokens == ref
+    finally:
+        attach_backend(model, "torch")
+
+
+def test_chunk_plans_take_whole_buckets_then_the_rest() -> None:
+    from quicksilver.models.cpu_backends import chunk_plans, step_buckets
+
+    plans = chunk_plans(5000, step_buckets(8))
+    assert plans[20] == (20,) and plans[70] == (64, 6) and plans[200] == (128, 64, 8)
+    assert plans[17] == (17,) and plans[33] == (32, 1)  # a verify pass; 33 = 64 - 31 wasted
+    assert all(sum(p) == n for n, p in enumerate(plans))
 
 
 def _items(pipe, n: int = 2) -> list[list[int]]:  # type: ignore[no-untyped-def]

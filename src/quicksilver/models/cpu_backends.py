@@ -6,7 +6,9 @@ largest token bucket; anything else (packed batches, no cache) returns None and 
 path runs it. Shapes are static per bucket: the new tokens are padded to a bucket of
 ``TOKEN_BUCKETS`` and the cache is fed whole (its capacity is a power of two, see ``KVCache``),
 unused slots masked. The caller (here) writes the returned keys/values into the ``KVCache``, so
-torch and the backend share one cache and can take turns.
+torch and the backend share one cache and can take turns. A causal model's prompt that would
+waste much of its bucket runs as chunks of whole buckets, then the rest in its own (``chunk_plans``):
+a 70-token prompt as 64 + 8 rather than 128 positions.
 
 Per cache allocation and token bucket a ``Slot`` holds fixed input/output buffers bound to the
 runtime once (ONNX Runtime IO binding, OpenVINO tensors over the same memory; the per-layer cache
@@ -28,7 +30,8 @@ from __future__ import annotations
 import functools
 import importlib.util
 import logging
-from collections.abc import Callable
+import math
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -147,6 +150,30 @@ BACKEND_CHOICES = ("auto", "torch", *RUNNERS)
 AUTO_ORDER = ("openvino-bf16", "openvino", "onnx")
 
 
+# a pass's fixed cost in positions' worth of compute, for ``chunk_plans``: 8, 16 and 24 gave the
+# same prefill times, 14% under one padded pass (19 prompt lengths of 20-450 tokens, the 2-vCPU
+# EPYC, one thread, openvino-bf16; docs/LOG.md, 2026-12-02)
+PASS_COST = 16
+
+
+def chunk_plans(limit: int, buckets: Sequence[int], cost: int = PASS_COST) -> list[tuple[int, ...]]:
+    """For every n <= ``limit``, the passes that compute n new tokens of a causal stream at the
+    least cost (positions computed plus ``cost`` a pass): whole buckets first, larger ones first
+    on a tie, then the rest in the smallest bucket that holds it (() if none can: no 1-bucket)."""
+    large_first = sorted(buckets, reverse=True)
+    best: list[tuple[float, tuple[int, ...]]] = [(0, ())]  # n -> (cost, plan)
+    for r in range(1, limit + 1):
+        fit = next((b for b in buckets if b >= r), None)
+        choice: tuple[float, tuple[int, ...]] = (
+            (math.inf, ()) if fit is None else (fit + cost, (r,))
+        )
+        for c in large_first:
+            if c < r and best[r - c][1] and c + cost + best[r - c][0] < choice[0]:
+                choice = (c + cost + best[r - c][0], (c, *best[r - c][1]))
+        best.append(choice)
+    return [plan for _, plan in best]
+
+
 def step_buckets(draft: int) -> tuple[int, ...]:
     """``TOKEN_BUCKETS`` plus the two verify passes of a model that drafts ``draft`` tokens: k + 1
     new tokens (the bonus and k masks, after a rejection) and 2k + 1 (with k drafts to check)."""
@@ -165,12 +192,23 @@ class ExportedStep:
         n = model.config.n_layers
         self.past_names = [f"past_k{i}" for i in range(n)] + [f"past_v{i}" for i in range(n)]
         self.buckets = step_buckets(model.config.draft_length)
+        self._plans: list[tuple[int, ...]] = []  # filled on first use, up to the context
 
     def _bucket(self, n: int) -> int | None:
         return next((b for b in self.buckets if b >= n), None)
 
+    def _plan(self, n: int) -> tuple[int, ...]:
+        """The chunks a pass of ``n`` new tokens may run as (``chunk_plans``), causal models only."""
+        if self.cfg.attention != "causal":
+            return (n,)
+        if n >= len(self._plans):
+            self._plans = chunk_plans(max(n, self.cfg.max_seq_len), self.buckets)
+        return self._plans[n] or (n,)
+
     def padded(self, n: int) -> int:
-        return self._bucket(n) or n  # past the largest bucket eager torch runs the exact shape
+        """The positions a pass of ``n`` new tokens computes; past the largest bucket eager torch
+        runs the exact shape."""
+        return sum(self._bucket(c) or c for c in self._plan(n))
 
     def covers(self, seg: Segment) -> bool:
         return seg.cache is not None and self._bucket(seg.length) is not None
@@ -235,9 +273,36 @@ class ExportedStep:
 
     def forward_segment(self, seg: Segment) -> torch.Tensor | None:
         """Logits (hi - lo, V) of the segment, aligned as ``forward_segments`` returns them, with
-        the cache updated the same way; None when the segment is not covered."""
+        the cache updated the same way; None when the segment is not covered. Leading tokens whose
+        logits are not read run first as whole-bucket chunks where the plan says so."""
         if not self.covers(seg):
             return None
+        plan, cache = self._plan(seg.length), seg.cache
+        assert cache is not None
+        head = sum(plan[:-1])
+        if head and head <= _unread(seg, self.cfg.logit_shift) and not seg.overwrite:
+            cfg, at = self.cfg, cache.length
+            cache.reserve(
+                cfg.n_layers,
+                1,
+                cfg.n_kv_heads,
+                cfg.dim_head,
+                at + seg.length,
+                torch.float32,
+                seg.ids.device,
+            )  # the whole segment's capacity at once: one cache shape for every chunk
+            s = 0
+            for c in plan[:-1]:
+                part = Segment(
+                    seg.ids[s : s + c], seg.start + s, c - 1, c, cache, append=c, keep=-1
+                )
+                self._pass(part)  # appended; its logits unread, the cache's last_logits untouched
+                s += c
+            seg = _rest(seg, head)
+        return self._pass(seg)
+
+    def _pass(self, seg: Segment) -> torch.Tensor:
+        """One exported run of a covered segment (see ``forward_segment``)."""
         cache, cfg, T = seg.cache, self.cfg, seg.length
         assert cache is not None
         Tb = self._bucket(T)
@@ -262,6 +327,28 @@ class ExportedStep:
             ..., :T, :
         ]  # (2n, 1, Hkv, T, hd)
         return _aligned(seg, raw, a, cache, cfg.logit_shift)
+
+
+def _unread(seg: Segment, shift: bool) -> int:
+    """How many leading tokens of the segment are appended without their logits being read: the
+    ones before its first read row, its kept row and its draft block."""
+    a, _ = _rows_read(seg, shift)
+    return min(a, seg.append, seg.length - seg.draft)
+
+
+def _rest(seg: Segment, head: int) -> Segment:
+    """The segment after its first ``head`` tokens, once they are in the cache."""
+    keep = seg.keep if seg.keep is None or seg.keep < 0 else seg.keep - head
+    return Segment(
+        seg.ids[head:],
+        seg.start + head,
+        seg.lo - head,
+        seg.hi - head,
+        seg.cache,
+        append=seg.append - head,
+        keep=keep,
+        draft=seg.draft,
+    )
 
 
 def _rows_read(seg: Segment, shift: bool) -> tuple[int, int]:
