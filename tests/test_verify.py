@@ -13,9 +13,9 @@ from quicksilver.models.config import ModelConfig, preset
 from quicksilver.models.cpu_backends import TOKEN_BUCKETS, step_buckets
 from quicksilver.models.kvcache import KVCache
 from quicksilver.models.transformer import DiffusionLM, Segment
-from quicksilver.sampling import SamplerConfig
+from quicksilver.sampling import SamplerConfig, verify
 from quicksilver.sampling.autoregressive import ar_generate
-from quicksilver.sampling.verify import VerifyDecoder, VerifyRow
+from quicksilver.sampling.verify import MASK_GATE, VerifyDecoder, VerifyRow
 from quicksilver.train.objective import draft_mask
 
 MASK = 2
@@ -93,8 +93,12 @@ def rows_equal_ar(model: DiffusionLM, ps: list[list[int]], k: int, n: int = 40) 
     assert [r.tokens for r in batched] == ar
 
 
+@pytest.mark.parametrize("gate", [0.0, MASK_GATE])  # 0: masks behind every draft block
 @pytest.mark.parametrize("layout", ["per_sequence", "batched"])
-def test_garbage_drafts_still_give_the_ar_output(layout: str) -> None:
+def test_garbage_drafts_still_give_the_ar_output(
+    layout: str, gate: float, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(verify, "MASK_GATE", gate)
     model = causal_model(seed=3)
     model.set_attention_layout(layout)
     rows_equal_ar(model, prompts(5), k=6)
@@ -109,7 +113,7 @@ def test_perfect_drafts_are_all_kept(monkeypatch: pytest.MonkeyPatch) -> None:
 
     def oracle(self, new, kept, drafts, q, conf):  # type: ignore[no-untyped-def]
         at = len(self.host_tokens) + len(new)
-        return finish(self, new, kept, want[at : at + len(drafts)], q, conf)
+        return finish(self, new, kept, want[at : at + len(drafts)], q, [1.0] * len(drafts))
 
     monkeypatch.setattr(VerifyRow, "finish", oracle)
     res = VerifyDecoder(model, []).generate(
@@ -134,6 +138,21 @@ def test_masks_never_move_a_prefill_into_a_larger_bucket() -> None:
     assert row.segment(padded).draft == 8
     row.drafts = [9] * 8
     assert row.segment(padded).draft == 8
+
+
+def test_drafts_unlikely_to_be_all_kept_get_no_masks() -> None:
+    """Masks behind drafts whose own probabilities multiply to under ``MASK_GATE`` would almost
+    surely be void: that pass checks the drafts alone (n + 1 positions, not n + 1 + k)."""
+    dec = VerifyDecoder(causal_model(seed=6), [])
+    row = dec.new_row(
+        list(range(5, 30)), SamplerConfig(max_new_tokens=40, policy="verify", draft=8)
+    )
+    row.cache.length, row.host_tokens, row.drafts = 25, [9], [9] * 8
+    row.conf = [0.99] * 8  # 0.92 all kept
+    assert row.segment().draft == 8
+    row.conf = [0.99] * 7 + [0.5]  # 0.47
+    seg = row.segment()
+    assert seg.draft == 0 and seg.length == 1 + 8
 
 
 def test_a_drafting_model_gets_buckets_for_both_verify_passes() -> None:

@@ -13,6 +13,7 @@ import functools
 import itertools
 from collections.abc import Sequence
 
+import numpy as np
 import torch
 
 from ..models.host import to_device
@@ -38,6 +39,20 @@ def forbid(logits: torch.Tensor, mask_id: int, vocab_limit: int | None) -> torch
     """The mask is never a prediction, nor an id past the tokenizer's vocabulary (in place)."""
     banned = _banned(mask_id, vocab_limit, logits.shape[-1], logits.device)  # (n,)
     return logits.index_fill_(-1, banned, float("-inf"))
+
+
+def greedy_picks(logits: torch.Tensor) -> tuple[list[list[int]], list[list[float]]]:
+    """The argmax (R, W) of logits (R, W, V) and its probability, as lists in one transfer. On the
+    CPU through numpy: after a step runtime's pass torch's dispatch is out of the caches, and a
+    (1, 17, 1024) argmax took ~20 us there against ~2 in numpy (docs/LOG.md, 2026-12-02)."""
+    if logits.device.type == "cpu":
+        x = logits.numpy()  # (R, W, V)
+        top = x.argmax(-1)  # (R, W)
+        best = np.take_along_axis(x, top[..., None], -1)  # (R, W, 1)
+        return top.tolist(), (1.0 / np.exp(x - best).sum(-1)).tolist()  # (R, W)
+    p = logits.softmax(-1).amax(-1)  # (R, W)
+    both = torch.stack((logits.argmax(-1).double(), p.double())).tolist()
+    return [[int(t) for t in r] for r in both[0]], both[1]
 
 
 def draw_tokens(

@@ -17,7 +17,9 @@ Chen et al. 2023): draft d_j, drawn from q_j, is kept with probability min(1, p_
 the first rejected one is replaced by a draw from norm(max(0, p_j - q_j)); so every output token
 follows the model's AR distribution p at the request's temperature and top_p. When every draft is
 kept the bonus comes from p_n and the masks' predictions become the next pass's drafts (they
-assumed every draft kept); otherwise they are void and the next pass drafts afresh. ``draft = 0``
+assumed every draft kept); otherwise they are void and the next pass drafts afresh. So on a CPU,
+where every position costs, a pass feeds its masks behind the drafts only when the drafts' own
+probabilities make keeping all of them likely (``MASK_GATE``). ``draft = 0``
 feeds no masks: plain AR decoding of the same weights, one token per pass. A row with a
 ``Constraint`` (structured output, tool calls, banned tokens, logprobs) checks its drafts left to
 right against the constrained causal distribution (``accept_constrained``): each position's logits
@@ -35,6 +37,7 @@ pass (per-row caches, continuous batching), which no speculative-decoding librar
 
 from __future__ import annotations
 
+import math
 import time
 from collections.abc import Callable, Generator, Sequence
 from dataclasses import dataclass, field
@@ -50,8 +53,15 @@ from .decoder import Decoder
 from .hooks import Constraint
 from .noise import filtered, request_generator, sample_tokens
 from .policies import POLICIES
-from .select import forbid, pad_windows
+from .select import forbid, greedy_picks, pad_windows
 from .state import DecodeResult, RowEvent
+
+# on a CPU a pass with drafts to check feeds its k masks only when the drafts' own probabilities
+# say all of them are kept with at least this chance (their product): otherwise the masks' drafts
+# are almost surely void, and there a pass of n + 1 positions costs ~0.6 of one with k more
+# (compute-bound; docs/LOG.md, 2026-12-02). An accelerator computes either in about the same time
+# at small batches: masks behind every draft block there (gate 0).
+MASK_GATE = 0.8
 
 
 def exact(n: int) -> int:
@@ -74,6 +84,7 @@ class VerifyRow:
     prefill: dict[int, int] = field(default_factory=dict)  # canvas position -> forced token
     tag: object = None
     constraint: Constraint | None = None
+    gate: float = 0.0  # masks behind drafts only if they are all kept with this chance (MASK_GATE)
     host_tokens: list[int] = field(default_factory=list)  # final output tokens
     drafts: list[int] = field(default_factory=list)  # unverified, after host_tokens
     conf: list[float] = field(default_factory=list)  # the drafts' own probabilities (greedy)
@@ -120,6 +131,8 @@ class VerifyRow:
         pass runs in shape buckets (``padded``), none that would move a prefill-sized ``feed``
         into a larger bucket: that costs more padded positions than a whole verify pass has."""
         room = self.N - (len(self.host_tokens) + len(self.drafts) + 1)
+        if self.drafts and math.prod(self.conf) < self.gate:
+            return 0  # the drafts are unlikely to be all kept, and masks behind them would be void
         m = max(0, min(self.k, room))
         if padded(feed + m) - padded(feed) > 2 * self.k + 1:
             m = padded(feed) - feed  # the room left in the feed's own bucket
@@ -172,7 +185,8 @@ class VerifyRow:
             if all_kept and drafts and len(self.host_tokens) == base + len(new):
                 at = len(self.host_tokens)
                 self.drafts = [self.prefill.get(at + j, t) for j, t in enumerate(drafts)]
-                self.q, self.conf = q, conf
+                self.q = q
+                self.conf = [1.0 if at + j in self.prefill else c for j, c in enumerate(conf)]
         return RowEvent(
             row=self,  # type: ignore[arg-type]
             step=self.nfe,
@@ -382,6 +396,7 @@ class VerifyDecoder:
             dict(prefill or {}),
             tag,
             constraint,
+            MASK_GATE if self.device.type == "cpu" else 0.0,
         )
 
     @torch.no_grad()
@@ -400,13 +415,7 @@ class VerifyDecoder:
         top: list[list[int]] = []
         conf: list[list[float]] = []
         if any(greedy):
-            best = logits.argmax(-1)  # (R, W)
-            if any(r.lossy is not None for r in rows):
-                p = logits.softmax(-1).amax(-1)  # (R, W)
-                both = torch.stack((best.double(), p.double())).tolist()  # the step's one transfer
-                top, conf = [[int(t) for t in r] for r in both[0]], both[1]
-            else:
-                top = best.tolist()  # the step's one transfer
+            top, conf = greedy_picks(logits)  # (R, W) each
         events = []
         for i, (r, s) in enumerate(zip(rows, segs)):
             r.nfe += 1
@@ -415,6 +424,7 @@ class VerifyDecoder:
             if r.constraint is not None:
                 new, kept = accept_constrained(r, logits[i, : n + 1].clone())
                 drafts = top[i][n + 1 : n + 1 + m] if greedy[i] else []
+                dconf = conf[i][n + 1 : n + 1 + m] if greedy[i] else []
                 if kept and m and not greedy[i]:
                     mask = logits[i, n + 1 : n + 1 + m]  # (m, V)
                     q = probabilities(mask, r.cfg)
@@ -424,7 +434,7 @@ class VerifyDecoder:
             elif greedy[i]:
                 new, kept = accept_greedy(r, top[i][: n + 1])
                 drafts = top[i][n + 1 : n + 1 + m]
-                dconf = conf[i][n + 1 : n + 1 + m] if conf else []
+                dconf = conf[i][n + 1 : n + 1 + m]
             else:
                 new, kept = accept_sampled(r, logits[i, : n + 1])
                 drafts = []
