@@ -17,7 +17,14 @@ from quicksilver.assets import (
     embedded_diffusion_model_path,
 )
 from quicksilver.errors import ConfigError
-from quicksilver.models.cpu_backends import attach_backend, native_bf16, resolve_backend
+from quicksilver.models.cpu_backends import (
+    PASS_COST,
+    attach_backend,
+    chunk_plan,
+    native_bf16,
+    resolve_backend,
+    step_buckets,
+)
 from quicksilver.models.kvcache import KVCache
 from quicksilver.models.transformer import Segment
 from quicksilver.sampling import SamplerConfig
@@ -188,7 +195,8 @@ def test_a_prompt_that_would_waste_its_bucket_runs_in_whole_bucket_chunks(
     try:
         attach_backend(model, name)
         step = model.step_backend
-        assert step is not None and model.pass_length(70) == 72 and model.pass_length(20) == 32
+        assert step is not None and model.pass_cost(70, 69) == 64 + 8 + PASS_COST
+        assert model.pass_cost(70) == 128  # every row's logits read: one pass
         runs = []
         one = step._pass
         step._pass = lambda seg: runs.append(seg.length) or one(seg)  # type: ignore[method-assign]
@@ -201,12 +209,13 @@ def test_a_prompt_that_would_waste_its_bucket_runs_in_whole_bucket_chunks(
 
 
 def test_chunk_plans_take_whole_buckets_then_the_rest() -> None:
-    from quicksilver.models.cpu_backends import chunk_plans, step_buckets
-
-    plans = chunk_plans(5000, step_buckets(8))
-    assert plans[20] == (20,) and plans[70] == (64, 6) and plans[200] == (128, 64, 8)
-    assert plans[17] == (17,) and plans[33] == (32, 1)  # a verify pass; 33 = 64 - 31 wasted
-    assert all(sum(p) == n for n, p in enumerate(plans))
+    B = step_buckets(8)
+    assert chunk_plan(20, 19, B) == (20,) and chunk_plan(200, 199, B) == (128, 64, 8)
+    assert chunk_plan(70, 69, B) == (64, 6) and chunk_plan(70, 60, B) == (8, 62)  # 64 > 60
+    assert chunk_plan(17, 0, B) == (17,) and chunk_plan(33, 32, B) == (32, 1)
+    for n in range(1, 700):
+        plan = chunk_plan(n, n - 1, B)
+        assert sum(plan) == n and all(c in B for c in plan[:-1])
 
 
 def _items(pipe, n: int = 2) -> list[list[int]]:  # type: ignore[no-untyped-def]

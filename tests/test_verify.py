@@ -10,7 +10,7 @@ import torch
 
 from quicksilver.errors import ConfigError
 from quicksilver.models.config import ModelConfig, preset
-from quicksilver.models.cpu_backends import TOKEN_BUCKETS, step_buckets
+from quicksilver.models.cpu_backends import TOKEN_BUCKETS, attach_backend, step_buckets
 from quicksilver.models.kvcache import KVCache
 from quicksilver.models.transformer import DiffusionLM, Segment
 from quicksilver.sampling import SamplerConfig, verify
@@ -127,7 +127,7 @@ def test_masks_never_move_a_prefill_into_a_larger_bucket() -> None:
     """In shape buckets a prompt of 25 tokens + 8 masks would compute 64 positions, not 32: the
     first pass drafts only the 7 that fit; steady passes (1 + 8, 9 + 8) keep all k."""
     buckets = step_buckets(8)
-    padded = lambda n: next(b for b in buckets if b >= n)  # noqa: E731
+    padded = lambda n, unread=0: next(b for b in buckets if b >= n)  # noqa: E731
     model = causal_model(seed=6)
     dec = VerifyDecoder(model, [])
     cfg = SamplerConfig(max_new_tokens=40, policy="verify", draft=8)
@@ -138,6 +138,21 @@ def test_masks_never_move_a_prefill_into_a_larger_bucket() -> None:
     assert row.segment(padded).draft == 8
     row.drafts = [9] * 8
     assert row.segment(padded).draft == 8
+
+
+def test_first_pass_masks_follow_the_exported_steps_cost() -> None:
+    """With the exported step, whose prompts run as whole-bucket chunks: the masks may not be
+    chunked off with the prompt, so 25 + 8 would cost a second pass and 25 + 7 fills the 32
+    shape; a 70-token prompt (64 + 6 in the 8 shape) takes all 8 (64 + 14 in the 16 shape)."""
+    model = causal_model(seed=6)
+    dec = VerifyDecoder(model, [])
+    cfg = SamplerConfig(max_new_tokens=40, policy="verify", draft=8)
+    attach_backend(model, "onnx")
+    try:
+        assert dec.new_row(list(range(5, 30)), cfg).segment(model.pass_cost).draft == 7
+        assert dec.new_row(list(range(5, 75)), cfg).segment(model.pass_cost).draft == 8
+    finally:
+        attach_backend(model, "torch")
 
 
 def test_drafts_unlikely_to_be_all_kept_get_no_masks() -> None:

@@ -7,7 +7,7 @@ path runs it. Shapes are static per bucket: the new tokens are padded to a bucke
 ``TOKEN_BUCKETS`` and the cache is fed whole (its capacity is a power of two, see ``KVCache``),
 unused slots masked. The caller (here) writes the returned keys/values into the ``KVCache``, so
 torch and the backend share one cache and can take turns. A causal model's prompt that would
-waste much of its bucket runs as chunks of whole buckets, then the rest in its own (``chunk_plans``):
+waste much of its bucket runs as chunks of whole buckets, then the rest in its own (``chunk_plan``):
 a 70-token prompt as 64 + 8 rather than 128 positions.
 
 Per cache allocation and token bucket a ``Slot`` holds fixed input/output buffers bound to the
@@ -27,11 +27,12 @@ eager torch in tests/test_backend.py.
 
 from __future__ import annotations
 
+import bisect
 import functools
 import importlib.util
 import logging
 import math
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -150,28 +151,42 @@ BACKEND_CHOICES = ("auto", "torch", *RUNNERS)
 AUTO_ORDER = ("openvino-bf16", "openvino", "onnx")
 
 
-# a pass's fixed cost in positions' worth of compute, for ``chunk_plans``: 8, 16 and 24 gave the
+# a pass's fixed cost in positions' worth of compute, for ``chunk_plan``: 8, 16 and 24 gave the
 # same prefill times, 14% under one padded pass (19 prompt lengths of 20-450 tokens, the 2-vCPU
 # EPYC, one thread, openvino-bf16; docs/LOG.md, 2026-12-02)
 PASS_COST = 16
 
 
-def chunk_plans(limit: int, buckets: Sequence[int], cost: int = PASS_COST) -> list[tuple[int, ...]]:
-    """For every n <= ``limit``, the passes that compute n new tokens of a causal stream at the
-    least cost (positions computed plus ``cost`` a pass): whole buckets first, larger ones first
-    on a tie, then the rest in the smallest bucket that holds it (() if none can: no 1-bucket)."""
+@functools.lru_cache(maxsize=8)
+def _whole_covers(buckets: tuple[int, ...], cost: int) -> list[tuple[float, tuple[int, ...]]]:
+    """For every h up to the largest bucket, the cheapest (cost, chunks) cover of h tokens by
+    whole buckets, larger ones first on a tie."""
     large_first = sorted(buckets, reverse=True)
-    best: list[tuple[float, tuple[int, ...]]] = [(0, ())]  # n -> (cost, plan)
-    for r in range(1, limit + 1):
-        fit = next((b for b in buckets if b >= r), None)
-        choice: tuple[float, tuple[int, ...]] = (
-            (math.inf, ()) if fit is None else (fit + cost, (r,))
-        )
+    best: list[tuple[float, tuple[int, ...]]] = [(0.0, ())]
+    for h in range(1, buckets[-1] + 1):
+        choice: tuple[float, tuple[int, ...]] = (math.inf, ())
         for c in large_first:
-            if c < r and best[r - c][1] and c + cost + best[r - c][0] < choice[0]:
-                choice = (c + cost + best[r - c][0], (c, *best[r - c][1]))
+            if c <= h and c + cost + best[h - c][0] < choice[0]:
+                choice = (c + cost + best[h - c][0], (c, *best[h - c][1]))
         best.append(choice)
-    return [plan for _, plan in best]
+    return best
+
+
+@functools.lru_cache(maxsize=4096)
+def chunk_plan(
+    n: int, max_head: int, buckets: tuple[int, ...], cost: int = PASS_COST
+) -> tuple[int, ...]:
+    """The passes that compute ``n`` new tokens of a causal stream at the least cost (positions
+    computed plus ``cost`` a pass): whole buckets over at most the first ``max_head`` tokens (those
+    whose logits are not read), the longest such head on a tie, then the rest in the smallest
+    bucket that holds it; () when no bucket holds what must stay in the last pass."""
+    heads = _whole_covers(buckets, cost)
+    best: tuple[float, tuple[int, ...]] = (math.inf, ())
+    for h in range(min(max_head, n - 1, buckets[-1]), max(0, n - buckets[-1]) - 1, -1):
+        fit = buckets[bisect.bisect_left(buckets, n - h)]
+        if heads[h][0] + fit + cost < best[0]:
+            best = (heads[h][0] + fit + cost, (*heads[h][1], n - h))
+    return best[1]
 
 
 def step_buckets(draft: int) -> tuple[int, ...]:
@@ -192,23 +207,23 @@ class ExportedStep:
         n = model.config.n_layers
         self.past_names = [f"past_k{i}" for i in range(n)] + [f"past_v{i}" for i in range(n)]
         self.buckets = step_buckets(model.config.draft_length)
-        self._plans: list[tuple[int, ...]] = []  # filled on first use, up to the context
 
     def _bucket(self, n: int) -> int | None:
         return next((b for b in self.buckets if b >= n), None)
 
-    def _plan(self, n: int) -> tuple[int, ...]:
-        """The chunks a pass of ``n`` new tokens may run as (``chunk_plans``), causal models only."""
+    def _plan(self, n: int, unread: int) -> tuple[int, ...]:
+        """The passes of ``n`` new tokens whose first ``unread`` are appended unread
+        (``chunk_plan``): causal models only, else one pass."""
         if self.cfg.attention != "causal":
             return (n,)
-        if n >= len(self._plans):
-            self._plans = chunk_plans(max(n, self.cfg.max_seq_len), self.buckets)
-        return self._plans[n] or (n,)
+        return chunk_plan(n, unread, self.buckets) or (n,)
 
-    def padded(self, n: int) -> int:
-        """The positions a pass of ``n`` new tokens computes; past the largest bucket eager torch
-        runs the exact shape."""
-        return sum(self._bucket(c) or c for c in self._plan(n))
+    def cost(self, n: int, unread: int = 0) -> int:
+        """What a pass of ``n`` new tokens costs in positions (the first ``unread`` appended
+        unread): its buckets' positions plus ``PASS_COST`` for each extra pass; past the largest
+        bucket eager torch runs the exact shape."""
+        plan = self._plan(n, unread)
+        return sum(self._bucket(c) or c for c in plan) + PASS_COST * (len(plan) - 1)
 
     def covers(self, seg: Segment) -> bool:
         return seg.cache is not None and self._bucket(seg.length) is not None
@@ -277,10 +292,15 @@ class ExportedStep:
         logits are not read run first as whole-bucket chunks where the plan says so."""
         if not self.covers(seg):
             return None
-        plan, cache = self._plan(seg.length), seg.cache
+        cache = seg.cache
         assert cache is not None
+        plan = (
+            (seg.length,)
+            if seg.overwrite
+            else self._plan(seg.length, _unread(seg, self.cfg.logit_shift))
+        )
         head = sum(plan[:-1])
-        if head and head <= _unread(seg, self.cfg.logit_shift) and not seg.overwrite:
+        if head:
             cfg, at = self.cfg, cache.length
             cache.reserve(
                 cfg.n_layers,

@@ -149,8 +149,10 @@ class StepBackend(Protocol):
 
     def forward_segment(self, seg: Segment) -> torch.Tensor | None: ...
 
-    def padded(self, n: int) -> int:
-        """The positions a single-segment pass of ``n`` new tokens computes (its shape bucket)."""
+    def cost(self, n: int, unread: int = 0) -> int:
+        """What a single-segment pass of ``n`` new tokens costs, in positions: those its shape
+        buckets compute, plus a fixed cost for each extra pass it is split into (the first
+        ``unread`` tokens are appended without their logits read and may run apart)."""
         ...
 
 
@@ -550,10 +552,11 @@ class DiffusionLM(nn.Module):
             spans, starts, caches, key_lens, mask, cfg.max_seq_len, n_tokens, device
         )
 
-    def pass_length(self, n: int) -> int:
-        """The positions a one-sequence cached pass of ``n`` new tokens computes: the step
-        backend's shape bucket, else ``n`` (eager torch runs the exact shape)."""
-        return n if self.step_backend is None else self.step_backend.padded(n)
+    def pass_cost(self, n: int, unread: int = 0) -> int:
+        """What a one-sequence cached pass of ``n`` new tokens costs, in positions (the first
+        ``unread`` appended without their logits read): the step backend's ``cost``, else ``n``
+        (eager torch runs the exact shape)."""
+        return n if self.step_backend is None else self.step_backend.cost(n, unread)
 
     def forward_segments(self, segments: list[Segment]) -> list[torch.Tensor]:
         """Packed inference forward: one pass for several sequences, each with its own KV cache.

@@ -64,8 +64,11 @@ from .state import DecodeResult, RowEvent
 MASK_GATE = 0.8
 
 
-def exact(n: int) -> int:
-    """A pass of n tokens computes n positions (eager torch, packed batches)."""
+Cost = Callable[[int, int], int]  # (new tokens, how many lead unread) -> cost in positions
+
+
+def exact(n: int, unread: int = 0) -> int:
+    """A pass of n tokens costs n positions (eager torch, packed batches)."""
     return n
 
 
@@ -126,26 +129,28 @@ class VerifyRow:
         while len(self.host_tokens) in self.prefill and len(self.host_tokens) < self.N:
             self.host_tokens.append(self.prefill[len(self.host_tokens)])
 
-    def _masks(self, feed: int, padded: Callable[[int], int]) -> int:
+    def _masks(self, feed: int, unread: int, cost: Cost) -> int:
         """Masks this pass: the k drafts after the bonus, none past the canvas; and where the
-        pass runs in shape buckets (``padded``), none that would move a prefill-sized ``feed``
-        into a larger bucket: that costs more padded positions than a whole verify pass has."""
+        pass runs in shape buckets (``cost``), only as many as add at most two positions' cost
+        each to a prefill-sized ``feed`` (its first ``unread`` tokens' logits not read): 8 masks
+        must not move a 25-token prompt from the 32-position shape into 64."""
         room = self.N - (len(self.host_tokens) + len(self.drafts) + 1)
         if self.drafts and math.prod(self.conf) < self.gate:
             return 0  # the drafts are unlikely to be all kept, and masks behind them would be void
         m = max(0, min(self.k, room))
-        if padded(feed + m) - padded(feed) > 2 * self.k + 1:
-            m = padded(feed) - feed  # the room left in the feed's own bucket
+        alone = cost(feed, unread)
+        while m and cost(feed + m, unread) - alone > 2 * m:
+            m -= 1
         return m
 
-    def segment(self, padded: Callable[[int], int] = exact) -> Segment:
-        """This pass's segment; ``padded`` gives the positions a pass of n tokens computes."""
+    def segment(self, cost: Cost = exact) -> Segment:
+        """This pass's segment; ``cost`` says what a pass of n tokens costs."""
         seq = self.prompt_ids + self.host_tokens
         start = self.cache.length
         feed = seq[start:] + self.drafts
-        m = self._masks(len(feed), padded)
-        ids = to_device(feed + [self.mask_id] * m, torch.long, self.device)  # (n + m,)
         lo = len(seq) - start - 1
+        m = self._masks(len(feed), lo, cost)
+        ids = to_device(feed + [self.mask_id] * m, torch.long, self.device)  # (n + m,)
         return Segment(ids, start, lo, len(feed) + m, self.cache, append=len(feed), draft=m)
 
     # ---- after the pass ---------------------------------------------------------------------------
@@ -407,8 +412,8 @@ class VerifyDecoder:
             return []
         self.step_count += 1
         # one row runs in the step backend's shape buckets; a packed batch runs its exact shape
-        padded = self.model.pass_length if len(rows) == 1 else exact
-        segs = [r.segment(padded) for r in rows]
+        cost = self.model.pass_cost if len(rows) == 1 else exact
+        segs = [r.segment(cost) for r in rows]
         out = self.model.forward_segments(segs)  # (1 + n_i + m_i, V) each
         logits = forbid(pad_windows(out), self.mask_id, self.vocab_limit)  # (R, W, V)
         greedy = [r.cfg.temperature <= 0 for r in rows]
