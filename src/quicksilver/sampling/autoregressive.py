@@ -12,11 +12,12 @@ from collections.abc import Generator, Sequence
 import torch
 
 from ..errors import ConfigError
+from ..models.host import to_device
 from ..models.kvcache import KVCache
 from ..models.transformer import DiffusionLM, Segment
 from .decoder import DecodeResult
 from .noise import sample_tokens
-from .select import forbid
+from .select import forbid, greedy_picks
 
 
 @torch.no_grad()
@@ -63,14 +64,17 @@ def ar_stream(
             logits = forbid(
                 logits.float(), cfg.mask_token_id, None
             )  # the mask is never a prediction
-            tok = int(sample_tokens(logits, temperature, top_p, gen)[0])
+            if temperature > 0:
+                tok = int(sample_tokens(logits, temperature, top_p, gen)[0])
+            else:
+                tok = greedy_picks(logits[None])[0][0][0]  # numpy on the CPU, as verify's picks
             if tok in stops:
                 finish = "stop"
                 break
             out.append(tok)
             yield tok
             start += T
-            x = torch.tensor([tok], dtype=torch.long, device=device)
+            x = to_device([tok], torch.long, device)  # (1,)
     finally:
         cache.release()
     return DecodeResult(out, finish, nfe, nfe, 0, time.perf_counter() - t0)

@@ -43,8 +43,8 @@ def forbid(logits: torch.Tensor, mask_id: int, vocab_limit: int | None) -> torch
 
 def greedy_picks(logits: torch.Tensor) -> tuple[list[list[int]], list[list[float]]]:
     """The argmax (R, W) of logits (R, W, V) and its probability, as lists in one transfer. On the
-    CPU through numpy: after a step runtime's pass torch's dispatch is out of the caches, and a
-    (1, 17, 1024) argmax took ~20 us there against ~2 in numpy (docs/LOG.md, 2026-12-02)."""
+    CPU through numpy: torch's argmax over a (1, 17, 1024) step takes ~20 us on one thread of the
+    2-vCPU EPYC, numpy's ~2 (docs/LOG.md, 2026-12-02)."""
     if logits.device.type == "cpu":
         x = logits.numpy()  # (R, W, V)
         top = x.argmax(-1)  # (R, W)
