@@ -201,6 +201,16 @@ def test_malicious_chat_templates_fail_cleanly_within_budget(name: str) -> None:
     assert time.perf_counter() - t0 < 3.0
 
 
+def test_the_template_budget_counts_the_rendering_threads_own_time() -> None:
+    """Wall time the rendering thread does not run (a paused process, a thread waiting for the
+    interpreter while another decodes) is not a template that loops: a training run paused with
+    SIGSTOP died of "ran longer than 1 s" on its own template (docs/LOG.md, 2026-12-02)."""
+    from quicksilver.template_guard import RenderBudget, render_bounded, template_env
+
+    off_cpu = template_env().from_string("{% if wait() %}{% endif %}ok")
+    assert render_bounded(off_cpu, RenderBudget(seconds=0.2), wait=lambda: time.sleep(0.4)) == "ok"
+
+
 def test_a_hanging_template_is_a_400_and_the_server_keeps_serving() -> None:
     cfg = ServerConfig(mock=True)
     served = build_served_model(cfg)

@@ -5,7 +5,7 @@ Jinja's immutable sandbox already stops templates from running code; it does not
 looping for ever (``{% for i in range(100000) %}{% for j in range(100000) %}``) or from building a
 gigabyte string (``'x' * 10**9``). Templates compile to Python, so ``render_bounded`` traces the
 rendering thread (``sys.settrace``: every line of the template's code checks the deadline), streams
-the output through ``generate()`` and counts it, and the environment intercepts ``*``/``**`` to
+the output through ``generate()`` and counts it (time is the rendering thread's CPU time), and the environment intercepts ``*``/``**`` to
 refuse oversized results before they are built. ``include``/``import``/``extends`` reach a loader
 that refuses them with a clear message (a template names no other files).
 """
@@ -76,10 +76,11 @@ def template_env() -> GuardedEnvironment:
 def render_bounded(template: Template, budget: RenderBudget | None = None, **ctx: Any) -> str:
     """Render in this thread under ``budget`` (raises ``TemplateBudgetError`` past it)."""
     b = budget or RenderBudget()
-    deadline = time.monotonic() + b.seconds
+    deadline = time.thread_time() + b.seconds  # this thread's CPU time: a paused process, or a
+    # thread waiting for the interpreter while another decodes, is not a template that loops
 
     def tracer(frame: FrameType, event: str, arg: Any) -> Any:
-        if time.monotonic() > deadline:
+        if time.thread_time() > deadline:
             raise TemplateBudgetError(f"the chat template ran longer than {b.seconds:g} s")
         return tracer
 
