@@ -41,18 +41,27 @@ def forbid(logits: torch.Tensor, mask_id: int, vocab_limit: int | None) -> torch
     return logits.index_fill_(-1, banned, float("-inf"))
 
 
-def greedy_picks(logits: torch.Tensor) -> tuple[list[list[int]], list[list[float]]]:
-    """The argmax (R, W) of logits (R, W, V) and its probability, as lists in one transfer. On the
-    CPU through numpy: torch's argmax over a (1, 17, 1024) step takes ~20 us on one thread of the
-    2-vCPU EPYC, numpy's ~2 (docs/LOG.md, 2026-12-02)."""
+def greedy_ids(logits: torch.Tensor) -> list[list[int]]:
+    """The argmax (R, W) of logits (R, W, V) as lists, in one transfer. On the CPU through numpy:
+    torch's argmax over a (1, 17, 1024) step takes ~20 us on one thread of the 2-vCPU EPYC,
+    numpy's ~2 (docs/LOG.md, 2026-12-02)."""
     if logits.device.type == "cpu":
-        x = logits.numpy()  # (R, W, V)
-        top = x.argmax(-1)  # (R, W)
-        best = np.take_along_axis(x, top[..., None], -1)  # (R, W, 1)
-        return top.tolist(), (1.0 / np.exp(x - best).sum(-1)).tolist()  # (R, W)
-    p = logits.softmax(-1).amax(-1)  # (R, W)
-    both = torch.stack((logits.argmax(-1).double(), p.double())).tolist()
-    return [[int(t) for t in r] for r in both[0]], both[1]
+        return logits.numpy().argmax(-1).tolist()  # type: ignore[no-any-return]
+    return logits.argmax(-1).tolist()  # type: ignore[no-any-return]
+
+
+def top_probabilities(logits: torch.Tensor, spans: Sequence[tuple[int, int]]) -> list[list[float]]:
+    """Per row i of logits (R, W, V), the probability of the argmax at positions [a_i, b_i) of
+    ``spans``: only the rows asked for are exponentiated (numpy on the CPU, as ``greedy_ids``)."""
+    if logits.device.type != "cpu":
+        p = logits.softmax(-1).amax(-1).tolist()  # (R, W), one transfer
+        return [p[i][a:b] for i, (a, b) in enumerate(spans)]
+    x = logits.numpy()
+    out = []
+    for i, (a, b) in enumerate(spans):
+        rows = x[i, a:b]  # (b - a, V)
+        out.append((1.0 / np.exp(rows - rows.max(-1, keepdims=True)).sum(-1)).tolist())
+    return out
 
 
 def draw_tokens(

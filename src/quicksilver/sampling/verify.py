@@ -53,7 +53,7 @@ from .decoder import Decoder
 from .hooks import Constraint
 from .noise import filtered, request_generator, sample_tokens
 from .policies import POLICIES
-from .select import forbid, greedy_picks, pad_windows
+from .select import forbid, greedy_ids, pad_windows, top_probabilities
 from .state import DecodeResult, RowEvent
 
 # on a CPU a pass with drafts to check feeds its k masks only when the drafts' own probabilities
@@ -418,9 +418,11 @@ class VerifyDecoder:
         logits = forbid(pad_windows(out), self.mask_id, self.vocab_limit)  # (R, W, V)
         greedy = [r.cfg.temperature <= 0 for r in rows]
         top: list[list[int]] = []
-        conf: list[list[float]] = []
+        conf: list[list[float]] = []  # per row: its masks' drafts' own probabilities (greedy)
         if any(greedy):
-            top, conf = greedy_picks(logits)  # (R, W) each
+            top = greedy_ids(logits)  # (R, W)
+            spans = [(len(r.drafts) + 1, len(r.drafts) + 1 + s.draft) for r, s in zip(rows, segs)]
+            conf = top_probabilities(logits, [sp if g else (0, 0) for sp, g in zip(spans, greedy)])
         events = []
         for i, (r, s) in enumerate(zip(rows, segs)):
             r.nfe += 1
@@ -429,7 +431,7 @@ class VerifyDecoder:
             if r.constraint is not None:
                 new, kept = accept_constrained(r, logits[i, : n + 1].clone())
                 drafts = top[i][n + 1 : n + 1 + m] if greedy[i] else []
-                dconf = conf[i][n + 1 : n + 1 + m] if greedy[i] else []
+                dconf = conf[i] if greedy[i] else []
                 if kept and m and not greedy[i]:
                     mask = logits[i, n + 1 : n + 1 + m]  # (m, V)
                     q = probabilities(mask, r.cfg)
@@ -439,7 +441,7 @@ class VerifyDecoder:
             elif greedy[i]:
                 new, kept = accept_greedy(r, top[i][: n + 1])
                 drafts = top[i][n + 1 : n + 1 + m]
-                dconf = conf[i][n + 1 : n + 1 + m]
+                dconf = conf[i]
             else:
                 new, kept = accept_sampled(r, logits[i, : n + 1])
                 drafts = []
