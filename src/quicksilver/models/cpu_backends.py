@@ -196,6 +196,30 @@ def step_buckets(draft: int) -> tuple[int, ...]:
     return tuple(sorted(set(TOKEN_BUCKETS) | extra))
 
 
+@functools.lru_cache(maxsize=256)
+def new_part(attention: str, block: int, T: int, in_block: int, Tb: int, draft: int) -> np.ndarray:
+    """Mask columns of a pass's new tokens (Tb, Tb): the attention rule among the T real ones (the
+    last ``draft`` of them a draft block that sees them all: ``draft_horizon``; the first at
+    ``in_block`` within its block); padding queries see themselves only (never NaN, never read).
+    Made once per shape and pattern: a verify row alternates between passes with and without
+    masks in one shape. Read-only."""
+    q = np.arange(in_block, in_block + T)  # positions relative to the first one's block
+    if attention == "causal":
+        horizon = np.where(np.arange(T) >= T - draft, in_block + T - 1, q)  # (T,)
+        new = q[None, :] <= horizon[:, None]  # (T, T)
+    elif attention == "block_causal":
+        b = q // block
+        new = b[None, :] <= b[:, None]
+    else:
+        new = np.ones((T, T), dtype=bool)
+    part = np.full((Tb, Tb), NEG, dtype=np.float32)
+    part[:T, :T] = np.where(new, np.float32(0.0), NEG)
+    idx = np.arange(T, Tb)
+    part[idx, idx] = 0.0
+    part.flags.writeable = False
+    return part
+
+
 class ExportedStep:
     """Runs a model's single-segment passes through an exported graph (see the module docstring)."""
 
@@ -246,26 +270,6 @@ class ExportedStep:
         cache.step_slots[self, Tb] = slot
         return slot
 
-    def _new_part(self, T: int, start: int, Tb: int, draft: int) -> np.ndarray:
-        """Mask columns of the new tokens (Tb, Tb): the attention rule among the T real ones (the
-        last ``draft`` of them a draft block that sees them all: ``draft_horizon``); padding
-        queries see themselves only (never NaN, never read)."""
-        cfg = self.cfg
-        q = np.arange(start, start + T)  # absolute positions of the new tokens
-        if cfg.attention == "causal":
-            horizon = np.where(np.arange(T) >= T - draft, start + T - 1, q)  # (T,)
-            new = q[None, :] <= horizon[:, None]  # (T, T)
-        elif cfg.attention == "block_causal":
-            b = q // cfg.block_size
-            new = b[None, :] <= b[:, None]
-        else:
-            new = np.ones((T, T), dtype=bool)
-        part = np.full((Tb, Tb), NEG, dtype=np.float32)
-        part[:T, :T] = np.where(new, np.float32(0.0), NEG)
-        idx = np.arange(T, Tb)
-        part[idx, idx] = 0.0
-        return part
-
     def _fill(self, slot: Slot, seg: Segment, C: int, past_end: int) -> None:
         """Write the segment's ids, positions and mask into the slot, the mask incrementally: cache
         columns [0, past_end) open (all rows; padding rows are never read), the overwritten ones
@@ -283,7 +287,8 @@ class ExportedStep:
             m[:, start : start + T] = NEG
         in_block = start % self.cfg.block_size if self.cfg.attention == "block_causal" else 0
         if slot.part != (T, in_block, seg.draft):
-            m[:, C:] = self._new_part(T, start, m.shape[0], seg.draft)
+            cfg = self.cfg
+            m[:, C:] = new_part(cfg.attention, cfg.block_size, T, in_block, m.shape[0], seg.draft)
             slot.part = (T, in_block, seg.draft)
 
     def forward_segment(self, seg: Segment) -> torch.Tensor | None:
