@@ -138,9 +138,10 @@ def test_verify_is_the_ar_output_on_the_whole_suite(phrasing: str) -> None:
     assert all(d["top2_gap"] < 1e-3 for d in rep["differences"]), rep["differences"]
 
 
-# The shipped joint model's 200-item accuracy per phrasing (8-task mean) and suite tokens per pass,
-# as measured for docs/MODEL.md; the slow check allows one point and 0.05 tokens per pass.
-MEASURED = {"templated": (0.652, 3.30), "held-out": (0.534, 2.92)}
+# The shipped joint model's 200-item accuracy per phrasing (8-task mean) and suite tokens per pass
+# (torch, batches of 32, the CPU's mask gate), as measured for docs/MODEL.md; the slow check allows
+# one point and 0.05 tokens per pass.
+MEASURED = {"templated": (0.652, 3.14), "held-out": (0.534, 2.81)}
 
 
 @pytest.mark.slow
