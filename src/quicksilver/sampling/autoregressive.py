@@ -67,7 +67,7 @@ def ar_stream(
             if temperature > 0:
                 tok = int(sample_tokens(logits, temperature, top_p, gen)[0])
             else:
-                tok = greedy_ids(logits[None])[0][0]  # numpy on the CPU, as verify's picks
+                tok = greedy_ids([logits])[0][0]  # numpy on the CPU, as verify's picks
             if tok in stops:
                 finish = "stop"
                 break

@@ -36,31 +36,38 @@ def _banned(mask_id: int, vocab_limit: int | None, V: int, device: torch.device)
 
 
 def forbid(logits: torch.Tensor, mask_id: int, vocab_limit: int | None) -> torch.Tensor:
-    """The mask is never a prediction, nor an id past the tokenizer's vocabulary (in place)."""
+    """The mask is never a prediction, nor an id past the tokenizer's vocabulary (in place; float32
+    on the CPU through numpy, like ``greedy_ids``)."""
     banned = _banned(mask_id, vocab_limit, logits.shape[-1], logits.device)  # (n,)
+    if logits.device.type == "cpu" and logits.dtype == torch.float32:
+        logits.numpy()[..., banned.numpy()] = -np.inf
+        return logits
     return logits.index_fill_(-1, banned, float("-inf"))
 
 
-def greedy_ids(logits: torch.Tensor) -> list[list[int]]:
-    """The argmax (R, W) of logits (R, W, V) as lists, in one transfer. On the CPU through numpy:
-    torch's argmax over a (1, 17, 1024) step takes ~20 us on one thread of the 2-vCPU EPYC,
-    numpy's ~2 (docs/LOG.md, 2026-12-02)."""
-    if logits.device.type == "cpu":
-        return logits.numpy().argmax(-1).tolist()  # type: ignore[no-any-return]
-    return logits.argmax(-1).tolist()  # type: ignore[no-any-return]
+def greedy_ids(rows: Sequence[torch.Tensor]) -> list[list[int]]:
+    """The argmax of each row's logits (w_i, V), as lists, in one transfer. On the CPU through
+    numpy: torch's argmax over a (17, 1024) step takes ~20 us on one thread of the 2-vCPU EPYC,
+    numpy's ~2, and every torch op between passes also slows the next pass (docs/LOG.md,
+    2026-12-02)."""
+    if rows[0].device.type == "cpu":
+        return [r.numpy().argmax(-1).tolist() for r in rows]
+    best = pad_windows(rows).argmax(-1).tolist()  # (R, W)
+    return [b[: len(r)] for b, r in zip(best, rows)]
 
 
-def top_probabilities(logits: torch.Tensor, spans: Sequence[tuple[int, int]]) -> list[list[float]]:
-    """Per row i of logits (R, W, V), the probability of the argmax at positions [a_i, b_i) of
-    ``spans``: only the rows asked for are exponentiated (numpy on the CPU, as ``greedy_ids``)."""
-    if logits.device.type != "cpu":
-        p = logits.softmax(-1).amax(-1).tolist()  # (R, W), one transfer
+def top_probabilities(
+    rows: Sequence[torch.Tensor], spans: Sequence[tuple[int, int]]
+) -> list[list[float]]:
+    """Per row's logits (w_i, V), the probability of the argmax at its positions [a_i, b_i) of
+    ``spans``: only the positions asked for are exponentiated (numpy on the CPU, as ``greedy_ids``)."""
+    if rows[0].device.type != "cpu":
+        p = pad_windows(rows).softmax(-1).amax(-1).tolist()  # (R, W), one transfer
         return [p[i][a:b] for i, (a, b) in enumerate(spans)]
-    x = logits.numpy()
     out = []
-    for i, (a, b) in enumerate(spans):
-        rows = x[i, a:b]  # (b - a, V)
-        out.append((1.0 / np.exp(rows - rows.max(-1, keepdims=True)).sum(-1)).tolist())
+    for r, (a, b) in zip(rows, spans):
+        x = r.numpy()[a:b]  # (b - a, V)
+        out.append((1.0 / np.exp(x - x.max(-1, keepdims=True)).sum(-1)).tolist())
     return out
 
 

@@ -53,7 +53,7 @@ from .decoder import Decoder
 from .hooks import Constraint
 from .noise import filtered, request_generator, sample_tokens
 from .policies import POLICIES
-from .select import forbid, greedy_ids, pad_windows, top_probabilities
+from .select import forbid, greedy_ids, top_probabilities
 from .state import DecodeResult, RowEvent
 
 # on a CPU a pass with drafts to check feeds its k masks only when the drafts' own probabilities
@@ -414,13 +414,13 @@ class VerifyDecoder:
         # one row runs in the step backend's shape buckets; a packed batch runs its exact shape
         cost = self.model.pass_cost if len(rows) == 1 else exact
         segs = [r.segment(cost) for r in rows]
-        out = self.model.forward_segments(segs)  # (1 + n_i + m_i, V) each
-        logits = forbid(pad_windows(out), self.mask_id, self.vocab_limit)  # (R, W, V)
+        out = self.model.forward_segments(segs)
+        logits = [forbid(o.float(), self.mask_id, self.vocab_limit) for o in out]  # (1+n+m, V) each
         greedy = [r.cfg.temperature <= 0 for r in rows]
         top: list[list[int]] = []
         conf: list[list[float]] = []  # per row: its masks' drafts' own probabilities (greedy)
         if any(greedy):
-            top = greedy_ids(logits)  # (R, W)
+            top = greedy_ids(logits)  # (1 + n_i + m_i,) each
             spans = [(len(r.drafts) + 1, len(r.drafts) + 1 + s.draft) for r, s in zip(rows, segs)]
             conf = top_probabilities(logits, [sp if g else (0, 0) for sp, g in zip(spans, greedy)])
         events = []
@@ -429,11 +429,11 @@ class VerifyDecoder:
             n, m = len(r.drafts), s.draft
             q, dconf = None, []
             if r.constraint is not None:
-                new, kept = accept_constrained(r, logits[i, : n + 1].clone())
+                new, kept = accept_constrained(r, logits[i][: n + 1].clone())
                 drafts = top[i][n + 1 : n + 1 + m] if greedy[i] else []
                 dconf = conf[i] if greedy[i] else []
                 if kept and m and not greedy[i]:
-                    mask = logits[i, n + 1 : n + 1 + m]  # (m, V)
+                    mask = logits[i][n + 1 : n + 1 + m]  # (m, V)
                     q = probabilities(mask, r.cfg)
                     drafts = sample_tokens(
                         mask, r.cfg.temperature, r.cfg.top_p, r.generator, r.cfg.top_k
@@ -443,10 +443,10 @@ class VerifyDecoder:
                 drafts = top[i][n + 1 : n + 1 + m]
                 dconf = conf[i]
             else:
-                new, kept = accept_sampled(r, logits[i, : n + 1])
+                new, kept = accept_sampled(r, logits[i][: n + 1])
                 drafts = []
                 if kept and m:
-                    mask = logits[i, n + 1 : n + 1 + m]  # (m, V)
+                    mask = logits[i][n + 1 : n + 1 + m]  # (m, V)
                     q = probabilities(mask, r.cfg)
                     drawn = sample_tokens(
                         mask, r.cfg.temperature, r.cfg.top_p, r.generator, r.cfg.top_k
