@@ -36,12 +36,8 @@ def _banned(mask_id: int, vocab_limit: int | None, V: int, device: torch.device)
 
 
 def forbid(logits: torch.Tensor, mask_id: int, vocab_limit: int | None) -> torch.Tensor:
-    """The mask is never a prediction, nor an id past the tokenizer's vocabulary (in place; float32
-    on the CPU through numpy, like ``greedy_ids``)."""
+    """The mask is never a prediction, nor an id past the tokenizer's vocabulary (in place)."""
     banned = _banned(mask_id, vocab_limit, logits.shape[-1], logits.device)  # (n,)
-    if logits.device.type == "cpu" and logits.dtype == torch.float32:
-        logits.numpy()[..., banned.numpy()] = -np.inf
-        return logits
     return logits.index_fill_(-1, banned, float("-inf"))
 
 
