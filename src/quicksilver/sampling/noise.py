@@ -54,5 +54,22 @@ def sample_tokens(
     """x0 (n,) from logits (n, V): argmax(logits / T + Gumbel) in float64, i.e. a categorical draw."""
     if temperature <= 0.0:
         return logits.argmax(-1)
-    scaled = filtered(logits, temperature, top_p, top_k)  # (n, V) float64
+    return gumbel_max(filtered(logits, temperature, top_p, top_k), generator)
+
+
+def gumbel_max(scaled: torch.Tensor, generator: torch.Generator | None) -> torch.Tensor:
+    """x0 (n,): a categorical draw from each row of filtered, scaled logits (n, V) float64."""
     return (scaled + gumbel(tuple(scaled.shape), generator, scaled.device)).argmax(-1)
+
+
+def sample_with_distribution(
+    logits: torch.Tensor,
+    temperature: float,
+    top_p: float = 1.0,
+    generator: torch.Generator | None = None,
+    top_k: int = 0,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """``sample_tokens`` at a temperature > 0 and the distribution (n, V) float64 it drew from,
+    filtered once for both."""
+    scaled = filtered(logits, temperature, top_p, top_k)  # (n, V) float64
+    return gumbel_max(scaled, generator), scaled.softmax(-1)

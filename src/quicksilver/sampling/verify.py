@@ -51,7 +51,7 @@ from ..models.transformer import DiffusionLM, Segment
 from .config import SamplerConfig
 from .decoder import Decoder
 from .hooks import Constraint
-from .noise import filtered, request_generator, sample_tokens
+from .noise import filtered, request_generator, sample_with_distribution
 from .policies import POLICIES
 from .select import forbid, greedy_ids, top_probabilities
 from .state import DecodeResult, RowEvent
@@ -304,22 +304,37 @@ def draw(p: torch.Tensor, gen: torch.Generator | None) -> int:
     return int(torch.multinomial(p, 1, generator=gen))
 
 
+def sample_drafts(
+    row: VerifyRow, masks: torch.Tensor
+) -> tuple[list[int], torch.Tensor, list[float]]:
+    """The next drafts drawn from the masks' logits (m, V) at the row's temperature, top_p and
+    top_k; their distributions q (m, V); and each draft's own probability under q."""
+    cfg = row.cfg
+    drawn, q = sample_with_distribution(masks, cfg.temperature, cfg.top_p, row.generator, cfg.top_k)
+    return drawn.tolist(), q, q.gather(-1, drawn[:, None])[:, 0].tolist()  # (m,), (m, V), (m,)
+
+
 def accept_sampled(row: VerifyRow, causal: torch.Tensor) -> tuple[list[int], bool]:
     """The p/q test over the drafts against the causal logits (n + 1, V); see the module docstring."""
     p = probabilities(causal, row.cfg)  # (n + 1, V)
     base, out, gen = len(row.host_tokens), [], row.generator
     n = len(row.drafts)
     u = torch.rand(n, generator=gen, dtype=torch.float64, device=p.device)  # (n,)
+    keep: list[bool] = []
+    if n:
+        assert row.q is not None
+        at = torch.arange(n, device=p.device), to_device(row.drafts, torch.long, p.device)
+        keep = (u * row.q.to(p.device)[at] <= p[at]).tolist()  # (n,): each draft's test, one read
     for j, d in enumerate(row.drafts):
         f = row.forced(base + j)
         if f is not None:
             out.append(f)
             continue
-        assert row.q is not None
-        pj, qj = p[j], row.q[j].to(p.device)
-        if float(u[j]) * float(qj[d]) <= float(pj[d]):
+        if keep[j]:
             out.append(d)
             continue
+        assert row.q is not None
+        pj, qj = p[j], row.q[j].to(p.device)
         resid = (pj - qj).clamp_min(0)
         out.append(draw(resid / resid.sum() if float(resid.sum()) > 0 else pj, gen))
         return out, False
@@ -433,11 +448,7 @@ class VerifyDecoder:
                 drafts = top[i][n + 1 : n + 1 + m] if greedy[i] else []
                 dconf = conf[i] if greedy[i] else []
                 if kept and m and not greedy[i]:
-                    mask = logits[i][n + 1 : n + 1 + m]  # (m, V)
-                    q = probabilities(mask, r.cfg)
-                    drafts = sample_tokens(
-                        mask, r.cfg.temperature, r.cfg.top_p, r.generator, r.cfg.top_k
-                    ).tolist()
+                    drafts, q, dconf = sample_drafts(r, logits[i][n + 1 : n + 1 + m])
             elif greedy[i]:
                 new, kept = accept_greedy(r, top[i][: n + 1])
                 drafts = top[i][n + 1 : n + 1 + m]
@@ -446,12 +457,7 @@ class VerifyDecoder:
                 new, kept = accept_sampled(r, logits[i][: n + 1])
                 drafts = []
                 if kept and m:
-                    mask = logits[i][n + 1 : n + 1 + m]  # (m, V)
-                    q = probabilities(mask, r.cfg)
-                    drawn = sample_tokens(
-                        mask, r.cfg.temperature, r.cfg.top_p, r.generator, r.cfg.top_k
-                    )
-                    drafts = drawn.tolist()
+                    drafts, q, dconf = sample_drafts(r, logits[i][n + 1 : n + 1 + m])
             events.append(r.finish(new, kept, drafts, q, dconf))
         return events
 
