@@ -221,6 +221,16 @@ def chi2_critical(df: int, z: float = 3.09) -> float:
     return df * (1 - 2 / (9 * df) + z * math.sqrt(2 / (9 * df))) ** 3
 
 
+def test_sampled_drafts_carry_their_own_probabilities() -> None:
+    """A sampled row's next drafts come with q_j(d_j): the mask gate reads them as a greedy row's."""
+    dec = VerifyDecoder(causal_model(seed=7), [])
+    cfg = SamplerConfig(max_new_tokens=30, policy="verify", draft=4, temperature=0.8, seed=1)
+    row = dec.new_row(prompts(1)[0], cfg.replace(stop_at_eos=False))
+    dec.step([row])  # the prompt's pass drafts 4
+    assert row.q is not None and len(row.drafts) == 4
+    assert row.conf == pytest.approx([float(row.q[j, d]) for j, d in enumerate(row.drafts)])
+
+
 def test_sampled_verify_follows_the_ar_distribution() -> None:
     """The joint law of the first two tokens under p/q verification equals the model's AR law."""
     V, T = 16, 1.0
