@@ -90,7 +90,9 @@ class VerifyRow:
     gate: float = 0.0  # masks behind drafts only if they are all kept with this chance (MASK_GATE)
     host_tokens: list[int] = field(default_factory=list)  # final output tokens
     drafts: list[int] = field(default_factory=list)  # unverified, after host_tokens
-    conf: list[float] = field(default_factory=list)  # the drafts' own probabilities (greedy)
+    conf: list[float] = field(
+        default_factory=list
+    )  # the drafts' own probabilities (p, or q sampled)
     q: torch.Tensor | None = None  # (n, V) the drafts' distributions (sampling only)
     accepted: list[int] = field(
         default_factory=list
