@@ -8,7 +8,7 @@ path runs it. Shapes are static per bucket: the new tokens are padded to a bucke
 unused slots masked. The caller (here) writes the returned keys/values into the ``KVCache``, so
 torch and the backend share one cache and can take turns. A causal model's prompt that would
 waste much of its bucket runs as chunks of whole buckets, then the rest in its own (``chunk_plan``):
-a 70-token prompt as 64 + 8 rather than 128 positions.
+a 70-token prompt as 64 + 6 (in the 8-position shape) rather than 128 positions.
 
 Per cache allocation and token bucket a ``Slot`` holds fixed input/output buffers bound to the
 runtime once (ONNX Runtime IO binding, OpenVINO tensors over the same memory; the per-layer cache
@@ -238,8 +238,8 @@ class ExportedStep:
     def _plan(self, n: int, unread: int) -> tuple[int, ...]:
         """The passes of ``n`` new tokens whose first ``unread`` are appended unread
         (``chunk_plan``): causal models only, else one pass."""
-        if self.cfg.attention != "causal":
-            return (n,)
+        if self.cfg.attention != "causal" or unread == 0:
+            return (n,)  # nothing may run ahead (every decode step)
         return chunk_plan(n, unread, self.buckets) or (n,)
 
     def cost(self, n: int, unread: int = 0) -> int:
