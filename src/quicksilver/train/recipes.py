@@ -232,6 +232,11 @@ V3_DRAFT_MORE7 = dataclasses.replace(
     eval_every=1200,
 )
 
+# and 1,200 more on -more7 (the eleventh sitting, chained: a second cosine cycle, as -more5 -> -more6)
+V3_DRAFT_MORE8 = dataclasses.replace(
+    V3_DRAFT_MORE7, init_from="runs/small-ar-draft-more7/final", seed=18
+)
+
 RECIPES: dict[str, TrainConfig] = {
     # phase 1 (superseded): block-causal diffusion from scratch, ~3.0M parameters
     "small": TrainConfig(out="runs/small"),
@@ -342,6 +347,7 @@ RECIPES: dict[str, TrainConfig] = {
     "small-ar-draft-more5": dataclasses.replace(V3_DRAFT_MORE5, out="runs/small-ar-draft-more5"),
     "small-ar-draft-more6": dataclasses.replace(V3_DRAFT_MORE6, out="runs/small-ar-draft-more6"),
     "small-ar-draft-more7": dataclasses.replace(V3_DRAFT_MORE7, out="runs/small-ar-draft-more7"),
+    "small-ar-draft-more8": dataclasses.replace(V3_DRAFT_MORE8, out="runs/small-ar-draft-more8"),
     "small-ar-draft-more-w1": dataclasses.replace(
         V3_DRAFT_MORE2, out="runs/small-ar-draft-more-w1", draft_weight=1.0
     ),
