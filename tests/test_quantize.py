@@ -75,6 +75,7 @@ def test_bench_shapes_tiny(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -
     rc = main(
         ["bench", "shapes", "--tiny", "--shapes", "fast-dllm-v2-1.5b,llada-8b-slice"]
         + ["--windows", "1", "4", "8", "--iters", "1", "--context", "16", "--out", str(tmp_path)]
+        + ["--verify-tpf", "4:2.5,8:3.0"]
     )
     assert rc == 0
     rep = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
@@ -88,6 +89,24 @@ def test_bench_shapes_tiny(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -
         "12345678"
     )
     assert (tmp_path / "shapes.png").stat().st_size > 0
+    # the projection divides each k's own tokens per pass by its wide pass's cost in AR tokens
+    f = fmt[0]
+    for k, tpf in (("4", 2.5), ("8", 3.0)):
+        want = tpf / (f["verify_pass_ms"][k] / f["ar_token_ms"])
+        assert f["verify_projected_vs_ar"][k] == pytest.approx(want, abs=0.02)
+        assert f["verify_lean_vs_ar_token"][k] > 0
+
+
+def test_bench_shapes_verify_tpf_is_one_figure_or_pairs() -> None:
+    import argparse
+
+    from quicksilver.bench.shapes import verify_tpf
+
+    assert verify_tpf("3.2") == {"4": 3.2, "8": 3.2}
+    assert verify_tpf("4:2.9, 8:3.3") == {"4": 2.9, "8": 3.3}
+    for bad in ("fast", "4:x", "8:0", "4:2:1"):
+        with pytest.raises(argparse.ArgumentTypeError):
+            verify_tpf(bad)
 
 
 def test_bench_shapes_refuses_a_window_it_does_not_measure(tmp_path: Path) -> None:

@@ -18,9 +18,12 @@ into an exact KV cache, then times, against that cache:
   recomputes, the rest of the block served from the cache;
 - tok/s at forced commit rates: k tokens committed per step of the default window (k = 1..8);
 - the verify pass at k = 4 and 8 (sampling/verify.py): 1 + k tokens on the stream and k masks,
-  1 + 2k positions; with ``--verify-tpf`` (tokens per pass measured by ``bench speed``'s verify on
-  our model) the projected verify tok/s over AR = tpf / (pass / AR token). Random weights have no
-  acceptance of their own, so the projection borrows the measured one.
+  1 + 2k positions; and the 1 + k positions of a pass without masks behind its drafts (or of the
+  bonus and k masks after a rejection), which the CPU's mask gate makes most passes; with
+  ``--verify-tpf`` (tokens per pass measured by ``bench speed``'s verify on our model: one figure
+  for every k, or ``4:2.9,8:3.3``) the projected verify tok/s over AR = tpf / (1 + 2k pass / AR
+  token), the conservative bound (every pass the wide one). Random weights have no acceptance of
+  their own, so the projection borrows the measured one.
 
 Ends with one JSON line whose top level holds ``step_vs_ar_token``: the default window's step over
 an AR token step at the 1.5B shape in the default CPU dtype for its size (``default_dtype``:
@@ -178,6 +181,7 @@ def bench_format(cfg: ModelConfig, fmt: str, args: argparse.Namespace) -> dict[s
     ar_ms = time_ms(step(1), args.iters)
     windows = {str(w): round(time_ms(step(w), args.iters), 3) for w in args.windows}
     verify = {str(k): round(time_ms(step(1 + 2 * k), args.iters), 3) for k in VERIFY_KS}
+    lean = {str(k): round(time_ms(step(1 + k), args.iters), 3) for k in VERIFY_KS}
     default_ms = windows[str(args.window)]
     rates = {str(k): round(1e3 * k / default_ms, 2) for k in range(1, min(8, args.window) + 1)}
     out = {
@@ -191,12 +195,28 @@ def bench_format(cfg: ModelConfig, fmt: str, args: argparse.Namespace) -> dict[s
         "tok_s_at_k": rates,
         "verify_pass_ms": verify,
         "verify_vs_ar_token": {k: round(ms / ar_ms, 3) for k, ms in verify.items()},
+        "verify_lean_vs_ar_token": {k: round(ms / ar_ms, 3) for k, ms in lean.items()},
         "cache_bytes": cache.nbytes(),
     }
-    if args.verify_tpf:
+    tpf = args.verify_tpf
+    if tpf:
         out["verify_projected_vs_ar"] = {
-            k: round(args.verify_tpf / (ms / ar_ms), 2) for k, ms in verify.items()
+            k: round(tpf[k] / (ms / ar_ms), 2) for k, ms in verify.items() if k in tpf
         }
+    return out
+
+
+def verify_tpf(text: str) -> dict[str, float]:
+    """``--verify-tpf``: one tokens-per-pass figure for every k, or ``k:tpf`` pairs."""
+    try:
+        if ":" not in text:
+            return {str(k): float(text) for k in VERIFY_KS}
+        pairs = (part.split(":") for part in text.split(",") if part.strip())
+        out = {str(int(k)): float(t) for k, t in pairs}
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a number or k:tpf pairs: {text!r}") from None
+    if not all(t > 0 for t in out.values()):
+        raise argparse.ArgumentTypeError("tokens per pass must be positive")
     return out
 
 
@@ -304,10 +324,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--threads", type=int, default=0, help="torch threads (0: the default)")
     p.add_argument(
         "--verify-tpf",
-        type=float,
-        default=0.0,
+        type=verify_tpf,
+        default={},
         dest="verify_tpf",
-        help="tokens per verify pass measured on our model (bench speed): projects verify tok/s",
+        help="tokens per verify pass measured on our model (bench speed), one figure or "
+        "k:tpf pairs (4:2.9,8:3.3): projects verify tok/s",
     )
     p.add_argument("--tiny", action="store_true", help="toy sizes (tests; seconds)")
     p.add_argument("--out", default="runs/bench_shapes", help="directory for the PNG plot")
