@@ -63,6 +63,7 @@ def test_bench_speed_reports_all_four_methods_and_ratios(
     if "verify" in out["methods"]:  # the embedded default drafts: verify runs beside, exactly AR
         v = out["methods"]["verify"]
         assert v["identical_to_ar"] == 1.0 and v["differences"] == [] and sum(v["accepted_hist"])
+        assert 0.0 <= v["wide_pass_fraction"] <= 1.0
         assert out["verify"]["ratio_vs_ar"] > 0 and out["verify"]["tpf"] >= 1.0
         assert out["verify"]["decode_ratio_vs_ar"] > 0
     for key in (

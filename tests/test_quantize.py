@@ -75,7 +75,7 @@ def test_bench_shapes_tiny(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -
     rc = main(
         ["bench", "shapes", "--tiny", "--shapes", "fast-dllm-v2-1.5b,llada-8b-slice"]
         + ["--windows", "1", "4", "8", "--iters", "1", "--context", "16", "--out", str(tmp_path)]
-        + ["--verify-tpf", "4:2.5,8:3.0"]
+        + ["--verify-tpf", "4:2.5,8:3.0", "--verify-wide", "0.25"]
     )
     assert rc == 0
     rep = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
@@ -94,19 +94,23 @@ def test_bench_shapes_tiny(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -
     for k, tpf in (("4", 2.5), ("8", 3.0)):
         want = tpf / (f["verify_pass_ms"][k] / f["ar_token_ms"])
         assert f["verify_projected_vs_ar"][k] == pytest.approx(want, abs=0.02)
-        assert f["verify_lean_vs_ar_token"][k] > 0
+        mix = 0.25 * f["verify_vs_ar_token"][k] + 0.75 * f["verify_lean_vs_ar_token"][k]
+        assert f["verify_projected_gated_vs_ar"][k] == pytest.approx(tpf / mix, rel=0.02)
 
 
 def test_bench_shapes_verify_tpf_is_one_figure_or_pairs() -> None:
     import argparse
 
-    from quicksilver.bench.shapes import verify_tpf
+    from quicksilver.bench.shapes import fraction, verify_tpf
 
     assert verify_tpf("3.2") == {"4": 3.2, "8": 3.2}
     assert verify_tpf("4:2.9, 8:3.3") == {"4": 2.9, "8": 3.3}
     for bad in ("fast", "4:x", "8:0", "4:2:1"):
         with pytest.raises(argparse.ArgumentTypeError):
             verify_tpf(bad)
+    for bad in ("x", "-0.1", "1.5"):
+        with pytest.raises(argparse.ArgumentTypeError):
+            fraction(bad)
 
 
 def test_bench_shapes_refuses_a_window_it_does_not_measure(tmp_path: Path) -> None:

@@ -164,10 +164,13 @@ def test_drafts_unlikely_to_be_all_kept_get_no_masks() -> None:
     )
     row.cache.length, row.host_tokens, row.drafts = 25, [9], [9] * 8
     row.conf = [0.99] * 8  # 0.92 all kept
-    assert row.segment().draft == 8
+    assert row.segment().draft == 8 and row.wide == 1  # a wide pass: drafts and masks
     row.conf = [0.99] * 7 + [0.5]  # 0.47
     seg = row.segment()
-    assert seg.draft == 0 and seg.length == 1 + 8
+    assert seg.draft == 0 and seg.length == 1 + 8 and row.wide == 1
+    row.drafts = []  # the bonus and k masks: 1 + k positions, not wide
+    assert row.segment().draft == 8 and row.wide == 1
+    assert row.result().wide_passes == 1
 
 
 def test_a_drafting_model_gets_buckets_for_both_verify_passes() -> None:

@@ -22,8 +22,10 @@ into an exact KV cache, then times, against that cache:
   bonus and k masks after a rejection), which the CPU's mask gate makes most passes; with
   ``--verify-tpf`` (tokens per pass measured by ``bench speed``'s verify on our model: one figure
   for every k, or ``4:2.9,8:3.3``) the projected verify tok/s over AR = tpf / (1 + 2k pass / AR
-  token), the conservative bound (every pass the wide one). Random weights have no acceptance of
-  their own, so the projection borrows the measured one.
+  token), the conservative bound (every pass the wide one); with ``--verify-wide`` too (``bench
+  speed``'s ``wide_pass_fraction``: the share of passes after the first that fed drafts and masks)
+  also under that mix of wide and 1 + k passes. Random weights have no acceptance of their own, so
+  the projection borrows the measured one.
 
 Ends with one JSON line whose top level holds ``step_vs_ar_token``: the default window's step over
 an AR token step at the 1.5B shape in the default CPU dtype for its size (``default_dtype``:
@@ -198,12 +200,29 @@ def bench_format(cfg: ModelConfig, fmt: str, args: argparse.Namespace) -> dict[s
         "verify_lean_vs_ar_token": {k: round(ms / ar_ms, 3) for k, ms in lean.items()},
         "cache_bytes": cache.nbytes(),
     }
-    tpf = args.verify_tpf
+    tpf, f = args.verify_tpf, args.verify_wide
     if tpf:
         out["verify_projected_vs_ar"] = {
             k: round(tpf[k] / (ms / ar_ms), 2) for k, ms in verify.items() if k in tpf
         }
+    if tpf and f is not None:
+        out["verify_projected_gated_vs_ar"] = {
+            k: round(tpf[k] * ar_ms / (f * ms + (1 - f) * lean[k]), 2)
+            for k, ms in verify.items()
+            if k in tpf
+        }
     return out
+
+
+def fraction(text: str) -> float:
+    """``--verify-wide``: a share in [0, 1]."""
+    try:
+        f = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
+    if not 0.0 <= f <= 1.0:
+        raise argparse.ArgumentTypeError("a fraction in [0, 1]")
+    return f
 
 
 def verify_tpf(text: str) -> dict[str, float]:
@@ -329,6 +348,13 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         dest="verify_tpf",
         help="tokens per verify pass measured on our model (bench speed), one figure or "
         "k:tpf pairs (4:2.9,8:3.3): projects verify tok/s",
+    )
+    p.add_argument(
+        "--verify-wide",
+        type=fraction,
+        default=None,
+        dest="verify_wide",
+        help="bench speed's wide_pass_fraction: projects verify under the CPU's mask gate",
     )
     p.add_argument("--tiny", action="store_true", help="toy sizes (tests; seconds)")
     p.add_argument("--out", default="runs/bench_shapes", help="directory for the PNG plot")

@@ -59,6 +59,7 @@ class Run:
     seconds: float
     ttft: float
     accepted: list[int] = field(default_factory=list)  # verify: drafts kept per verifying pass
+    wide: int = 0  # verify: passes that fed drafts and masks
 
 
 @dataclass
@@ -75,6 +76,7 @@ class MethodStats:
     outputs: list[list[int]] = field(default_factory=list)
     prompts: list[list[int]] = field(default_factory=list)
     accepted: list[int] = field(default_factory=list)
+    wide: list[int] = field(default_factory=list)
 
     def summary(self) -> dict[str, Any]:
         per_task = {
@@ -92,6 +94,11 @@ class MethodStats:
             "accuracy": sum(self.correct) / max(len(self.correct), 1),
             "task_accuracy": per_task,
             **({"accepted_hist": histogram(self.accepted)} if self.accepted else {}),
+            **(
+                {"wide_pass_fraction": sum(self.wide) / max(sum(self.nfe) - len(self.nfe), 1)}
+                if self.accepted
+                else {}
+            ),
         }
 
 
@@ -118,6 +125,7 @@ def engine_run(pipe: Pipeline, ids: list[int], cfg: SamplerConfig) -> Run:
         (st.e2e or 0.0),
         st.ttft if st.ttft is not None else st.e2e or 0.0,
         list(final.result.accepted or []),
+        final.result.wide_passes,
     )
 
 
@@ -243,6 +251,7 @@ def run_speed_bench(args: argparse.Namespace) -> int:
             s.task.append(it.task)
             s.outputs.append(r.tokens)
             s.accepted += r.accepted
+            s.wide.append(r.wide)
             s.prompts.append(ids)
     summary = {m: s.summary() for m, s in stats.items()}
     if vpipe is not None:

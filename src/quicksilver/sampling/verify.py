@@ -97,6 +97,7 @@ class VerifyRow:
     accepted: list[int] = field(
         default_factory=list
     )  # per pass that verified drafts: how many kept
+    wide: int = 0  # passes that fed drafts and masks (1 + 2k positions), the rest 1 + k at most
     nfe: int = 0
     done: bool = False
     finish_reason: str | None = None
@@ -152,6 +153,7 @@ class VerifyRow:
         feed = seq[start:] + self.drafts
         lo = len(seq) - start - 1
         m = self._masks(len(feed), lo, cost)
+        self.wide += bool(self.drafts and m)
         ids = to_device(feed + [self.mask_id] * m, torch.long, self.device)  # (n + m,)
         return Segment(ids, start, lo, len(feed) + m, self.cache, append=len(feed), draft=m)
 
@@ -222,6 +224,7 @@ class VerifyRow:
             0,
             self.seconds,
             list(self.accepted),
+            self.wide,
         )
 
 
