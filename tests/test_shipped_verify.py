@@ -84,7 +84,7 @@ def test_verify_is_the_ar_output_on_every_task(backend: str) -> None:
         ("sudoku4", "templated", 12, 10),
         ("sudoku4", "held-out", 12, 9),
         ("countdown3", "templated", 12, 5),
-        ("multiply", "templated", 12, 9),
+        ("multiply", "templated", 12, 6),
         ("tool_call", "templated", 12, 9),
         ("tool_loop", "templated", 12, 10),
         ("tool_loop", "held-out", 12, 4),
@@ -141,7 +141,7 @@ def test_verify_is_the_ar_output_on_the_whole_suite(phrasing: str) -> None:
 # The shipped joint model's 200-item accuracy per phrasing (8-task mean) and suite tokens per pass
 # (torch, batches of 32, the CPU's mask gate), as measured for docs/MODEL.md; the slow check allows
 # one point and 0.05 tokens per pass.
-MEASURED = {"templated": (0.659, 3.28), "held-out": (0.541, 2.91)}
+MEASURED = {"templated": (0.659, 3.36), "held-out": (0.531, 3.01)}
 
 
 @pytest.mark.slow
