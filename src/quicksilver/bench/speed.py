@@ -59,7 +59,7 @@ class Run:
     seconds: float
     ttft: float
     accepted: list[int] = field(default_factory=list)  # verify: drafts kept per verifying pass
-    wide: int = 0  # verify: passes that fed drafts and masks
+    wide_passes: int = 0  # verify: passes that fed drafts and masks
 
 
 @dataclass
@@ -76,7 +76,16 @@ class MethodStats:
     outputs: list[list[int]] = field(default_factory=list)
     prompts: list[list[int]] = field(default_factory=list)
     accepted: list[int] = field(default_factory=list)
-    wide: list[int] = field(default_factory=list)
+    wide_passes: list[int] = field(default_factory=list)
+
+    def _verify_summary(self) -> dict[str, Any]:
+        """A drafting method's acceptance: drafts kept per pass, and the share of the passes after
+        each first one that fed drafts and masks."""
+        later = max(sum(self.nfe) - len(self.nfe), 1)
+        return {
+            "accepted_hist": histogram(self.accepted),
+            "wide_pass_fraction": sum(self.wide_passes) / later,
+        }
 
     def summary(self) -> dict[str, Any]:
         per_task = {
@@ -93,12 +102,7 @@ class MethodStats:
             "ms_per_forward": median(self.ms_per_forward),
             "accuracy": sum(self.correct) / max(len(self.correct), 1),
             "task_accuracy": per_task,
-            **({"accepted_hist": histogram(self.accepted)} if self.accepted else {}),
-            **(
-                {"wide_pass_fraction": sum(self.wide) / max(sum(self.nfe) - len(self.nfe), 1)}
-                if self.accepted
-                else {}
-            ),
+            **(self._verify_summary() if self.accepted else {}),
         }
 
 
@@ -251,7 +255,7 @@ def run_speed_bench(args: argparse.Namespace) -> int:
             s.task.append(it.task)
             s.outputs.append(r.tokens)
             s.accepted += r.accepted
-            s.wide.append(r.wide)
+            s.wide_passes.append(r.wide_passes)
             s.prompts.append(ids)
     summary = {m: s.summary() for m, s in stats.items()}
     if vpipe is not None:
