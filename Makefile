@@ -9,7 +9,7 @@ PORT    ?= 8000
 CHROMIUM := /usr/bin/chromium
 SUDO    := $(if $(filter 0,$(shell id -u)),,sudo)
 
-.PHONY: install run lint test test-fuzz test-llama-cpp test-slow test-all screenshots train-ar train-model train-ar-v2 train-model-v2 train-model-v2-cf distill-v2 distill-v2-self distill-v2-self2 train-model-v2-kd train-model-v2-sdcf2 train-ar-v2-twin train-draft train-draft-v3 train-draft-levers train-draft-ablation train-draft-more4 train-draft-more5 train-draft-more6 train-draft-more7 train-draft-more8 clean
+.PHONY: install run lint test test-fuzz test-llama-cpp test-slow test-all screenshots train-ar train-model train-ar-v2 train-model-v2 train-model-v2-cf distill-v2 distill-v2-self distill-v2-self2 train-model-v2-kd train-model-v2-sdcf2 train-ar-v2-twin train-draft train-draft-v3 train-draft-levers train-draft-ablation train-draft-more4 train-draft-more5 train-draft-more6 train-draft-more7 train-draft-more8 train-draft-k8 clean
 
 $(STAMP): pyproject.toml Makefile
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
@@ -36,8 +36,12 @@ lint: $(STAMP)
 	$(BIN)/ruff check src tests
 	$(BIN)/python -m mypy src/quicksilver
 
+# The default suite on two pytest-xdist workers, one torch thread each (tests/conftest.py):
+# its time is mostly single-threaded start-ups and small steps, so two workers on two cores halve
+# it (XDIST="-n 0" runs it in one process).
+XDIST ?= -n 2
 test: lint $(CHROMIUM)
-	$(BIN)/python -m pytest
+	$(BIN)/python -m pytest $(XDIST)
 
 # The bounded schemathesis run (fails on any 5xx; FUZZ_EXAMPLES per operation and mode, ~2 min).
 test-fuzz: $(STAMP)
@@ -166,6 +170,10 @@ train-draft-more7: train-draft-more6
 
 train-draft-more8: train-draft-more7
 	$(BIN)/quicksilver train --recipe small-ar-draft-more8
+
+# The twelfth sitting's lever: blocks sized for the decode k (7-9 positions, 8 a sequence) on v3.6
+train-draft-k8: train-draft-more8
+	$(BIN)/quicksilver train --recipe small-ar-draft-k8
 
 # v3 (the fifth sitting's shipped run, draft weight 1) and the levers measured against v3.1
 train-draft-v3: $(STAMP) runs/small-ar-v2-twin6k/final/config.json

@@ -2,12 +2,16 @@
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import pytest
 import torch
 
-torch.set_num_threads(max(1, min(2, torch.get_num_threads())))
+# one torch thread per xdist worker (`make test` runs two), two when run alone
+torch.set_num_threads(
+    1 if os.environ.get("PYTEST_XDIST_WORKER") else max(1, min(2, torch.get_num_threads()))
+)
 
 
 @pytest.fixture(scope="session")

@@ -123,6 +123,21 @@ def test_draft_teacher_self_trains_blocks_on_the_streams_own_detached_logits(tea
     assert out.parts["ar"].item() > 0
 
 
+@pytest.mark.parametrize("spread,sizes", [(None, set(range(4, 13))), (1, {7, 8, 9}), (0, {8})])
+def test_draft_blocks_are_sized_around_the_decode_k(spread: int | None, sizes: set[int]) -> None:
+    """Block sizes are drawn from draft_len ± draft_spread (default ± draft_len // 2), one per
+    batch: the forward positions are the stream's plus blocks x k."""
+    _, b = _batch(pad=False)
+    net = Lookup(torch.zeros(300))
+    cfg = NoiseConfig(2, 8, draft_len=8, draft_blocks=3, draft_spread=spread)
+    gen = torch.Generator().manual_seed(0)
+    seen = set()
+    for _ in range(60):
+        out = ar_draft_loss(net, b, cfg, gen)  # type: ignore[arg-type]
+        seen.add((out.forward_tokens - int(b.valid.sum())) // (3 * b.ids.shape[0]))
+    assert seen == sizes
+
+
 def test_diffusion_loss_uniform_matches_formula() -> None:
     # with constant logits the loss is ln V * mean_i(sum_masked 1/t / answer_len_i); recompute it from
     # the same noise draws

@@ -67,6 +67,9 @@ class NoiseConfig:
     certainty_weight: float = 0.0  # entropy penalty at masked positions already predicted right
     draft_len: int = 8  # ar_draft: the decode k the appended mask blocks are sized around
     draft_blocks: int = 6  # ar_draft: mask blocks appended per sequence
+    draft_spread: int | None = (
+        None  # ar_draft: block sizes draft_len ± this (None: ± draft_len // 2)
+    )
     draft_weight: float = 1.0  # ar_draft: weight of the masked-token loss beside the AR loss
     draft_teacher: str = (
         "data"  # ar_draft: the blocks' targets, the data or the stream's own logits
@@ -279,7 +282,7 @@ def ar_draft_loss(
 ) -> LossOut:
     ids, valid = batch.ids, batch.valid  # (B, L); no trailing pads
     B, L = ids.shape
-    half = cfg.draft_len // 2
+    half = cfg.draft_len // 2 if cfg.draft_spread is None else cfg.draft_spread
     k = cfg.draft_len - half + int(torch.randint(0, 2 * half + 1, (), generator=generator))
     nb = cfg.draft_blocks
     lo = (

@@ -131,8 +131,9 @@ class Trainer:
             cfg.certainty_weight,
             cfg.draft_len,
             cfg.draft_blocks,
-            cfg.draft_weight,
-            cfg.draft_teacher,
+            draft_weight=cfg.draft_weight,
+            draft_teacher=cfg.draft_teacher,
+            draft_spread=cfg.draft_spread,
         )
         decay = [p for p in self.model.parameters() if p.dim() >= 2]
         other = [p for p in self.model.parameters() if p.dim() < 2]
