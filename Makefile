@@ -38,8 +38,8 @@ lint: $(STAMP)
 
 # The default suite on two pytest-xdist workers, one torch thread each (tests/conftest.py):
 # its time is mostly single-threaded start-ups and small steps, so two workers on two cores halve
-# it (XDIST="-n 0" runs it in one process).
-XDIST ?= -n 2
+# it; a file stays on one worker, in its order (XDIST="-n 0" runs it all in one process).
+XDIST ?= -n 2 --dist loadfile
 test: lint $(CHROMIUM)
 	$(BIN)/python -m pytest $(XDIST)
 
