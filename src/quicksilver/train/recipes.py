@@ -257,6 +257,17 @@ V3_DRAFT_K8 = dataclasses.replace(
 # one cycle gave +0.10 tokens per pass, more than the two plain cycles before it together
 V3_DRAFT_K8_2 = dataclasses.replace(V3_DRAFT_K8, init_from="runs/small-ar-draft-k8/final", seed=20)
 
+# lever (thirteenth sitting): sequence-level self-distillation of the drafts — v3.7 trained as -k8-2,
+# with half its examples v3.7's own verified greedy replies (`make distill-v3-self`: 6,000 training
+# prompts, seed 21). The verifier keeps the model's own output, not the data's: drafts trained on
+# that output are the ones it accepts
+V3_DRAFT_SD = dataclasses.replace(
+    V3_DRAFT_K8_2,
+    seed=21,
+    distill_data="runs/distill3/self_v37.jsonl",
+    distill_frac=0.5,
+)
+
 RECIPES: dict[str, TrainConfig] = {
     # phase 1 (superseded): block-causal diffusion from scratch, ~3.0M parameters
     "small": TrainConfig(out="runs/small"),
@@ -370,6 +381,7 @@ RECIPES: dict[str, TrainConfig] = {
     "small-ar-draft-more8": dataclasses.replace(V3_DRAFT_MORE8, out="runs/small-ar-draft-more8"),
     "small-ar-draft-k8": dataclasses.replace(V3_DRAFT_K8, out="runs/small-ar-draft-k8"),
     "small-ar-draft-k8-2": dataclasses.replace(V3_DRAFT_K8_2, out="runs/small-ar-draft-k8-2"),
+    "small-ar-draft-sd": dataclasses.replace(V3_DRAFT_SD, out="runs/small-ar-draft-sd"),
     "small-ar-draft-more-w1": dataclasses.replace(
         V3_DRAFT_MORE2, out="runs/small-ar-draft-more-w1", draft_weight=1.0
     ),
