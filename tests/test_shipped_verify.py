@@ -82,9 +82,9 @@ def test_verify_is_the_ar_output_on_every_task(backend: str) -> None:
     [
         ("chat", "held-out", 10, 9),
         ("sudoku4", "templated", 12, 10),
-        ("sudoku4", "held-out", 12, 10),
+        ("sudoku4", "held-out", 12, 9),
         ("countdown3", "templated", 12, 5),
-        ("multiply", "templated", 12, 9),
+        ("multiply", "templated", 12, 11),
         ("tool_call", "templated", 12, 8),
         ("tool_loop", "templated", 12, 10),
         ("tool_loop", "held-out", 12, 5),
@@ -141,7 +141,7 @@ def test_verify_is_the_ar_output_on_the_whole_suite(phrasing: str) -> None:
 # The shipped joint model's 200-item accuracy per phrasing (8-task mean) and suite tokens per pass
 # (torch, batches of 32, the CPU's mask gate), as measured for docs/MODEL.md; the slow check allows
 # one point and 0.05 tokens per pass.
-MEASURED = {"templated": (0.667, 3.46), "held-out": (0.547, 3.07)}
+MEASURED = {"templated": (0.680, 3.55), "held-out": (0.566, 3.17)}
 
 
 @pytest.mark.slow
