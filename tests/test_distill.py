@@ -1,5 +1,6 @@
-"""Distillation data: only verified teacher replies are kept, the file resumes exactly, and the
-trainer mixes it in without changing runs that do not use it."""
+"""Distillation data: only verified teacher replies are kept (or all, each marked), the file resumes
+exactly, and the trainer mixes it in without changing runs that do not use it; unverified replies
+train the drafts only."""
 
 from __future__ import annotations
 
@@ -97,3 +98,43 @@ def test_trainer_trains_on_distillation_data(full: tuple[Path, dict], tmp_path: 
     assert trainer.mix.distilled and trainer.mix.distill_frac == 0.5
     trainer.run()
     assert (tmp_path / "t" / "final" / "model.safetensors").is_file()
+
+
+def test_keep_all_marks_every_reply(teacher: Path, tmp_path: Path) -> None:
+    out = tmp_path / "all.jsonl"
+    rep = distill(teacher, out, 32, MIX, seed=6, instant_frac=0.5, keep="all")
+    lines = [json.loads(x) for x in out.read_text().splitlines()]
+    assert len(lines) == sum(rep["tried"].values()) == 32
+    tok = Tokenizer.from_dir(teacher)
+    stream = item_stream({"sudoku4": 1.0, "multiply": 1.0}, 6, 0.5)
+    items = {}
+    for _ in range(32):
+        it, instant = next(stream)
+        items[prompt_text(it, tok, instant)] = it
+    for r in lines:  # each mark re-verified independently of the writer
+        item = items[r["prompt"]]
+        assert r["correct"] == get_task(item.task).verify(item, split_reply(r["reply"])[1])
+    # verified replies take the next-token loss unless the recipe says drafts only; the rest never
+    ex = load_distilled(out, tok)
+    assert [e.ar for e in ex] == [r["correct"] for r in lines]
+    assert not any(e.ar for e in load_distilled(out, tok, ar=False))
+    with pytest.raises(ConfigError, match="--keep"):
+        distill(teacher, tmp_path / "x.jsonl", 4, MIX, keep="some")
+
+
+def test_draft_only_rows_take_no_next_token_loss() -> None:
+    import torch
+
+    from quicksilver.train.data import collate
+    from quicksilver.train.objective import next_token_ce
+
+    g = torch.Generator().manual_seed(0)
+    a = Example([5, 6, 7], [8, 9, 1], "x")
+    b = Example([5, 6, 7], [10, 11, 1], "x", ar=False)
+    logits = torch.randn(2, 5, 16, generator=g)  # (B, L-1, V)
+    both, n = next_token_ce(logits, collate([a, b], 4, 0, 1, pad_answers=False))
+    alone, n_alone = next_token_ce(logits[:1], collate([a], 4, 0, 1, pad_answers=False))
+    assert n == n_alone == 3
+    assert torch.allclose(both, alone)
+    b.ar = True  # the same row with its loss: now it counts
+    assert not torch.allclose(next_token_ce(logits, collate([a, b], 4, 0, 1, False))[0], alone)

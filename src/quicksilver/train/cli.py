@@ -7,7 +7,7 @@ import argparse
 import json
 
 from ..cli_util import add_dataclass_args
-from .distill import distill
+from .distill import KEEP, distill
 from .recipes import RECIPES, V2_MIX, TrainConfig, get_recipe
 from .trainer import train
 
@@ -46,6 +46,12 @@ def add_distill_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser])
     d.add_argument("--seed", type=int, default=0, help="seed of the prompt stream")
     d.add_argument("--instant-frac", type=float, default=0.15, dest="instant_frac")
     d.add_argument("--batch-size", type=int, default=16, dest="batch_size")
+    d.add_argument(
+        "--keep",
+        choices=KEEP,
+        default="verified",
+        help="replies to keep: the verified ones, or all (the unverified train the drafts only)",
+    )
 
 
 def handle_distill(args: argparse.Namespace) -> int:
@@ -59,6 +65,7 @@ def handle_distill(args: argparse.Namespace) -> int:
         args.seed,
         args.instant_frac,
         args.batch_size,
+        args.keep,
     )
     print(json.dumps(rep))
     return 0

@@ -62,6 +62,9 @@ class Example:
     prompt: list[int]
     answer: list[int]
     task: str
+    ar: bool = (
+        True  # next-token loss on it; False: the draft loss only (a teacher's unverified reply)
+    )
 
 
 class Mixture:
@@ -106,6 +109,7 @@ class Batch:
     prompt_len: torch.Tensor  # (B,) long
     content_len: torch.Tensor  # (B,) long: prompt + answer up to and including the stop token
     n_tokens: int  # data tokens in the batch (the budget's unit)
+    ar_rows: torch.Tensor  # (B,) bool: rows with a next-token loss (``Example.ar``)
 
 
 def collate(
@@ -130,4 +134,5 @@ def collate(
         answer[i, P:n] = True
         valid[i, :n] = True
         plen[i], clen[i] = P, P + A
-    return Batch(ids, answer, valid, plen, clen, int(sum(lens)))
+    ar_rows = torch.tensor([ex.ar for ex in examples])  # (B,)
+    return Batch(ids, answer, valid, plen, clen, int(sum(lens)), ar_rows)

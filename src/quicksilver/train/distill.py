@@ -30,6 +30,9 @@ from ..tokenizer import Tokenizer
 from .data import Example, parse_weights
 
 CHUNK = 32  # items decoded (and written) together
+# which replies a file keeps: the ones the task's verifier accepts, or all (the drafts learn what the
+# teacher decodes, right or wrong; only verified ones take the next-token loss, ``load_distilled``)
+KEEP = ("verified", "all")
 
 
 def item_stream(weights: dict[str, float], seed: int, instant_frac: float) -> Any:
@@ -54,7 +57,7 @@ def chunks_done(path: Path) -> int:
 
 
 def example_record(
-    item: Item, reply: str, tok: Tokenizer, instant: bool, chunk: int
+    item: Item, reply: str, tok: Tokenizer, instant: bool, chunk: int, correct: bool
 ) -> dict[str, Any]:
     """A kept reply as text (the student encodes it with its own tokenizer when it loads the file)."""
     return {
@@ -64,6 +67,7 @@ def example_record(
         "chat": item.is_chat,
         "prompt": prompt_text(item, tok, instant),
         "reply": reply,
+        "correct": correct,
     }
 
 
@@ -75,11 +79,15 @@ def distill(
     seed: int = 0,
     instant_frac: float = 0.15,
     batch_size: int = 16,
+    keep: str = "verified",
 ) -> dict[str, Any]:
-    """Decode ``n`` fresh training prompts with ``teacher`` (greedy) and append the verified replies
-    to ``out``; returns what was tried and kept per task."""
+    """Decode ``n`` fresh training prompts with ``teacher`` (greedy) and append the replies the
+    task's verifier accepts (``keep`` all: every reply, each marked) to ``out``; returns what was
+    tried and kept per task, and how many the verifier accepted."""
     if n <= 0 or batch_size <= 0:
         raise ConfigError("--n and --batch-size must be positive")
+    if keep not in KEEP:
+        raise ConfigError(f"--keep must be one of {KEEP}, got {keep!r}")
     pipe = load(teacher)
     cfg = pipe.sampler_config(temperature=0.0)
     out.parent.mkdir(parents=True, exist_ok=True)
@@ -87,6 +95,7 @@ def distill(
     skip = chunks_done(out)
     tried: Counter[str] = Counter()
     kept: Counter[str] = Counter()
+    right: Counter[str] = Counter()
     with out.open("a") as f:
         for chunk in range(-(-n // CHUNK)):
             batch = [next(stream) for _ in range(min(CHUNK, n - chunk * CHUNK))]
@@ -98,9 +107,12 @@ def distill(
                     continue
                 for r in decode_items(pipe.model, pipe.tokenizer, items, cfg, instant, batch_size):
                     tried[r.item.task] += 1
-                    if r.correct:
+                    right[r.item.task] += r.correct
+                    if r.correct or keep == "all":
                         kept[r.item.task] += 1
-                        rec = example_record(r.item, r.reply, pipe.tokenizer, instant, chunk)
+                        rec = example_record(
+                            r.item, r.reply, pipe.tokenizer, instant, chunk, r.correct
+                        )
                         f.write(json.dumps(rec) + "\n")
             f.flush()
     return {
@@ -110,11 +122,15 @@ def distill(
         "tried": dict(tried),
         "kept": dict(kept),
         "kept_frac": {k: round(kept[k] / v, 3) for k, v in tried.items()},
+        "verified_frac": {k: round(right[k] / v, 3) for k, v in tried.items()},
     }
 
 
-def load_distilled(path: str | Path, tok: Tokenizer, max_len: int | None = None) -> list[Example]:
-    """The verified teacher replies of a distillation file as training examples in ``tok``'s ids."""
+def load_distilled(
+    path: str | Path, tok: Tokenizer, max_len: int | None = None, ar: bool = True
+) -> list[Example]:
+    """A distillation file's teacher replies as training examples in ``tok``'s ids: with a
+    next-token loss where the verifier accepted the reply and ``ar`` is set, else drafts only."""
     p = Path(path)
     if not p.is_file():
         raise ConfigError(f"distillation data {p} not found (make it with `quicksilver distill`)")
@@ -129,7 +145,10 @@ def load_distilled(path: str | Path, tok: Tokenizer, max_len: int | None = None)
             assert stop is not None
             prompt, answer = tok.encode(r["prompt"]), tok.encode(r["reply"]) + [stop]
             if max_len is None or len(prompt) + len(answer) <= max_len:
-                out.append(Example(prompt, answer, r["task"]))
+                correct = r.get(
+                    "correct", True
+                )  # files before --keep all held verified replies only
+                out.append(Example(prompt, answer, r["task"], ar and correct))
     if not out:
         raise ConfigError(f"distillation data {p} has no usable example")
     return out

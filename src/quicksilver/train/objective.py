@@ -240,13 +240,17 @@ def mdm_loss(
 
 def next_token_ce(logits: torch.Tensor, batch: Batch) -> tuple[torch.Tensor, int]:
     """Next-token CE of stream logits (B, L-1, V) on answer tokens up to the stop token, averaged
-    per example then over the batch; and the number of those targets."""
+    per example then over the batch's rows that take it (``Batch.ar_rows``); and the number of
+    those targets."""
     ids, ans = batch.ids, batch.answer  # (B, L)
     tgt = ans[:, 1:] & (
         torch.arange(1, ids.shape[1])[None, :] < batch.content_len[:, None]
     )  # (B, L-1)
+    tgt = tgt & batch.ar_rows[:, None]
+    rows = tgt.any(1)  # (B,)
     ce = F.cross_entropy(logits.float().transpose(1, 2), ids[:, 1:], reduction="none")  # (B, L-1)
-    return ((ce * tgt).sum(1) / tgt.sum(1).clamp_min(1)).mean(), int(tgt.sum())
+    per_row = (ce * tgt).sum(1) / tgt.sum(1).clamp_min(1)  # (B,)
+    return per_row.sum() / rows.sum().clamp_min(1), int(tgt.sum())
 
 
 def ar_loss(

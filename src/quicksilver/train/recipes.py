@@ -50,6 +50,9 @@ class TrainConfig:
     max_len: int = 352  # drop longer examples
     distill_data: str = ""  # JSONL of a teacher's verified replies (`quicksilver distill`)
     distill_frac: float = 0.5  # share of examples drawn from distill_data when it is set
+    # next-token loss on distill_data's verified replies too (False: they train the drafts only;
+    # replies the verifier rejected, `distill --keep all`, always train the drafts only)
+    distill_ar: bool = True
     # noise (diffusion objectives)
     eps: float = 1e-3
     sub_prob: float = 0.1  # substitution noise: fraction of visible answer tokens replaced
@@ -278,6 +281,19 @@ V3_DRAFT_SD2 = dataclasses.replace(
     distill_data="runs/distill3/self_v38.jsonl",
 )
 
+# lever (fourteenth sitting): the drafts learn every reply the model decodes, the network's AR side
+# only fresh data. v3.8 (-sd) on v3.8's own greedy replies, right or wrong (`make distill-v3-all`:
+# 6,000 training prompts, seed 23, `--keep all`), with no next-token loss on any of them: the
+# verifier accepts the model's output whether or not it is correct (path_star's replies are almost
+# all wrong, so the verified-only files held none of them), while the AR loss on its own replies
+# cost the second round a held-out point. Same start and steps as -sd2: the ablation of that choice
+V3_DRAFT_SD3 = dataclasses.replace(
+    V3_DRAFT_SD2,
+    seed=23,
+    distill_data="runs/distill3/all_v38.jsonl",
+    distill_ar=False,
+)
+
 RECIPES: dict[str, TrainConfig] = {
     # phase 1 (superseded): block-causal diffusion from scratch, ~3.0M parameters
     "small": TrainConfig(out="runs/small"),
@@ -393,6 +409,7 @@ RECIPES: dict[str, TrainConfig] = {
     "small-ar-draft-k8-2": dataclasses.replace(V3_DRAFT_K8_2, out="runs/small-ar-draft-k8-2"),
     "small-ar-draft-sd": dataclasses.replace(V3_DRAFT_SD, out="runs/small-ar-draft-sd"),
     "small-ar-draft-sd2": dataclasses.replace(V3_DRAFT_SD2, out="runs/small-ar-draft-sd2"),
+    "small-ar-draft-sd3": dataclasses.replace(V3_DRAFT_SD3, out="runs/small-ar-draft-sd3"),
     "small-ar-draft-more-w1": dataclasses.replace(
         V3_DRAFT_MORE2, out="runs/small-ar-draft-more-w1", draft_weight=1.0
     ),

@@ -151,7 +151,9 @@ class Trainer:
             else self.model
         )
         distilled = (
-            load_distilled(cfg.distill_data, self.tok, cfg.max_len) if cfg.distill_data else None
+            load_distilled(cfg.distill_data, self.tok, cfg.max_len, cfg.distill_ar)
+            if cfg.distill_data
+            else None
         )
         self.mix = Mixture(
             parse_weights(cfg.tasks),
@@ -288,7 +290,7 @@ class Trainer:
             self.pad_answers,
         )
         if self.device.type != "cpu":
-            for k in ("ids", "answer", "valid", "prompt_len", "content_len"):
+            for k in ("ids", "answer", "valid", "prompt_len", "content_len", "ar_rows"):
                 setattr(batch, k, getattr(batch, k).to(self.device))
         lr = lr_at(self.step, cfg)
         for g in self.opt.param_groups:
