@@ -54,12 +54,15 @@ def test_bench_speed_reports_all_four_methods_and_ratios(
         "1",
         "--repeats",
         "1",
+        "--interleave",
         "--out",
         str(tmp_path),
     )
     assert r.returncode == 0, r.stderr[-2000:]
     out = json.loads(r.stdout.strip().splitlines()[-1])
     assert {"ar_kv_cache", "reference", "one_token_per_step", "default"} <= set(out["methods"])
+    assert out["interleave"] is True and out["aggregate_ratio_vs_ar"] > 0
+    assert all(m["tok_s_aggregate"] > 0 for m in out["methods"].values())
     if "verify" in out["methods"]:  # the embedded default drafts: verify runs beside, exactly AR
         v = out["methods"]["verify"]
         assert v["identical_to_ar"] == 1.0 and v["differences"] == [] and sum(v["accepted_hist"])
@@ -83,6 +86,24 @@ def test_bench_speed_reports_all_four_methods_and_ratios(
     for m in ("ar_kv_cache", "default"):  # streamed methods: tok/s after the first token too
         assert out["methods"][m]["decode_tok_s"] > 0
     assert (tmp_path / "speed.png").stat().st_size > 1000
+
+
+def test_repeats_run_back_to_back_or_round_robin() -> None:
+    from quicksilver.bench.speed import run_order
+
+    names = ["a", "b", "c"]
+    assert run_order(names, 1, 2, False) == [
+        ("b", 0),
+        ("b", 1),
+        ("c", 0),
+        ("c", 1),
+        ("a", 0),
+        ("a", 1),
+    ]
+    # interleaved: every repeat visits every method once, and who goes first turns with the repeat
+    got = run_order(names, 1, 3, True)
+    assert [n for n, _ in got] == ["b", "c", "a", "c", "a", "b", "a", "b", "c"]
+    assert [r for _, r in got] == [0, 0, 0, 1, 1, 1, 2, 2, 2]
 
 
 def test_bench_speed_vs_llama_cpp(pair: tuple[Path, Path], tmp_path: Path) -> None:

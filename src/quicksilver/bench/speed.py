@@ -5,13 +5,17 @@ time): (a) the equal-size AR baseline with a KV cache, (b) the reference decoder
 ``generate.py`` semantics: no cache, one forward per step, steps = canvas length), (c) diffusion with
 one token per step (with the caches), (d) quicksilver's default (threshold decoding + caches). Per
 method: tok/s (committed output tokens per second from arrival to last token; median over items of
-the median over repeats), TPF, NFE, ms per forward pass (wall time / NFE, prefill included), TTFT and
+the median over repeats), ``tok_s_aggregate`` (all items' tokens over the sum of their median
+times: long replies weigh as much as they take, and it moves less from run to run), TPF, NFE, ms per forward pass (wall time / NFE, prefill included), TTFT and
 accuracy by the task verifiers; ratios to (a) and (b); a PNG; the last line is JSON whose top level
-holds the default configuration's numbers, ``step_vs_ar_token`` (the default's ms per forward ÷ the
+holds the default configuration's numbers, ``aggregate_ratio_vs_ar``, ``step_vs_ar_token`` (the default's ms per forward ÷ the
 AR baseline's) and ``ar_ms_per_token``. With ``--vs-llama-cpp`` the AR twin also runs in llama.cpp
 (bench/llama_cpp.py) on the same token ids, and the top level gains ``ratio_vs_llama_cpp``.
 ``--backend`` picks the step runtime of both models (default auto: ONNX Runtime on a CPU, see
 models/cpu_backends.py) and ``--window`` the default's decode window; both are in ``settings``.
+``--interleave`` runs each item's repeats round-robin over the methods (A B C A B C, the order turning
+with every repeat) instead of each method's repeats back to back (A A A B B B), so a slow spell of a
+shared VM lands on every method alike: the A/B statistic for models that differ by a few percent.
 
 Verify decoding (sampling/verify.py) of a causal drafting model (``--verify-model``, default: the
 embedded model when it is one) runs beside them: ``verify`` (k = ``--draft``, default the model's)
@@ -65,6 +69,7 @@ class Run:
 @dataclass
 class MethodStats:
     tok_s: list[float] = field(default_factory=list)
+    seconds: list[float] = field(default_factory=list)  # per item, the median over repeats
     decode_tok_s: list[float] = field(default_factory=list)  # after the first token (no prefill)
     tpf: list[float] = field(default_factory=list)
     nfe: list[float] = field(default_factory=list)
@@ -94,6 +99,7 @@ class MethodStats:
         }
         return {
             "tok_s": median(self.tok_s),
+            "tok_s_aggregate": sum(self.tokens) / sum(self.seconds) if sum(self.seconds) else 0.0,
             "decode_tok_s": median(self.decode_tok_s),
             "tpf": median(self.tpf),
             "nfe": median(self.nfe),
@@ -112,6 +118,21 @@ def histogram(values: list[int]) -> list[int]:
     for v in values:
         counts[v] += 1
     return counts
+
+
+def run_order(names: list[str], item: int, repeats: int, interleave: bool) -> list[tuple[str, int]]:
+    """(method, repeat) in the order item ``item`` times them. The methods' order turns with each
+    item, so none always runs first on caches another model left cold (the same configuration timed
+    first and fourth differed by 5%); interleaved, it also turns with each repeat."""
+    turn = item % len(names)
+    order = names[turn:] + names[:turn]
+    if not interleave:
+        return [(name, r) for name in order for r in range(repeats)]
+    return [
+        (name, r)
+        for r in range(repeats)
+        for name in order[r % len(order) :] + order[: r % len(order)]
+    ]
 
 
 def engine_run(pipe: Pipeline, ids: list[int], cfg: SamplerConfig) -> Run:
@@ -230,19 +251,20 @@ def run_speed_bench(args: argparse.Namespace) -> int:
     for fn in methods.values():  # warm-up
         fn(pipe, ar, tok.encode(prompt_text(warm, tok, False)), 16)
     names = list(methods)
+    repeats = max(1, args.repeats)
     for i, it in enumerate(items):
         task = get_task(it.task)
         ids = tok.encode(prompt_text(it, tok, False))
         n = min(task.max_answer_tokens + 8, pipe.config.max_seq_len - len(ids))
-        # the methods' order turns with each item: none always runs first, on caches another
-        # model left cold (the same configuration timed first and fourth differed by 5%)
-        for name in names[i % len(names) :] + names[: i % len(names)]:
-            fn = methods[name]
-            runs = [fn(pipe, ar, ids, n) for _ in range(max(1, args.repeats))]
+        timed: dict[str, list[Run]] = {name: [] for name in names}
+        for name, _ in run_order(names, i, repeats, getattr(args, "interleave", False)):
+            timed[name].append(methods[name](pipe, ar, ids, n))
+        for name, runs in timed.items():
             r = runs[0]
             secs = median([x.seconds for x in runs])
             s = stats[name]
             s.tok_s.append(len(r.tokens) / secs if secs > 0 else 0.0)
+            s.seconds.append(secs)
             ttft = median([x.ttft for x in runs])
             if len(r.tokens) > 1 and secs > ttft:  # a method that streams (not the reference)
                 s.decode_tok_s.append((len(r.tokens) - 1) / (secs - ttft))
@@ -264,6 +286,7 @@ def run_speed_bench(args: argparse.Namespace) -> int:
             summary[m] |= identity(vpipe.model, stats[m].prompts, stats[m].outputs, ar_out)
     d = summary["default" if diffusion else "verify"]
     ar_tok_s = summary["ar_kv_cache"]["tok_s"]
+    ar_agg = summary["ar_kv_cache"]["tok_s_aggregate"]
     ref_tok_s = summary["reference"]["tok_s"] if "reference" in summary else float("nan")
     rows = [
         [
@@ -308,6 +331,7 @@ def run_speed_bench(args: argparse.Namespace) -> int:
             "tok_s": v["tok_s"],
             "tpf": v["tpf"],
             "ratio_vs_ar": v["tok_s"] / ar_tok_s,
+            "aggregate_ratio_vs_ar": v["tok_s_aggregate"] / ar_agg,
             # the same without the prompt's pass, which both methods compute alike
             "decode_ratio_vs_ar": v["decode_tok_s"] / summary["ar_kv_cache"]["decode_tok_s"],
             "identical_to_ar": v["identical_to_ar"],
@@ -325,6 +349,7 @@ def run_speed_bench(args: argparse.Namespace) -> int:
             "tpf": d["tpf"],
             "accuracy": d["accuracy"],
             "ratio_vs_ar": d["tok_s"] / ar_tok_s,
+            "aggregate_ratio_vs_ar": d["tok_s_aggregate"] / ar_agg,
             "step_vs_ar_token": d["ms_per_forward"] / ar_ms,
             "ar_ms_per_token": ar_ms,
             **extra,
@@ -337,6 +362,7 @@ def run_speed_bench(args: argparse.Namespace) -> int:
             "tasks": tasks,
             "items": len(items),
             "repeats": args.repeats,
+            "interleave": bool(getattr(args, "interleave", False)),
             "settings": {
                 "policy": default.policy,
                 "threshold": default.threshold,
@@ -371,6 +397,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--limit", type=int, default=8, help="held-out items per task")
     p.add_argument("--seed", type=int, default=1234, help="test-split seed")
     p.add_argument("--repeats", type=int, default=3, help="timed repeats per item (median)")
+    p.add_argument(
+        "--interleave",
+        action="store_true",
+        help="time each item's repeats round-robin over the methods (A B A B), not back to back",
+    )
     p.add_argument(
         "--threshold", type=float, default=0.9, help="threshold of the default configuration"
     )
