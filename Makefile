@@ -9,7 +9,7 @@ PORT    ?= 8000
 CHROMIUM := /usr/bin/chromium
 SUDO    := $(if $(filter 0,$(shell id -u)),,sudo)
 
-.PHONY: install run lint test test-fuzz test-llama-cpp test-slow test-all screenshots train-ar train-model train-ar-v2 train-model-v2 train-model-v2-cf distill-v2 distill-v2-self distill-v2-self2 train-model-v2-kd train-model-v2-sdcf2 train-ar-v2-twin train-draft train-draft-v3 train-draft-levers train-draft-ablation train-draft-more4 train-draft-more5 train-draft-more6 train-draft-more7 train-draft-more8 train-draft-k8 train-draft-k8-2 distill-v3-self train-draft-sd distill-v3-self2 train-draft-sd2 distill-v3-all train-draft-sd3 clean
+.PHONY: install run lint test test-fuzz test-llama-cpp test-slow test-all screenshots train-ar train-model train-ar-v2 train-model-v2 train-model-v2-cf distill-v2 distill-v2-self distill-v2-self2 train-model-v2-kd train-model-v2-sdcf2 train-ar-v2-twin train-draft train-draft-v3 train-draft-levers train-draft-ablation train-draft-more4 train-draft-more5 train-draft-more6 train-draft-more7 train-draft-more8 train-draft-k8 train-draft-k8-2 distill-v3-self train-draft-sd distill-v3-self2 train-draft-sd2 distill-v3-all train-draft-sd3 distill-k82-self train-draft-k82-sd clean
 
 $(STAMP): pyproject.toml Makefile
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
@@ -198,6 +198,12 @@ distill-v3-all: train-draft-sd
 
 train-draft-sd3: distill-v3-all
 	$(BIN)/quicksilver train --recipe small-ar-draft-sd3
+
+distill-k82-self: train-draft-k8-2
+	$(DISTILL) --teacher runs/small-ar-draft-k8-2/final --out runs/distill3/self_k82.jsonl --n 6000 --seed 24
+
+train-draft-k82-sd: distill-k82-self
+	$(BIN)/quicksilver train --recipe small-ar-draft-k82-sd
 
 # v3 (the fifth sitting's shipped run, draft weight 1) and the levers measured against v3.1
 train-draft-v3: $(STAMP) runs/small-ar-v2-twin6k/final/config.json

@@ -294,6 +294,16 @@ V3_DRAFT_SD3 = dataclasses.replace(
     distill_ar=False,
 )
 
+# and the same self-distillation from the other branch (fourteenth sitting): -k8-2 (v3.7 + 1,200
+# steps of sized blocks, which drafts best on the bench's items) on its own verified replies (`make
+# distill-k82-self`: 6,000 training prompts, seed 24)
+V3_DRAFT_K82_SD = dataclasses.replace(
+    V3_DRAFT_SD,
+    init_from="runs/small-ar-draft-k8-2/final",
+    seed=24,
+    distill_data="runs/distill3/self_k82.jsonl",
+)
+
 RECIPES: dict[str, TrainConfig] = {
     # phase 1 (superseded): block-causal diffusion from scratch, ~3.0M parameters
     "small": TrainConfig(out="runs/small"),
@@ -410,6 +420,7 @@ RECIPES: dict[str, TrainConfig] = {
     "small-ar-draft-sd": dataclasses.replace(V3_DRAFT_SD, out="runs/small-ar-draft-sd"),
     "small-ar-draft-sd2": dataclasses.replace(V3_DRAFT_SD2, out="runs/small-ar-draft-sd2"),
     "small-ar-draft-sd3": dataclasses.replace(V3_DRAFT_SD3, out="runs/small-ar-draft-sd3"),
+    "small-ar-draft-k82-sd": dataclasses.replace(V3_DRAFT_K82_SD, out="runs/small-ar-draft-k82-sd"),
     "small-ar-draft-more-w1": dataclasses.replace(
         V3_DRAFT_MORE2, out="runs/small-ar-draft-more-w1", draft_weight=1.0
     ),
