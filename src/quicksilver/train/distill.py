@@ -1,5 +1,6 @@
-"""Sequence-level distillation data: a teacher's greedy replies to fresh training prompts, kept only
-where the task's exact verifier accepts them, written as JSON lines the trainer mixes into batches.
+"""Sequence-level distillation data: a teacher's greedy replies to fresh training prompts, kept
+where the task's exact verifier accepts them (``--keep all``: every reply, each marked ``correct``),
+written as JSON lines the trainer mixes into batches.
 
 Why: a parallel decoder commits many positions in one forward pass only where each is confident. A
 generator's reference reply is one of several valid ones (countdown has many expressions, a sudoku
@@ -7,7 +8,9 @@ with many blanks several fillings), so a model trained on references spreads its
 the multi-modality that non-autoregressive translation cures by training on a teacher's outputs
 (Kim & Rush 2016; Gu et al. 2018). A teacher's reply is one deterministic function of the prompt: the
 AR twin's (``--teacher`` the AR checkpoint) or the diffusion model's own correct trajectories
-(self-distillation, as dParallel and d3LLM distil their own decodes).
+(self-distillation, as dParallel and d3LLM distil their own decodes). A verify model's drafts are
+kept when they match its own AR output, right or wrong, so its unverified replies can still train
+the drafts: ``--keep all`` writes them marked, and the trainer gives them no next-token loss.
 
 The file is written in chunks and resumes exactly: items come from a seeded stream, each line records
 its chunk, and a rerun skips the chunks already written.
