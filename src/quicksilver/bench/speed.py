@@ -6,10 +6,11 @@ time): (a) the equal-size AR baseline with a KV cache, (b) the reference decoder
 one token per step (with the caches), (d) quicksilver's default (threshold decoding + caches). Per
 method: tok/s (committed output tokens per second from arrival to last token; median over items of
 the median over repeats), ``tok_s_aggregate`` (all items' tokens over the sum of their median
-times: long replies weigh as much as they take, and it moves less from run to run), TPF, NFE, ms per forward pass (wall time / NFE, prefill included), TTFT and
-accuracy by the task verifiers; ratios to (a) and (b); a PNG; the last line is JSON whose top level
-holds the default configuration's numbers, ``aggregate_ratio_vs_ar``, ``step_vs_ar_token`` (the default's ms per forward ÷ the
-AR baseline's) and ``ar_ms_per_token``. With ``--vs-llama-cpp`` the AR twin also runs in llama.cpp
+times: long replies weigh as much as they take, and it moves less from run to run), TPF, NFE, ms
+per forward pass (wall time / NFE, prefill included), TTFT and accuracy by the task verifiers;
+ratios to (a) and (b); a PNG; the last line is JSON whose top level holds the default
+configuration's numbers, ``aggregate_ratio_vs_ar``, ``step_vs_ar_token`` (the default's ms per
+forward ÷ the AR baseline's) and ``ar_ms_per_token``. With ``--vs-llama-cpp`` the AR twin also runs in llama.cpp
 (bench/llama_cpp.py) on the same token ids, and the top level gains ``ratio_vs_llama_cpp``.
 ``--backend`` picks the step runtime of both models (default auto: ONNX Runtime on a CPU, see
 models/cpu_backends.py) and ``--window`` the default's decode window; both are in ``settings``.
@@ -251,13 +252,13 @@ def run_speed_bench(args: argparse.Namespace) -> int:
     for fn in methods.values():  # warm-up
         fn(pipe, ar, tok.encode(prompt_text(warm, tok, False)), 16)
     names = list(methods)
-    repeats = max(1, args.repeats)
+    repeats, interleave = max(1, args.repeats), bool(getattr(args, "interleave", False))
     for i, it in enumerate(items):
         task = get_task(it.task)
         ids = tok.encode(prompt_text(it, tok, False))
         n = min(task.max_answer_tokens + 8, pipe.config.max_seq_len - len(ids))
         timed: dict[str, list[Run]] = {name: [] for name in names}
-        for name, _ in run_order(names, i, repeats, getattr(args, "interleave", False)):
+        for name, _ in run_order(names, i, repeats, interleave):
             timed[name].append(methods[name](pipe, ar, ids, n))
         for name, runs in timed.items():
             r = runs[0]
@@ -362,7 +363,7 @@ def run_speed_bench(args: argparse.Namespace) -> int:
             "tasks": tasks,
             "items": len(items),
             "repeats": args.repeats,
-            "interleave": bool(getattr(args, "interleave", False)),
+            "interleave": interleave,
             "settings": {
                 "policy": default.policy,
                 "threshold": default.threshold,

@@ -62,9 +62,8 @@ class Example:
     prompt: list[int]
     answer: list[int]
     task: str
-    ar: bool = (
-        True  # next-token loss on it; False: the draft loss only (a teacher's unverified reply)
-    )
+    # next-token loss on it; False: the draft loss only (a teacher's unverified reply)
+    ar: bool = True
 
 
 class Mixture:

@@ -148,9 +148,8 @@ def load_distilled(
             assert stop is not None
             prompt, answer = tok.encode(r["prompt"]), tok.encode(r["reply"]) + [stop]
             if max_len is None or len(prompt) + len(answer) <= max_len:
-                correct = r.get(
-                    "correct", True
-                )  # files before --keep all held verified replies only
+                # files written before --keep all held verified replies only
+                correct = r.get("correct", True)
                 out.append(Example(prompt, answer, r["task"], ar and correct))
     if not out:
         raise ConfigError(f"distillation data {p} has no usable example")
