@@ -67,7 +67,7 @@ def test_verify_is_the_ar_output_on_every_task(backend: str) -> None:
     alone = [dec.generate([p], cfg.replace(max_new_tokens=n))[0] for p, n in items]
     batched = dec.generate([p for p, _ in items], [cfg.replace(max_new_tokens=n) for _, n in items])
     same = [a.tokens == b.tokens for a, b in zip(ar, alone)]
-    if backend == "openvino-bf16":  # bf16 arithmetic over 17 positions may round a near-tie apart
+    if backend == "openvino-bf16":  # bf16 over a multi-position pass may round a near-tie apart
         assert sum(same) >= len(same) - 1
     else:
         assert all(same)

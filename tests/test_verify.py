@@ -15,7 +15,13 @@ from quicksilver.models.kvcache import KVCache
 from quicksilver.models.transformer import DiffusionLM, Segment
 from quicksilver.sampling import SamplerConfig, verify
 from quicksilver.sampling.autoregressive import ar_generate
-from quicksilver.sampling.verify import MASK_GATE, VerifyDecoder, VerifyRow
+from quicksilver.sampling.verify import (
+    MASK_GATE,
+    MIN_MASKS,
+    VerifyDecoder,
+    VerifyRow,
+    fit_drafts,
+)
 from quicksilver.train.objective import draft_mask
 
 MASK = 2
@@ -104,6 +110,37 @@ def test_garbage_drafts_still_give_the_ar_output(
     rows_equal_ar(model, prompts(5), k=6)
 
 
+def test_one_pass_shape_on_an_exported_step_still_gives_the_ar_output(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A lone row on an exported step feeds 1 + k positions a pass after its prompt (drafts
+    trimmed, masks in the rest), and its output is the same weights' AR output there."""
+    monkeypatch.setattr(verify, "MASK_GATE", 0.0)  # else every draft block gets k masks
+    model, k = causal_model(seed=3), 6
+    attach_backend(model, "onnx")
+    shapes: list[tuple[int, int]] = []
+    forward = model.forward_segments
+
+    def record(segs: list[Segment]) -> list[torch.Tensor]:
+        shapes.extend((s.length, s.draft) for s in segs)
+        return forward(segs)
+
+    model.forward_segments = record  # type: ignore[method-assign]
+    try:
+        for p in prompts(4):
+            shapes.clear()
+            want = ar_generate(model, p, 40, [1]).tokens
+            got = VerifyDecoder(model, [1]).generate(
+                [p], SamplerConfig(max_new_tokens=40, policy="verify", draft=k)
+            )[0]
+            assert got.tokens == want
+            decode = shapes[len(shapes) - got.nfe + 1 :]  # after the prompt pass
+            assert decode and all(n <= 1 + k for n, _ in decode)
+            assert any(0 < m < k for _, m in decode)  # drafts and masks share a pass
+    finally:
+        attach_backend(model, "torch")
+
+
 def test_perfect_drafts_are_all_kept(monkeypatch: pytest.MonkeyPatch) -> None:
     """An oracle that drafts the AR continuation: every draft kept, k + 1 tokens per pass."""
     model, k, n = causal_model(seed=4), 4, 30
@@ -171,6 +208,37 @@ def test_drafts_unlikely_to_be_all_kept_get_no_masks() -> None:
     row.drafts = []  # the bonus and k masks: 1 + k positions, not wide
     assert row.segment().draft == 8 and row.wide == 1
     assert row.result().wide_passes == 1
+
+
+def test_a_pass_of_width_k_feeds_the_likely_drafts_then_masks() -> None:
+    """With a width of k a pass feeds k positions after its final token: the draft prefix whose
+    own probabilities multiply to at least ``DRAFT_ODDS`` (at most k - ``MIN_MASKS``), masks in
+    the rest."""
+    dec = VerifyDecoder(causal_model(seed=6), [])
+    row = dec.new_row(
+        list(range(5, 30)), SamplerConfig(max_new_tokens=40, policy="verify", draft=8)
+    )
+    row.cache.length, row.host_tokens = 25, [9]
+    for conf, fed in (
+        ([0.99] * 8, 8 - MIN_MASKS),
+        ([0.9, 0.8, 0.3] + [0.99] * 5, 2),
+        ([0.1] * 8, 1),
+    ):
+        row.drafts, row.conf, row.q = [9] * 8, conf, torch.rand(8, 16)
+        seg = row.segment(width=8)
+        assert len(row.drafts) == len(row.conf) == len(row.q) == fed
+        assert seg.length == 1 + 8 and seg.draft == 8 - fed  # one shape: 1 + k
+    row.drafts, row.conf, row.q = [], [], None  # the bonus and k masks
+    assert row.segment(width=8).draft == 8 and row.wide == 3
+    assert row.result().wide_passes == 3
+
+
+def test_fit_drafts_takes_the_likely_prefix() -> None:
+    assert fit_drafts([0.99] * 8, 8) == 8 - MIN_MASKS
+    assert fit_drafts([0.9, 0.5, 0.9], 8) == 3  # 0.9, 0.45, 0.405: all at least 0.3
+    assert fit_drafts([0.9, 0.3], 8) == 1  # 0.27 < 0.3
+    assert fit_drafts([0.01], 8) == 1  # never none: the first draft is always fed
+    assert fit_drafts([0.99] * 3, 2) == 1
 
 
 def test_a_drafting_model_gets_buckets_for_both_verify_passes() -> None:

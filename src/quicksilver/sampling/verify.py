@@ -19,8 +19,10 @@ follows the model's AR distribution p at the request's temperature and top_p. Wh
 kept the bonus comes from p_n and the masks' predictions become the next pass's drafts (they
 assumed every draft kept); otherwise they are void and the next pass drafts afresh. So on a CPU,
 where every position costs, a pass feeds its masks behind the drafts only when the drafts' own
-probabilities make keeping all of them likely (``MASK_GATE``). ``draft = 0``
-feeds no masks: plain AR decoding of the same weights, one token per pass. A row with a
+probabilities make keeping all of them likely (``MASK_GATE``); and a lone row on an exported CPU
+step feeds at most k positions after its final tokens, the drafts most likely kept and masks in
+the rest (``fit_drafts``), so that every decode pass has one shape. ``draft = 0`` feeds no masks:
+plain AR decoding of the same weights, one token per pass. A row with a
 ``Constraint`` (structured output, tool calls, banned tokens, logprobs) checks its drafts left to
 right against the constrained causal distribution (``accept_constrained``): each position's logits
 are masked by the constraint, the pick must be allowed, and a draft is kept only if it is that pick
@@ -62,6 +64,14 @@ from .state import DecodeResult, RowEvent
 # (compute-bound; docs/LOG.md, 2026-12-02). An accelerator computes either in about the same time
 # at small batches: masks behind every draft block there (gate 0).
 MASK_GATE = 0.8
+# A lone row on an exported CPU step (models/cpu_backends.py) feeds at most k positions after its
+# final tokens, so that every decode pass has one shape, 1 + k: each shape is a graph compiled
+# with its own copy of the weights, and a row alternating between 1 + k and 1 + 2k keeps neither
+# in cache (the shipped model's 9-position pass ~0.65 ms alone, ~1.1 alternating with the
+# 17-position one; docs/LOG.md, 2026-12-03). The drafts take the longest prefix whose own
+# probabilities multiply to at least DRAFT_ODDS, leaving at least MIN_MASKS positions to the masks.
+DRAFT_ODDS = 0.3
+MIN_MASKS = 2
 
 
 Cost = Callable[[int, int], int]  # (new tokens, how many lead unread) -> cost in positions
@@ -97,7 +107,7 @@ class VerifyRow:
     accepted: list[int] = field(
         default_factory=list
     )  # per pass that verified drafts: how many kept
-    wide: int = 0  # passes that fed drafts and masks (1 + 2k positions), the rest 1 + k at most
+    wide: int = 0  # passes that fed drafts and masks
     nfe: int = 0
     done: bool = False
     finish_reason: str | None = None
@@ -132,13 +142,16 @@ class VerifyRow:
         while len(self.host_tokens) in self.prefill and len(self.host_tokens) < self.N:
             self.host_tokens.append(self.prefill[len(self.host_tokens)])
 
-    def _masks(self, feed: int, unread: int, cost: Cost) -> int:
-        """Masks this pass: the k drafts after the bonus, none past the canvas; and where the
-        pass runs in shape buckets (``cost``), only as many as add at most two positions' cost
-        each to a prefill-sized ``feed`` (its first ``unread`` tokens' logits not read): 8 masks
-        must not move a 25-token prompt from the 32-position shape into 64."""
+    def _masks(self, feed: int, unread: int, cost: Cost, width: int | None) -> int:
+        """Masks this pass: the k drafts after the bonus, none past the canvas nor past ``width``
+        positions after the final tokens; and where the pass runs in shape buckets (``cost``),
+        only as many as add at most two positions' cost each to a prefill-sized ``feed`` (its
+        first ``unread`` tokens' logits not read): 8 masks must not move a 25-token prompt from
+        the 32-position shape into 64."""
         room = self.N - (len(self.host_tokens) + len(self.drafts) + 1)
-        if self.drafts and math.prod(self.conf) < self.gate:
+        if width is not None:
+            room = min(room, width - len(self.drafts))
+        elif self.drafts and math.prod(self.conf) < self.gate:
             return 0  # the drafts are unlikely to be all kept, and masks behind them would be void
         m = max(0, min(self.k, room))
         alone = cost(feed, unread)
@@ -146,13 +159,23 @@ class VerifyRow:
             m -= 1
         return m
 
-    def segment(self, cost: Cost = exact) -> Segment:
-        """This pass's segment; ``cost`` says what a pass of n tokens costs."""
+    def _fit_drafts(self, width: int) -> None:
+        """Keep the drafts ``fit_drafts`` picks for a pass of ``width`` (their q rows with them)."""
+        n = fit_drafts(self.conf, width)
+        self.drafts, self.conf = self.drafts[:n], self.conf[:n]
+        if self.q is not None:
+            self.q = self.q[:n]  # (n, V)
+
+    def segment(self, cost: Cost = exact, width: int | None = None) -> Segment:
+        """This pass's segment; ``cost`` says what a pass of n tokens costs; ``width``, if given,
+        the most positions it feeds after its final tokens (drafts and masks)."""
+        if width is not None and self.drafts:
+            self._fit_drafts(width)
         seq = self.prompt_ids + self.host_tokens
         start = self.cache.length
         feed = seq[start:] + self.drafts
         lo = len(seq) - start - 1
-        m = self._masks(len(feed), lo, cost)
+        m = self._masks(len(feed), lo, cost, width)
         self.wide += bool(self.drafts and m)
         ids = to_device(feed + [self.mask_id] * m, torch.long, self.device)  # (n + m,)
         return Segment(ids, start, lo, len(feed) + m, self.cache, append=len(feed), draft=m)
@@ -226,6 +249,19 @@ class VerifyRow:
             list(self.accepted),
             self.wide,
         )
+
+
+def fit_drafts(conf: Sequence[float], width: int) -> int:
+    """How many drafts a pass of ``width`` positions feeds, given their own probabilities: the
+    longest prefix whose product reaches ``DRAFT_ODDS``, at most ``width - MIN_MASKS`` (the rest
+    are masks), and at least one."""
+    n, odds = 0, 1.0
+    for c in conf[: max(1, width - MIN_MASKS)]:
+        odds *= c
+        if odds < DRAFT_ODDS:
+            break
+        n += 1
+    return max(1, n)
 
 
 def accept_greedy(row: VerifyRow, top: list[int]) -> tuple[list[int], bool]:
@@ -431,9 +467,11 @@ class VerifyDecoder:
         if not rows:
             return []
         self.step_count += 1
-        # one row runs in the step backend's shape buckets; a packed batch runs its exact shape
+        # one row runs in the step backend's shape buckets, k positions after its final tokens
+        # when that is an exported CPU step (DRAFT_ODDS); a packed batch runs its exact shape
         cost = self.model.pass_cost if len(rows) == 1 else exact
-        segs = [r.segment(cost) for r in rows]
+        narrow = len(rows) == 1 and self.model.step_backend is not None
+        segs = [r.segment(cost, r.k if narrow else None) for r in rows]
         out = self.model.forward_segments(segs)
         logits = [forbid(o.float(), self.mask_id, self.vocab_limit) for o in out]  # (1+n+m, V) each
         greedy = [r.cfg.temperature <= 0 for r in rows]
