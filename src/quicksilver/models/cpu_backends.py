@@ -233,7 +233,8 @@ class ExportedStep:
         self.buckets = step_buckets(model.config.draft_length)
 
     def _bucket(self, n: int) -> int | None:
-        return next((b for b in self.buckets if b >= n), None)
+        i = bisect.bisect_left(self.buckets, n)
+        return self.buckets[i] if i < len(self.buckets) else None
 
     def _plan(self, n: int, unread: int) -> tuple[int, ...]:
         """The passes of ``n`` new tokens whose first ``unread`` are appended unread

@@ -60,8 +60,11 @@ def top_probabilities(
     if rows[0].device.type != "cpu":
         p = pad_windows(rows).softmax(-1).amax(-1).tolist()  # (R, W), one transfer
         return [p[i][a:b] for i, (a, b) in enumerate(spans)]
-    out = []
+    out: list[list[float]] = []
     for r, (a, b) in zip(rows, spans):
+        if a == b:
+            out.append([])
+            continue
         x = r.numpy()[a:b]  # (b - a, V)
         out.append((1.0 / np.exp(x - x.max(-1, keepdims=True)).sum(-1)).tolist())
     return out

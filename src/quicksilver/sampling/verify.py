@@ -205,7 +205,9 @@ class VerifyRow:
         self.cache.truncate(self.P + base + len(new) - 1)  # the kept drafts; the bonus is uncached
         self.drafts, self.q, self.conf = [], None, []
         new = new[: self.N - base]
-        stop = next((i for i, t in enumerate(new) if t in self.stop_ids), None)
+        stop = None
+        if not self.stop_ids.isdisjoint(new):
+            stop = next(i for i, t in enumerate(new) if t in self.stop_ids)
         # the stop token is committed (its event says which stop ended the row), never output
         committed = [(base + i, t) for i, t in enumerate(new if stop is None else new[: stop + 1])]
         self.host_tokens.extend(new if stop is None else new[:stop])
@@ -475,34 +477,32 @@ class VerifyDecoder:
         out = self.model.forward_segments(segs)
         logits = [forbid(o.float(), self.mask_id, self.vocab_limit) for o in out]  # (1+n+m, V) each
         greedy = [r.cfg.temperature <= 0 for r in rows]
-        top: list[list[int]] = []
-        conf: list[list[float]] = []  # per row: its masks' drafts' own probabilities (greedy)
-        if any(greedy):
-            top = greedy_ids(logits)  # (1 + n_i + m_i,) each
-            spans = [(len(r.drafts) + 1, len(r.drafts) + 1 + s.draft) for r, s in zip(rows, segs)]
-            conf = top_probabilities(logits, [sp if g else (0, 0) for sp, g in zip(spans, greedy)])
-        events = []
+        top = greedy_ids(logits) if any(greedy) else []  # (1 + n_i + m_i,) each
+        picks = []  # per row: new final tokens, all kept, the next drafts, their q and probabilities
         for i, (r, s) in enumerate(zip(rows, segs)):
             r.nfe += 1
             n, m = len(r.drafts), s.draft
-            q, dconf = None, []
             if r.constraint is not None:
                 new, kept = accept_constrained(r, logits[i][: n + 1].clone())
-                drafts = top[i][n + 1 : n + 1 + m] if greedy[i] else []
-                dconf = conf[i] if greedy[i] else []
-                if kept and m and not greedy[i]:
-                    drafts, q, dconf = sample_drafts(r, logits[i][n + 1 : n + 1 + m])
             elif greedy[i]:
                 new, kept = accept_greedy(r, top[i][: n + 1])
-                drafts = top[i][n + 1 : n + 1 + m]
-                dconf = conf[i]
             else:
                 new, kept = accept_sampled(r, logits[i][: n + 1])
-                drafts = []
-                if kept and m:
-                    drafts, q, dconf = sample_drafts(r, logits[i][n + 1 : n + 1 + m])
-            events.append(r.finish(new, kept, drafts, q, dconf))
-        return events
+            drafts: list[int] = []
+            dconf: list[float] = []
+            q = None
+            if kept and m and greedy[i]:
+                drafts = top[i][n + 1 : n + 1 + m]
+            elif kept and m:
+                drafts, q, dconf = sample_drafts(r, logits[i][n + 1 : n + 1 + m])
+            picks.append((new, kept, drafts, q, dconf, n + 1))
+        # the greedy drafts' own probabilities, for the rows that keep them (one read)
+        spans = [(a, a + len(d)) if g else (0, 0) for (_, _, d, _, _, a), g in zip(picks, greedy)]
+        conf = top_probabilities(logits, spans) if any(a < b for a, b in spans) else []
+        return [
+            r.finish(new, kept, drafts, q, conf[i] if greedy[i] and drafts else dconf)
+            for i, (r, (new, kept, drafts, q, dconf, _)) in enumerate(zip(rows, picks))
+        ]
 
     def drive(
         self, rows: Sequence[VerifyRow]
