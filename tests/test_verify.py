@@ -229,8 +229,8 @@ def test_a_pass_of_width_k_feeds_the_likely_drafts_then_masks() -> None:
         assert len(row.drafts) == len(row.conf) == len(row.q) == fed
         assert seg.length == 1 + 8 and seg.draft == 8 - fed  # one shape: 1 + k
     row.drafts, row.conf, row.q = [], [], None  # the bonus and k masks
-    assert row.segment(width=8).draft == 8 and row.wide == 3
-    assert row.result().wide_passes == 3
+    assert row.segment(width=8).draft == 8
+    assert row.wide == row.result().wide_passes == 0  # never more than 1 + k positions
 
 
 def test_fit_drafts_takes_the_likely_prefix() -> None:

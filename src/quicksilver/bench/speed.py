@@ -64,7 +64,7 @@ class Run:
     seconds: float
     ttft: float
     accepted: list[int] = field(default_factory=list)  # verify: drafts kept per verifying pass
-    wide_passes: int = 0  # verify: passes that fed drafts and masks
+    wide_passes: int = 0  # verify: passes that fed drafts with k masks behind them
 
 
 @dataclass
@@ -86,7 +86,7 @@ class MethodStats:
 
     def _verify_summary(self) -> dict[str, Any]:
         """A drafting method's acceptance: drafts kept per pass, and the share of the passes after
-        each first one that fed drafts and masks."""
+        each first one that fed drafts with k masks behind them."""
         later = max(sum(self.nfe) - len(self.nfe), 1)
         return {
             "accepted_hist": histogram(self.accepted),

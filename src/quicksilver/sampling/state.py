@@ -50,7 +50,7 @@ class DecodeResult:
     revisions: int
     seconds: float = 0.0
     accepted: list[int] | None = None  # verify decoding: drafts kept, per pass that verified some
-    wide_passes: int = 0  # verify decoding: passes after the first that fed drafts and masks
+    wide_passes: int = 0  # verify decoding: passes that fed drafts with k masks behind them
 
     @property
     def tpf(self) -> float:

@@ -107,7 +107,7 @@ class VerifyRow:
     accepted: list[int] = field(
         default_factory=list
     )  # per pass that verified drafts: how many kept
-    wide: int = 0  # passes that fed drafts and masks
+    wide: int = 0  # passes that fed more than k positions after the final tokens
     nfe: int = 0
     done: bool = False
     finish_reason: str | None = None
@@ -176,7 +176,7 @@ class VerifyRow:
         feed = seq[start:] + self.drafts
         lo = len(seq) - start - 1
         m = self._masks(len(feed), lo, cost, width)
-        self.wide += bool(self.drafts and m)
+        self.wide += len(self.drafts) + m > self.k  # drafts with k masks behind them
         ids = to_device(feed + [self.mask_id] * m, torch.long, self.device)  # (n + m,)
         return Segment(ids, start, lo, len(feed) + m, self.cache, append=len(feed), draft=m)
 
