@@ -23,10 +23,10 @@ into an exact KV cache, then times, against that cache:
   ``--verify-tpf`` (tokens per pass measured by ``bench speed``'s verify on our model: one figure
   for every k, or ``4:2.9,8:3.3``) the projected verify tok/s over AR = tpf / (1 + 2k pass / AR
   token), the conservative bound (every pass the wide one); with ``--verify-wide`` too (``bench
-  speed``'s ``wide_pass_fraction``: the share of passes after the first that fed drafts with k masks
-  behind them, ~0.2 under the CPU's mask gate in torch, 0 on an exported step, where every decode
-  pass is 1 + k positions) also under that mix of wide and 1 + k passes. Random weights have no acceptance of their own, so
-  the projection borrows the measured one.
+  speed``'s ``wide_pass_fraction``: the share of passes after the first that fed drafts with k
+  masks behind them, ~0.2 under the CPU's mask gate in torch, 0 on an exported step, where every
+  decode pass is 1 + k positions) also under that mix of wide and 1 + k passes. Random weights have
+  no acceptance of their own, so the projection borrows the measured one.
 
 Ends with one JSON line whose top level holds ``step_vs_ar_token``: the default window's step over
 an AR token step at the 1.5B shape in the default CPU dtype for its size (``default_dtype``:

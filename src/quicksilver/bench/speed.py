@@ -10,8 +10,9 @@ times: long replies weigh as much as they take, and it moves less from run to ru
 per forward pass (wall time / NFE, prefill included), TTFT and accuracy by the task verifiers;
 ratios to (a) and (b); a PNG; the last line is JSON whose top level holds the default
 configuration's numbers, ``aggregate_ratio_vs_ar``, ``step_vs_ar_token`` (the default's ms per
-forward ÷ the AR baseline's) and ``ar_ms_per_token``. With ``--vs-llama-cpp`` the AR twin also runs in llama.cpp
-(bench/llama_cpp.py) on the same token ids, and the top level gains ``ratio_vs_llama_cpp``.
+forward ÷ the AR baseline's) and ``ar_ms_per_token``. With ``--vs-llama-cpp`` the AR twin also
+runs in llama.cpp (bench/llama_cpp.py) on the same token ids, and the top level gains
+``ratio_vs_llama_cpp``.
 ``--backend`` picks the step runtime of both models (default auto: ONNX Runtime on a CPU, see
 models/cpu_backends.py) and ``--window`` the default's decode window; both are in ``settings``.
 ``--interleave`` runs each item's repeats round-robin over the methods (A B C A B C, the order turning

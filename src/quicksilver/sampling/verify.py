@@ -205,9 +205,7 @@ class VerifyRow:
         self.cache.truncate(self.P + base + len(new) - 1)  # the kept drafts; the bonus is uncached
         self.drafts, self.q, self.conf = [], None, []
         new = new[: self.N - base]
-        stop = None
-        if not self.stop_ids.isdisjoint(new):
-            stop = next(i for i, t in enumerate(new) if t in self.stop_ids)
+        stop = next((i for i, t in enumerate(new) if t in self.stop_ids), None)
         # the stop token is committed (its event says which stop ended the row), never output
         committed = [(base + i, t) for i, t in enumerate(new if stop is None else new[: stop + 1])]
         self.host_tokens.extend(new if stop is None else new[:stop])
@@ -479,6 +477,7 @@ class VerifyDecoder:
         greedy = [r.cfg.temperature <= 0 for r in rows]
         top = greedy_ids(logits) if any(greedy) else []  # (1 + n_i + m_i,) each
         picks = []  # per row: new final tokens, all kept, the next drafts, their q and probabilities
+        spans = []  # per row: where its kept greedy drafts sit in its logits (their probabilities)
         for i, (r, s) in enumerate(zip(rows, segs)):
             r.nfe += 1
             n, m = len(r.drafts), s.draft
@@ -495,13 +494,13 @@ class VerifyDecoder:
                 drafts = top[i][n + 1 : n + 1 + m]
             elif kept and m:
                 drafts, q, dconf = sample_drafts(r, logits[i][n + 1 : n + 1 + m])
-            picks.append((new, kept, drafts, q, dconf, n + 1))
+            picks.append((new, kept, drafts, q, dconf))
+            spans.append((n + 1, n + 1 + len(drafts)) if greedy[i] else (n + 1, n + 1))
         # the greedy drafts' own probabilities, for the rows that keep them (one read)
-        spans = [(a, a + len(d)) if g else (0, 0) for (_, _, d, _, _, a), g in zip(picks, greedy)]
         conf = top_probabilities(logits, spans) if any(a < b for a, b in spans) else []
         return [
             r.finish(new, kept, drafts, q, conf[i] if greedy[i] and drafts else dconf)
-            for i, (r, (new, kept, drafts, q, dconf, _)) in enumerate(zip(rows, picks))
+            for i, (r, (new, kept, drafts, q, dconf)) in enumerate(zip(rows, picks))
         ]
 
     def drive(
