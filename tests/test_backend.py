@@ -26,7 +26,7 @@ from quicksilver.models.cpu_backends import (
     step_buckets,
 )
 from quicksilver.models.kvcache import KVCache
-from quicksilver.models.transformer import Segment
+from quicksilver.models.segment import Segment
 from quicksilver.sampling import SamplerConfig
 from quicksilver.sampling.autoregressive import ar_generate
 from quicksilver.sampling.caches import resolve_window

@@ -7,7 +7,7 @@ import torch
 
 from quicksilver.errors import ConfigError
 from quicksilver.models import DiffusionLM, KVCache, ModelConfig, preset
-from quicksilver.models.transformer import Segment
+from quicksilver.models.segment import Segment
 
 
 def _model(**kw) -> DiffusionLM:  # type: ignore[no-untyped-def]

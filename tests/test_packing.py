@@ -10,7 +10,7 @@ from quicksilver.errors import ConfigError
 from quicksilver.models import DiffusionLM, preset
 from quicksilver.models.kvcache import KVCache
 from quicksilver.models.packing import KEY_BUCKET, key_length
-from quicksilver.models.transformer import Segment
+from quicksilver.models.segment import Segment
 from quicksilver.sampling import Decoder
 from test_step import _mixed, _prompt
 

@@ -29,8 +29,8 @@ def _port() -> int:
 
 def _check(path: Path, rank: int, mesh: Any) -> dict[str, Any]:
     import quicksilver
+    from quicksilver.models.segment import Segment
     from quicksilver.models.tensor_parallel import parallelize
-    from quicksilver.models.transformer import Segment
     from quicksilver.sampling import SamplerConfig
 
     ref, tp = quicksilver.load(path), quicksilver.load(path)

@@ -12,7 +12,8 @@ from quicksilver.errors import ConfigError
 from quicksilver.models.config import ModelConfig, preset
 from quicksilver.models.cpu_backends import TOKEN_BUCKETS, attach_backend, step_buckets
 from quicksilver.models.kvcache import KVCache
-from quicksilver.models.transformer import DiffusionLM, Segment
+from quicksilver.models.segment import Segment
+from quicksilver.models.transformer import DiffusionLM
 from quicksilver.sampling import SamplerConfig, verify
 from quicksilver.sampling.autoregressive import ar_generate
 from quicksilver.sampling.verify import (

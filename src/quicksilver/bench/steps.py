@@ -22,7 +22,8 @@ from ..assets import resolve_model
 from ..errors import QuicksilverError
 from ..models.cpu_backends import BACKEND_CHOICES, attach_backend
 from ..models.kvcache import KVCache
-from ..models.transformer import DiffusionLM, Segment
+from ..models.segment import Segment
+from ..models.transformer import DiffusionLM
 from ..pipeline import load
 from .common import emit_json, hardware, median, print_table
 

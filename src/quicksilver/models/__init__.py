@@ -3,7 +3,8 @@
 from . import families  # noqa: E402,F401  (registers the open diffusion LM loaders)
 from .config import PRESETS, ModelConfig, preset
 from .kvcache import KVCache
-from .transformer import DiffusionLM, Segment, build_attention_mask
+from .segment import Segment, build_attention_mask
+from .transformer import DiffusionLM
 
 __all__ = [
     "ModelConfig",

@@ -41,8 +41,9 @@ import torch
 
 from ..errors import ConfigError
 from .kvcache import KVCache
+from .segment import Segment
 from .step_graph import check_supported, export_to_temp
-from .transformer import DiffusionLM, Segment
+from .transformer import DiffusionLM
 
 # new tokens per pass: the AR step, windows (w, or w + 1 with the predictor on the left), a block,
 # two blocks (a finished one appended with the next), prefills (padded: compute-bound anyway)

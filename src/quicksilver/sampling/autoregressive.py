@@ -14,7 +14,8 @@ import torch
 from ..errors import ConfigError
 from ..models.host import to_device
 from ..models.kvcache import KVCache
-from ..models.transformer import DiffusionLM, Segment
+from ..models.segment import Segment
+from ..models.transformer import DiffusionLM
 from .decoder import DecodeResult
 from .noise import sample_tokens
 from .select import forbid, greedy_ids

@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING
 import torch
 
 from ..models.kvcache import KVCache
-from ..models.transformer import Segment
+from ..models.segment import Segment
 from .caches import CACHE_MODES
 from .config import SamplerConfig
 from .policies import POLICIES

@@ -1,6 +1,6 @@
 """The verify decoder: a causal network drafts k tokens by diffusion and checks them itself, in one pass.
 
-One row's pass is one packed segment (``Segment.draft``, models/transformer.py):
+One row's pass is one packed segment (``Segment.draft``, models/segment.py):
 
     [final tokens not yet cached | drafts d_0 .. d_{n-1} | k masks]
 
@@ -49,7 +49,8 @@ import torch
 from ..errors import ConfigError
 from ..models.host import to_device
 from ..models.kvcache import KVCache
-from ..models.transformer import DiffusionLM, Segment
+from ..models.segment import Segment
+from ..models.transformer import DiffusionLM
 from .config import SamplerConfig
 from .decoder import Decoder
 from .hooks import Constraint
