@@ -14,7 +14,7 @@ from quicksilver.sampling import POLICIES, Decoder, SamplerConfig
 from quicksilver.sampling.caches import CACHE_MODES, resolve_cache_mode
 from quicksilver.sampling.canvas import BanTokens
 from quicksilver.sampling.hooks import apply_stop, commit_constrained, remask
-from quicksilver.sampling.select import choose, policy_scores
+from quicksilver.sampling.select import choose, forbid, forbid_host, policy_scores
 
 MASK, EOS = 2, 1
 INF = float("inf")
@@ -156,6 +156,16 @@ def test_a_row_is_scored_by_its_own_policy_whatever_its_batch_mates() -> None:
 
 
 # ---- hooks --------------------------------------------------------------------------------------
+@pytest.mark.parametrize("vocab_limit", [None, 90])
+def test_the_host_ban_equals_the_device_ban(vocab_limit: int | None) -> None:
+    """``forbid_host`` (numpy slices on the CPU) bans exactly what ``forbid`` does, in place."""
+    x = torch.randn(3, 5, 96)  # (R, W, V)
+    want = forbid(x.clone(), MASK, vocab_limit)
+    got = forbid_host(x, MASK, vocab_limit)
+    assert got.data_ptr() == x.data_ptr() and torch.equal(got, want)
+    assert (got[..., MASK] == -INF).all() and (got[..., 3] > -INF).all()
+
+
 def test_remask_only_committed_eligible_positions_below_their_rows_bound() -> None:
     probs = torch.full((2, 3, 4), 0.25)  # every token at p = 0.25
     cur = torch.tensor([[0, 1, 2], [3, 0, 1]])

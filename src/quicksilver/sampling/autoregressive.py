@@ -18,7 +18,7 @@ from ..models.segment import Segment
 from ..models.transformer import DiffusionLM
 from .decoder import DecodeResult
 from .noise import sample_tokens
-from .select import forbid, greedy_ids
+from .select import forbid_host, greedy_ids
 
 
 @torch.no_grad()
@@ -62,7 +62,7 @@ def ar_stream(
                 0
             ]  # (1, V): the next token
             nfe += 1
-            logits = forbid(
+            logits = forbid_host(
                 logits.float(), cfg.mask_token_id, None
             )  # the mask is never a prediction
             if temperature > 0:

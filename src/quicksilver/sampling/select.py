@@ -41,6 +41,19 @@ def forbid(logits: torch.Tensor, mask_id: int, vocab_limit: int | None) -> torch
     return logits.index_fill_(-1, banned, float("-inf"))
 
 
+def forbid_host(logits: torch.Tensor, mask_id: int, vocab_limit: int | None) -> torch.Tensor:
+    """``forbid`` for logits the host reads next (the verify and AR loops' picks). On the CPU
+    through numpy slices: between two passes torch's ``index_fill_`` and the first read after it
+    take ~35 us on one thread of the 2-vCPU EPYC, these ~25 (docs/LOG.md, 2026-12-04)."""
+    if logits.device.type != "cpu":
+        return forbid(logits, mask_id, vocab_limit)
+    x = logits.numpy()  # (..., V), the same memory
+    x[..., mask_id] = -np.inf
+    if vocab_limit is not None:
+        x[..., vocab_limit:] = -np.inf
+    return logits
+
+
 def greedy_ids(rows: Sequence[torch.Tensor]) -> list[list[int]]:
     """The argmax of each row's logits (w_i, V), as lists, in one transfer. On the CPU through
     numpy: torch's argmax over a (17, 1024) step takes ~20 us on one thread of the 2-vCPU EPYC,

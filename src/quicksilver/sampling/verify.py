@@ -56,7 +56,7 @@ from .decoder import Decoder
 from .hooks import Constraint
 from .noise import filtered, request_generator, sample_with_distribution
 from .policies import POLICIES
-from .select import forbid, greedy_ids, top_probabilities
+from .select import forbid_host, greedy_ids, top_probabilities
 from .state import DecodeResult, RowEvent
 
 # on a CPU a pass with drafts to check feeds its k masks only when the drafts' own probabilities
@@ -474,7 +474,9 @@ class VerifyDecoder:
         narrow = len(rows) == 1 and self.model.step_backend is not None
         segs = [r.segment(cost, r.k if narrow else None) for r in rows]
         out = self.model.forward_segments(segs)
-        logits = [forbid(o.float(), self.mask_id, self.vocab_limit) for o in out]  # (1+n+m, V) each
+        logits = [
+            forbid_host(o.float(), self.mask_id, self.vocab_limit) for o in out
+        ]  # (1+n+m, V) each
         greedy = [r.cfg.temperature <= 0 for r in rows]
         top = greedy_ids(logits) if any(greedy) else []  # (1 + n_i + m_i,) each
         picks = []  # per row: new final tokens, all kept, the next drafts, their q and probabilities
