@@ -40,7 +40,10 @@ def pair(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
 def test_bench_speed_reports_all_four_methods_and_ratios(
     pair: tuple[Path, Path], tmp_path: Path
 ) -> None:
+    from quicksilver.models.init import init_model
+
     diff, ar = pair
+    drafter = init_model(tmp_path / "drafter", "tiny", seed=2, attention="causal", draft_length=4)
     r = qs(
         "bench",
         "speed",
@@ -48,6 +51,8 @@ def test_bench_speed_reports_all_four_methods_and_ratios(
         str(diff),
         "--ar-model",
         str(ar),
+        "--verify-model",
+        str(drafter),
         "--tasks",
         "chat,sudoku4",
         "--limit",
@@ -55,6 +60,8 @@ def test_bench_speed_reports_all_four_methods_and_ratios(
         "--repeats",
         "1",
         "--interleave",
+        "--draft-sweep",
+        "2",
         "--out",
         str(tmp_path),
     )
@@ -63,12 +70,13 @@ def test_bench_speed_reports_all_four_methods_and_ratios(
     assert {"ar_kv_cache", "reference", "one_token_per_step", "default"} <= set(out["methods"])
     assert out["interleave"] is True and out["aggregate_ratio_vs_ar"] > 0
     assert all(m["tok_s_aggregate"] > 0 for m in out["methods"].values())
-    if "verify" in out["methods"]:  # the embedded default drafts: verify runs beside, exactly AR
-        v = out["methods"]["verify"]
-        assert v["identical_to_ar"] == 1.0 and v["differences"] == [] and sum(v["accepted_hist"])
-        assert 0.0 <= v["wide_pass_fraction"] <= 1.0
-        assert out["verify"]["ratio_vs_ar"] > 0 and out["verify"]["tpf"] >= 1.0
-        assert out["verify"]["decode_ratio_vs_ar"] > 0
+    v = out["methods"]["verify"]  # a random drafter: verify runs beside, exactly AR all the same
+    assert v["identical_to_ar"] == 1.0 and v["differences"] == [] and sum(v["accepted_hist"])
+    assert 0.0 <= v["wide_pass_fraction"] <= 1.0
+    assert out["verify"]["ratio_vs_ar"] > 0 and out["verify"]["tpf"] > 0.5  # ~1: random drafts
+    assert out["verify"]["decode_ratio_vs_ar"] > 0 and out["verify"]["draft"] == 4
+    assert out["methods"]["verify_k2"]["identical_to_ar"] == 1.0
+    assert Path(out["verify"]["k_plot"]).stat().st_size > 1000
     for key in (
         "tok_s",
         "tpf",
@@ -86,6 +94,22 @@ def test_bench_speed_reports_all_four_methods_and_ratios(
     for m in ("ar_kv_cache", "default"):  # streamed methods: tok/s after the first token too
         assert out["methods"][m]["decode_tok_s"] > 0
     assert (tmp_path / "speed.png").stat().st_size > 1000
+
+
+def test_the_k_plot_has_draft_0_the_default_and_the_sweep(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    from quicksilver.bench import verify
+
+    seen: dict[str, Any] = {}
+    monkeypatch.setattr(
+        verify, "line_plot", lambda path, xs, series, *a: seen.update(xs=xs, s=series)
+    )
+    run = {"tok_s": 1.0, "tok_s_aggregate": 2.0}
+    summary = {"verify_ar": run, "verify": {**run, "tok_s": 3.0}, "verify_k4": run}
+    assert verify.k_plot(tmp_path, {"verify": run, "verify_ar": run}, 8, run) is None  # no sweep
+    verify.k_plot(tmp_path, summary, 8, run)
+    assert seen["xs"] == [0, 4, 8] and seen["s"]["verify tok/s (median item)"] == [1.0, 1.0, 3.0]
 
 
 def test_repeats_run_back_to_back_or_round_robin() -> None:

@@ -329,6 +329,7 @@ def run_speed_bench(args: argparse.Namespace) -> int:
         }
     if vpipe is not None:
         v = summary["verify"]
+        k = vpipe.config.draft_length if args.draft is None else args.draft
         extra["verify"] = {
             "tok_s": v["tok_s"],
             "tpf": v["tpf"],
@@ -338,9 +339,9 @@ def run_speed_bench(args: argparse.Namespace) -> int:
             "decode_ratio_vs_ar": v["decode_tok_s"] / summary["ar_kv_cache"]["decode_tok_s"],
             "identical_to_ar": v["identical_to_ar"],
             "model": str(vpipe.path),
-            "draft": vpipe.config.draft_length if args.draft is None else args.draft,
+            "draft": k,
             "backend": vpipe.runtime,
-            "k_plot": str(k_plot(out, summary, ar_tok_s) or ""),
+            "k_plot": str(k_plot(out, summary, k, summary["ar_kv_cache"]) or ""),
         }
         if llama is not None:
             extra["verify"]["ratio_vs_llama_cpp"] = v["tok_s"] / summary["llama_cpp_ar"]["tok_s"]

@@ -54,17 +54,25 @@ def identity(
     return {"identical_to_ar": 1 - len(diffs) / max(len(prompts), 1), "differences": diffs}
 
 
-def k_plot(out: Path, summary: dict[str, dict[str, Any]], ar_tok_s: float) -> Path | None:
-    """tok/s of verify against the number of drafts k (the sweep, draft 0 at k = 0)."""
-    ks = sorted(int(m[len("verify_k") :]) for m in summary if m.startswith("verify_k"))
-    if not ks:
+def k_plot(
+    out: Path, summary: dict[str, dict[str, Any]], default_k: int, ar: dict[str, Any]
+) -> Path | None:
+    """tok/s of verify against the number of drafts k: draft 0 at k = 0, the default method at its
+    ``default_k`` and the sweep's ks; by the median item and in aggregate, beside the AR twin's ``ar``."""
+    runs = {int(m[len("verify_k") :]): summary[m] for m in summary if m.startswith("verify_k")}
+    if not runs:
         return None
-    xs = [0, *ks]
-    ys = [summary["verify_ar"]["tok_s"], *(summary[f"verify_k{k}"]["tok_s"] for k in ks)]
+    runs |= {0: summary["verify_ar"], default_k: summary["verify"]}
+    xs = sorted(runs)
     return line_plot(
         out / "verify_k.png",
         xs,
-        {"verify tok/s": ys, "AR twin tok/s": [ar_tok_s] * len(xs)},
+        {
+            "verify tok/s (median item)": [runs[k]["tok_s"] for k in xs],
+            "verify tok/s (aggregate)": [runs[k]["tok_s_aggregate"] for k in xs],
+            "AR twin (median item)": [ar["tok_s"]] * len(xs),
+            "AR twin (aggregate)": [ar["tok_s_aggregate"]] * len(xs),
+        },
         "drafts per pass (k)",
         "single-stream verify decoding against the AR twin",
     )
