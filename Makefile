@@ -9,7 +9,7 @@ PORT    ?= 8000
 CHROMIUM := /usr/bin/chromium
 SUDO    := $(if $(filter 0,$(shell id -u)),,sudo)
 
-.PHONY: install run lint test test-fuzz test-llama-cpp test-slow test-all screenshots train-ar train-model train-ar-v2 train-model-v2 train-model-v2-cf distill-v2 distill-v2-self distill-v2-self2 train-model-v2-kd train-model-v2-sdcf2 train-ar-v2-twin train-draft train-draft-v3 train-draft-levers train-draft-ablation train-draft-more4 train-draft-more5 train-draft-more6 train-draft-more7 train-draft-more8 train-draft-k8 train-draft-k8-2 distill-v3-self train-draft-sd distill-v3-self2 train-draft-sd2 distill-v3-all train-draft-sd3 distill-k82-self train-draft-k82-sd clean
+.PHONY: install run lint test test-fuzz test-llama-cpp llama-server test-slow test-all screenshots train-ar train-model train-ar-v2 train-model-v2 train-model-v2-cf distill-v2 distill-v2-self distill-v2-self2 train-model-v2-kd train-model-v2-sdcf2 train-ar-v2-twin train-draft train-draft-v3 train-draft-levers train-draft-ablation train-draft-more4 train-draft-more5 train-draft-more6 train-draft-more7 train-draft-more8 train-draft-k8 train-draft-k8-2 distill-v3-self train-draft-sd distill-v3-self2 train-draft-sd2 distill-v3-all train-draft-sd3 distill-k82-self train-draft-k82-sd clean
 
 $(STAMP): pyproject.toml Makefile
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
@@ -53,6 +53,24 @@ LLAMA_CMAKE = -DGGML_NATIVE=ON -DLLAMA_BUILD_TOOLS=OFF -DLLAMA_BUILD_EXAMPLES=OF
 test-llama-cpp: $(STAMP)
 	$(BIN)/python -c "import llama_cpp" 2>/dev/null || CMAKE_ARGS="$(LLAMA_CMAKE)" CMAKE_BUILD_PARALLEL_LEVEL=2 $(BIN)/python -m pip install -q llama-cpp-python
 	$(BIN)/python -m pytest tests/test_gguf.py tests/test_bench.py -q -k "gguf or llama"
+
+# llama.cpp's own OpenAI server (C++), the peer of `bench serve --vs-llama-cpp` and `bench speed
+# --vs-llama-cpp`: built from the llama.cpp source vendored in the registry's llama-cpp-python sdist
+# (nothing downloaded beyond the package index), ~6 minutes on 2 idle cores.
+LLAMA_SERVER := $(VENV)/llama.cpp/bin/llama-server
+LLAMA_SDIST  := llama-cpp-python==0.3.36
+$(LLAMA_SERVER): | $(STAMP)
+	rm -rf $(VENV)/llama.cpp/src && mkdir -p $(VENV)/llama.cpp/src
+	$(BIN)/python -m pip download -q --no-deps --no-binary :all: -d $(VENV)/llama.cpp/src "$(LLAMA_SDIST)"
+	tar -xzf $(VENV)/llama.cpp/src/llama_cpp_python-*.tar.gz -C $(VENV)/llama.cpp/src
+	cmake -S $(VENV)/llama.cpp/src/llama_cpp_python-*/vendor/llama.cpp -B $(VENV)/llama.cpp/build \
+	  -DCMAKE_BUILD_TYPE=Release -DGGML_NATIVE=ON -DLLAMA_CURL=OFF -DLLAMA_BUILD_SERVER=ON \
+	  -DLLAMA_BUILD_TOOLS=ON -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_BUILD_TESTS=OFF -DBUILD_SHARED_LIBS=OFF
+	cmake --build $(VENV)/llama.cpp/build --target llama-server llama-bench -j 2
+	mkdir -p $(VENV)/llama.cpp/bin
+	cp $(VENV)/llama.cpp/build/bin/llama-server $(VENV)/llama.cpp/build/bin/llama-bench $(VENV)/llama.cpp/bin/
+
+llama-server: $(LLAMA_SERVER)
 
 test-slow: $(STAMP)
 	$(BIN)/python -m pytest -m slow

@@ -84,8 +84,8 @@ class Pipeline:
 
     @property
     def runtime(self) -> str:
-        """What runs the single-sequence passes (``--backend`` resolved): torch, onnx, openvino or
-        openvino-bf16. Packed batches and passes no exported bucket holds run in torch."""
+        """What runs every row's passes (``--backend`` resolved): torch, onnx, openvino or
+        openvino-bf16. Passes no exported bucket holds run in torch."""
         step = self.model.step_backend
         return step.name if step is not None else "torch"
 
@@ -201,10 +201,10 @@ LOAD_HELP = {
     "dtype": "compute dtype; auto: bfloat16 on a GPU and for CPU models of 0.5B+ parameters, "
     "float32 below (faster there, and what the onnx/openvino backends run)",
     "quantize": "int8: dynamic int8 linear layers on the CPU (fbgemm; ~4x less weight memory)",
-    "backend": "runtime of single-sequence steps: torch (eager, the exact reference; a served "
-    "answer never depends on whether it shared a step), onnx (ONNX Runtime), openvino, "
+    "backend": "runtime of every row's pass, alone or batched (a row's tokens never depend on "
+    "its neighbours): torch (eager, the exact reference), onnx (ONNX Runtime), openvino, "
     "openvino-bf16 (OpenVINO in bf16, CPUs with bf16 only), auto (the measured winner on a "
-    "float32 CPU model, else torch)",
+    "float32 CPU model, else torch; the server's default)",
     "cache": "KV cache: auto (exact block cache for block-causal models), none, block, or the "
     "approximate prefix/dual caches for bidirectional models",
     "refresh_every": "approximate caches: also recompute everything every N steps "
@@ -227,7 +227,7 @@ LOAD_CHOICES: dict[str, Sequence[str]] = {
 def load(path: str | Path, config: LoadConfig | None = None, **options: Any) -> Pipeline:
     """Load a checkpoint directory (never touches the network) as ``config`` says, with
     ``options`` (``LoadConfig`` fields; ``dtype`` may be a ``torch.dtype``) on top. See
-    ``LOAD_HELP`` for each option; packed batches always run in torch (models/cpu_backends.py)."""
+    ``LOAD_HELP`` for each option."""
     if isinstance(options.get("dtype"), torch.dtype):
         options["dtype"] = dtype_name(options["dtype"])
     if options.get("dtype") is None:

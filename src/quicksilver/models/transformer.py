@@ -459,12 +459,21 @@ class DiffusionLM(nn.Module):
         """Packed inference forward: one pass for several sequences, each with its own KV cache.
 
         Returns per segment the logits (hi - lo, V) of its tokens [lo, hi), aligned (shift applied).
-        A single segment goes to the step backend first, when one is attached and covers it.
+        With a step backend attached, every segment it covers runs through it on its own, exactly
+        as it would alone (so a row's logits never depend on the other rows of its pass); the
+        rest are packed into one torch pass.
         """
-        if self.step_backend is not None and len(segments) == 1:
-            logits = self.step_backend.forward_segment(segments[0])
-            if logits is not None:
-                return [logits]
+        if self.step_backend is None:
+            return self._forward_packed(segments)
+        out: list[torch.Tensor | None] = [self.step_backend.forward_segment(s) for s in segments]
+        rest = [i for i, o in enumerate(out) if o is None]
+        if rest:
+            for i, o in zip(rest, self._forward_packed([segments[i] for i in rest])):
+                out[i] = o
+        return [o for o in out if o is not None]
+
+    def _forward_packed(self, segments: list[Segment]) -> list[torch.Tensor]:
+        """The segments as one packed torch pass (see ``forward_segments``)."""
         cfg = self.config
         ids = (
             torch.cat([s.ids for s in segments])[None]

@@ -468,10 +468,11 @@ class VerifyDecoder:
         if not rows:
             return []
         self.step_count += 1
-        # one row runs in the step backend's shape buckets, k positions after its final tokens
-        # when that is an exported CPU step (DRAFT_ODDS); a packed batch runs its exact shape
-        cost = self.model.pass_cost if len(rows) == 1 else exact
-        narrow = len(rows) == 1 and self.model.step_backend is not None
+        # every row plans its pass as it would alone (its tokens never depend on its neighbours):
+        # on an exported CPU step in its shape buckets, k positions after its final tokens
+        # (DRAFT_ODDS); in torch its exact shape
+        cost = self.model.pass_cost
+        narrow = self.model.step_backend is not None
         segs = [r.segment(cost, r.k if narrow else None) for r in rows]
         out = self.model.forward_segments(segs)
         logits = [

@@ -37,6 +37,7 @@ API_KEY_ENV = "QUICKSILVER_API_KEY"
 class ServerConfig(LoadConfig):
     """The server's options after the model's load options (``LoadConfig``)."""
 
+    backend: str = "auto"  # served rows and batches on the machine's fastest step (LoadConfig: torch)
     model: str | None = None  # checkpoint directory (default: the embedded model)
     served_model_name: str | None = (
         None  # the id clients send as `model` (default: quicksilver or the dir name)

@@ -1,0 +1,60 @@
+"""A row's greedy tokens never depend on the other rows of its pass, on the server's default runtime.
+
+The shipped model (lossless verify) and its AR twin on ``--backend auto`` (openvino-bf16 here, the
+exported step of every row): replies of suite prompts of mixed lengths (chat to tool calls, 12-230
+tokens) decoded alone, then through the engine in batches of 2, 8 and 32 with requests joining
+while others run, must be identical token for token.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+import quicksilver
+from quicksilver.assets import embedded_ar_model_path, embedded_model_path
+from quicksilver.engine import Engine, EngineConfig, EngineRequest
+from quicksilver.suite.render import render
+from quicksilver.suite.tasks import get_task
+
+TASKS = ("chat", "multiply", "sudoku4", "countdown3", "path_star", "tool_call")
+
+
+def _prompts(pipe) -> list[list[int]]:  # type: ignore[no-untyped-def]
+    out = []
+    for name in TASKS:
+        for phrasing in ("templated", "held-out"):
+            for item in get_task(name).test_items(3, phrasing=phrasing):
+                out.append(render(item, pipe.tokenizer)[0])
+    return out
+
+
+def _replies(pipe, prompts, max_batch: int, every: int) -> list[list[int]]:  # type: ignore[no-untyped-def]
+    """Greedy replies through one engine; a request joins every ``every`` steps (0: all at once)."""
+    cfg = pipe.sampler_config(max_new_tokens=48, temperature=0.0)
+    engine = Engine(pipe.decoder, EngineConfig(max_batch=max_batch))
+    pending, out, step = list(enumerate(prompts)), {}, 0
+    while pending or engine.has_work:
+        while pending and (every == 0 or step % every == 0):
+            i, ids = pending.pop(0)
+            engine.add(EngineRequest(str(i), ids, cfg))
+            if every:
+                break
+        for ev in engine.step():
+            if ev.done:
+                out[int(ev.request_id)] = ev.result.tokens
+        step += 1
+    return [out[i] for i in range(len(prompts))]
+
+
+@pytest.mark.parametrize("path", [embedded_model_path, embedded_ar_model_path], ids=["verify", "twin"])
+def test_greedy_replies_are_the_same_alone_and_in_any_batch(path) -> None:  # type: ignore[no-untyped-def]
+    pipe = quicksilver.load(path(), backend="auto")
+    if pipe.runtime == "torch":
+        pytest.skip("no exported CPU step here (auto resolved to torch)")
+    prompts = _prompts(pipe)
+    assert len({len(p) for p in prompts}) > 10  # mixed lengths
+    alone = [_replies(pipe, [p], 1, 0)[0] for p in prompts]
+    for max_batch, every in ((2, 1), (8, 0), (8, 3), (32, 0), (32, 1)):
+        got = _replies(pipe, prompts, max_batch, every)
+        same = sum(a == b for a, b in zip(alone, got))
+        assert same == len(prompts), f"batch {max_batch}, a request every {every} steps: {same}"
