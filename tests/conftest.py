@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -49,3 +50,14 @@ def tiny_pipe(tiny_ckpt: Path):  # type: ignore[no-untyped-def]
     import quicksilver
 
     return quicksilver.load(tiny_ckpt)
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _no_warmup() -> Iterator[None]:
+    """Servers built in-process skip compiling their exported step's shapes ahead of time (seconds
+    a start); ``ExportedStep.warm`` is tested on its own and servers launched as processes run it."""
+    from quicksilver.pipeline import Pipeline
+
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(Pipeline, "warm_up", lambda self: 0)
+        yield

@@ -46,7 +46,9 @@ def _replies(pipe, prompts, max_batch: int, every: int) -> list[list[int]]:  # t
     return [out[i] for i in range(len(prompts))]
 
 
-@pytest.mark.parametrize("path", [embedded_model_path, embedded_ar_model_path], ids=["verify", "twin"])
+@pytest.mark.parametrize(
+    "path", [embedded_model_path, embedded_ar_model_path], ids=["verify", "twin"]
+)
 def test_greedy_replies_are_the_same_alone_and_in_any_batch(path) -> None:  # type: ignore[no-untyped-def]
     pipe = quicksilver.load(path(), backend="auto")
     if pipe.runtime == "torch":

@@ -89,6 +89,12 @@ class Pipeline:
         step = self.model.step_backend
         return step.name if step is not None else "torch"
 
+    def warm_up(self) -> int:
+        """Compile the exported step's shapes ahead of the first requests (``ExportedStep.warm``);
+        returns how many (0 on torch, which compiles nothing)."""
+        step = self.model.step_backend
+        return 0 if step is None else step.warm(self.config.max_seq_len)
+
     def encode_prompt(
         self, prompt: str | Messages, chat: bool | None = None, **template_kwargs: Any
     ) -> list[int]:

@@ -34,6 +34,7 @@ import logging
 import math
 from collections.abc import Callable
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, Protocol
 
 import numpy as np
@@ -104,7 +105,10 @@ class OvRunner:
                 "PERFORMANCE_HINT": "LATENCY",
             },
         )
-        self.path = path
+        # the graph as OpenVINO IR beside the ONNX file: every shape's model reads its constants
+        # from one memory-mapped .bin instead of a private copy of the ONNX file's
+        self.path = str(Path(path).with_suffix(".xml"))
+        ov.save_model(self.core.read_model(path), self.path, compress_to_fp16=False)
         self.compiled: dict[tuple[int, ...], Any] = {}
 
     def _compiled(self, inputs: Feeds) -> Any:
@@ -156,6 +160,8 @@ AUTO_ORDER = ("openvino-bf16", "openvino", "onnx")
 # same prefill times, 14% under one padded pass (19 prompt lengths of 20-450 tokens, the 2-vCPU
 # EPYC, one thread, openvino-bf16; docs/LOG.md, 2026-12-02)
 PASS_COST = 16
+# prompts up to this many tokens find their shapes compiled at load (``ExportedStep.warm``)
+WARM_PREFILL = 256
 
 
 @functools.lru_cache(maxsize=8)
@@ -253,6 +259,32 @@ class ExportedStep:
 
     def covers(self, seg: Segment) -> bool:
         return seg.cache is not None and self._bucket(seg.length) is not None
+
+    def warm(self, max_len: int, prefill: int = WARM_PREFILL) -> int:
+        """Compile and run once the shapes a sequence of up to ``max_len`` positions uses, so that
+        no request pays a compile (~0.3 s a shape): the decode buckets (up to 32 new tokens) at every
+        cache capacity and the prefill buckets up to ``prefill`` at capacities up to twice that.
+        Each shape holds its own compiled copy of the weights (~35 MB for the shipped model), so
+        longer prompts' shapes are left to their first use. Returns how many shapes it ran."""
+        cfg, n, C = self.cfg, 0, 64  # 64: ``KVCache.reserve``'s first capacity, then doubled
+        while True:
+            for Tb in self.buckets:
+                if Tb > C or (Tb > 32 and (Tb > prefill or C > 2 * prefill)):
+                    continue
+                past = np.zeros((1, cfg.n_kv_heads, C, cfg.dim_head), dtype=np.float32)
+                inputs: Feeds = {
+                    "ids": np.zeros((1, Tb), dtype=np.int64),
+                    "pos": np.zeros((1, Tb), dtype=np.int64),
+                    "mask": np.zeros((1, 1, Tb, C + Tb), dtype=np.float32),
+                }
+                inputs.update((name, past) for name in self.past_names)
+                new = (2 * cfg.n_layers, 1, cfg.n_kv_heads, Tb, cfg.dim_head)
+                outs = [np.empty((1, Tb, cfg.vocab_size), np.float32), np.empty(new, np.float32)]
+                self.runner.bind(inputs, outs)()
+                n += 1
+            if C >= max_len:
+                return n
+            C *= 2
 
     def _slot(self, cache: KVCache, Tb: int) -> Slot:
         """This cache allocation's slot for bucket Tb, made and bound on first use."""

@@ -58,7 +58,7 @@ class Segment:
 
 
 class StepBackend(Protocol):
-    """Serves single-segment passes in another runtime (models/cpu_backends.py); None = not covered."""
+    """Serves one sequence's passes in another runtime (models/cpu_backends.py); None = not covered."""
 
     name: str
 
@@ -68,6 +68,10 @@ class StepBackend(Protocol):
         """What a single-segment pass of ``n`` new tokens costs, in positions: those its shape
         buckets compute, plus a fixed cost for each extra pass it is split into (the first
         ``unread`` tokens are appended without their logits read and may run apart)."""
+        ...
+
+    def warm(self, max_len: int) -> int:
+        """Prepare the shapes sequences of up to ``max_len`` positions use; how many it did."""
         ...
 
 

@@ -279,7 +279,7 @@ class DiffusionLM(nn.Module):
         )  # key/value heads held here (per rank under tensor parallelism)
         self.quantized = "none"  # weight format of the linears (models/quantize.py)
         self.static_shapes = False  # pad packed tokens to buckets (batched layout; CUDA graphs)
-        self.step_backend: StepBackend | None = None  # e.g. ONNX Runtime for batch-1 CPU steps
+        self.step_backend: StepBackend | None = None  # e.g. OpenVINO for every row's CPU passes
         self.kv_pool = (
             KVPool()
         )  # freed decode caches, reused with what a step backend bound to them

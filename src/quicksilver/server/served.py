@@ -125,4 +125,6 @@ def load_pipeline(cfg: ServerConfig, device: str | None = None) -> Pipeline:
         torch.set_num_threads(cfg.threads)
     pipe = load(path, cfg, device=device or cfg.device)
     pipe.model.eval()
+    if cfg.warmup:
+        pipe.warm_up()
     return pipe

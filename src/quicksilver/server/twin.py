@@ -57,6 +57,8 @@ def twin_engine(path: Path, cfg: ServerConfig) -> tuple[Engine, dict[str, Any]]:
             f"{path}: the AR twin must be a causal model, not {pipe.config.attention}"
         )
     pipe.model.eval()
+    if cfg.warmup:
+        pipe.warm_up()
     ecfg = EngineConfig(max_batch=cfg.max_batch, max_waiting=cfg.max_waiting, prefix_cache_mb=0)
     facts = pipeline_facts(pipe)
     facts["defaults"] = {**facts["defaults"], **AR_DEFAULTS}
