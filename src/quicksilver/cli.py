@@ -17,6 +17,7 @@ from .bench.gpu_families import run as run_families_bench
 from .bench.serve import add_arguments as serve_bench_args
 from .bench.serve import run_serve_bench
 from .bench.serve_replicas import run_replicas_bench
+from .bench.serve_vs import add_agents_arguments, run_agents, run_vs_llama_cpp
 from .bench.shapes import add_arguments as shapes_bench_args
 from .bench.shapes import run as run_shapes_bench
 from .bench.soak import add_arguments as soak_bench_args
@@ -191,6 +192,8 @@ def cmd_bench(args: argparse.Namespace) -> int:
         return run_decode_bench(resolve_model(args.model, which="diffusion model"), args)
     if args.bench == "serve" and args.replicas:
         return run_replicas_bench(args)
+    if args.bench == "serve" and args.vs_llama_cpp:
+        return run_vs_llama_cpp(args)
     runs: dict[str, Callable[[argparse.Namespace], int]] = {
         "speed": run_speed_bench,
         "serve": run_serve_bench,
@@ -198,6 +201,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
         "shapes": run_shapes_bench,
         "steps": run_steps_bench,
         "families": run_families_bench,
+        "agents": run_agents,
     }
     if args.bench not in runs:
         raise QuicksilverError(f"unknown benchmark {args.bench!r}")
@@ -304,6 +308,10 @@ BENCHES = {
     "serve": (
         serve_bench_args,
         "a live server under load, and an agent loop with/without prefix cache",
+    ),
+    "agents": (
+        add_agents_arguments,
+        "the most concurrent tool-calling agents within a latency SLO, vs llama-server",
     ),
     "soak": (
         soak_bench_args,

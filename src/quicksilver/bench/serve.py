@@ -339,7 +339,7 @@ async def agent_loop(
 
 
 def run_serve_bench(args: argparse.Namespace) -> int:
-    levels = [int(x) for x in args.concurrency.split(",") if x]
+    levels = [int(x) for x in (args.concurrency or "1,4,16,64").split(",") if x]
     rate = float(args.rate)
     extra = [f"--max-batch={max(levels)}"] if not args.url else []
     report: dict[str, Any] = {
@@ -464,7 +464,19 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--model", help="checkpoint to serve (default: the embedded model)")
     p.add_argument("--url", help="benchmark an already running server instead of starting one")
     p.add_argument("--api-key", dest="api_key", help="API key of a running server")
-    p.add_argument("--concurrency", default="1,4,16,64", help="comma-separated concurrency levels")
+    p.add_argument(
+        "--concurrency",
+        help="comma-separated concurrency levels (default 1,4,16,64; with --vs-llama-cpp 1,8,32)",
+    )
+    p.add_argument(
+        "--vs-llama-cpp",
+        action="store_true",
+        dest="vs_llama_cpp",
+        help="quicksilver with no flags and its twin against llama.cpp's llama-server (make "
+        "llama-server) on the same prompts, interleaved (bench/serve_vs.py)",
+    )
+    p.add_argument("--prompts", type=int, default=40, help="with --vs-llama-cpp: distinct prompts")
+    p.add_argument("--repeats", type=int, default=3, help="with --vs-llama-cpp: runs of each level")
     p.add_argument(
         "--rate",
         default="32",
