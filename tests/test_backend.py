@@ -182,11 +182,12 @@ def test_a_prefill_longer_than_384_tokens_runs_in_the_exported_graph(ar_pipe) ->
 
 
 @pytest.mark.parametrize("name", RUNTIMES)
-def test_a_prompt_that_would_waste_its_bucket_runs_in_whole_bucket_chunks(
+def test_a_prompt_runs_in_block_sized_chunks_then_the_rest(
     ar_pipe, name: str
 ) -> None:  # type: ignore[no-untyped-def]
-    """A 70-token prompt computes 64 + 8 positions, not the 128 of its bucket: two exported runs,
-    the logits, the cache and the greedy reply after it those of eager torch."""
+    """A 70-token prompt computes 32 + 32 + 8 positions (its unread head in passes of one model
+    block, the prefix cache's unit), not the 128 of its bucket: three exported runs, the logits,
+    the cache and the greedy reply after it those of eager torch."""
     model = ar_pipe.model
     prompt = (_prompt(ar_pipe) * 8)[:70]
     attach_backend(model, "torch")
@@ -195,13 +196,13 @@ def test_a_prompt_that_would_waste_its_bucket_runs_in_whole_bucket_chunks(
     try:
         attach_backend(model, name)
         step = model.step_backend
-        assert step is not None and model.pass_cost(70, 69) == 64 + 8 + PASS_COST
+        assert step is not None and model.pass_cost(70, 69) == 32 + 32 + 8 + 2 * PASS_COST
         assert model.pass_cost(70) == 128  # every row's logits read: one pass
         runs = []
         one = step._pass
         step._pass = lambda seg: runs.append(seg.length) or one(seg)  # type: ignore[method-assign]
         logits = _teacher_forced(model, prompt, ref[:20])
-        assert runs[:2] == [64, 6]  # the prefill; then one-token steps
+        assert runs[:3] == [32, 32, 6]  # the prefill; then one-token steps
         assert (logits - ref_logits).abs().max().item() < ATOL
         assert ar_generate(model, prompt, 40, []).tokens == ref
     finally:

@@ -2,8 +2,9 @@
 
 The shipped model (lossless verify) and its AR twin on ``--backend auto`` (openvino-bf16 here, the
 exported step of every row): replies of suite prompts of mixed lengths (chat to tool calls, 12-230
-tokens) decoded alone, then through the engine in batches of 2, 8 and 32 with requests joining
-while others run, must be identical token for token.
+tokens, and the turns of tool-calling conversations, which share their prefixes) decoded alone on a
+fresh engine, then through one engine in batches of 2, 8 and 32 with requests joining while others
+run and the prefix cache filling up, must be identical token for token.
 """
 
 from __future__ import annotations
@@ -25,13 +26,19 @@ def _prompts(pipe) -> list[list[int]]:  # type: ignore[no-untyped-def]
         for phrasing in ("templated", "held-out"):
             for item in get_task(name).test_items(3, phrasing=phrasing):
                 out.append(render(item, pipe.tokenizer)[0])
+    for item in get_task("tool_loop").test_items(2):
+        msgs = item.messages or []
+        for turn in (i for i, m in enumerate(msgs) if m["role"] == "assistant"):
+            text = pipe.tokenizer.apply_chat_template(
+                msgs[:turn], tools=item.tools, add_generation_prompt=True
+            )
+            out.append(pipe.tokenizer.encode(text))
     return out
 
 
-def _replies(pipe, prompts, max_batch: int, every: int) -> list[list[int]]:  # type: ignore[no-untyped-def]
-    """Greedy replies through one engine; a request joins every ``every`` steps (0: all at once)."""
+def _replies(engine: Engine, pipe, prompts, every: int) -> list[list[int]]:  # type: ignore[no-untyped-def]
+    """Greedy replies through ``engine``; a request joins every ``every`` steps (0: all at once)."""
     cfg = pipe.sampler_config(max_new_tokens=48, temperature=0.0)
-    engine = Engine(pipe.decoder, EngineConfig(max_batch=max_batch))
     pending, out, step = list(enumerate(prompts)), {}, 0
     while pending or engine.has_work:
         while pending and (every == 0 or step % every == 0):
@@ -55,8 +62,12 @@ def test_greedy_replies_are_the_same_alone_and_in_any_batch(path) -> None:  # ty
         pytest.skip("no exported CPU step here (auto resolved to torch)")
     prompts = _prompts(pipe)
     assert len({len(p) for p in prompts}) > 10  # mixed lengths
-    alone = [_replies(pipe, [p], 1, 0)[0] for p in prompts]
+    alone = [_replies(Engine(pipe.decoder), pipe, [p], 0)[0] for p in prompts]
+    engine = Engine(pipe.decoder)  # one prefix cache for every run below
     for max_batch, every in ((2, 1), (8, 0), (8, 3), (32, 0), (32, 1)):
-        got = _replies(pipe, prompts, max_batch, every)
+        engine.config.max_batch = max_batch
+        got = _replies(engine, pipe, prompts, every)
         same = sum(a == b for a, b in zip(alone, got))
         assert same == len(prompts), f"batch {max_batch}, a request every {every} steps: {same}"
+    if engine.prefix_cache is not None:
+        assert engine.prefix_cache.hit_tokens > 0

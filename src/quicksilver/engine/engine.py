@@ -147,7 +147,11 @@ class Engine:
         mcfg = decoder.model.config
         self.prefix_cache: PrefixCache | None = None
         if self.config.prefix_cache_mb > 0 and decoder.resolve_cache_mode() in ("block", "verify"):
-            self.prefix_cache = PrefixCache(mcfg.block_size, self.config.prefix_cache_mb << 20)
+            self.prefix_cache = PrefixCache(
+                mcfg.block_size,
+                self.config.prefix_cache_mb << 20,
+                prompt_only=getattr(decoder.model, "step_backend", None) is not None,
+            )
 
     # ---- thread-safe commands -------------------------------------------------------------------
     def add(self, req: EngineRequest) -> None:

@@ -33,9 +33,15 @@ class _Entry:
 
 
 class PrefixCache:
-    def __init__(self, block_size: int, max_bytes: int = 256 << 20) -> None:
+    def __init__(
+        self, block_size: int, max_bytes: int = 256 << 20, prompt_only: bool = False
+    ) -> None:
         self.block = block_size
         self.max_bytes = max_bytes
+        # only the prompt blocks a later prompt's prefill would compute the same way (an exported
+        # step's block-sized prefill passes, models/cpu_backends.py): never a reply's blocks, which
+        # decode passes computed in other shapes
+        self.prompt_only = prompt_only
         self._entries: collections.OrderedDict[bytes, _Entry] = collections.OrderedDict()
         self.bytes = 0
         self.query_tokens = 0  # prompt tokens looked up
@@ -96,6 +102,8 @@ class PrefixCache:
         )  # keys/values that are final (a verify row's cache holds only final tokens after a pass)
         tokens = row.host_sequence()
         n_blocks = min(final, len(tokens)) // self.block
+        if self.prompt_only:
+            n_blocks = min(n_blocks, (len(row.prompt_ids) - 1) // self.block)
         for i, key in enumerate(self._keys(tokens, n_blocks)):
             if key in self._entries:
                 self._entries.move_to_end(key)

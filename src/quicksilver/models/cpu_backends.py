@@ -244,10 +244,18 @@ class ExportedStep:
         return self.buckets[i] if i < len(self.buckets) else None
 
     def _plan(self, n: int, unread: int) -> tuple[int, ...]:
-        """The passes of ``n`` new tokens whose first ``unread`` are appended unread
-        (``chunk_plan``): causal models only, else one pass."""
+        """The passes of ``n`` new tokens whose first ``unread`` are appended unread: causal models
+        only, else one pass. The unread head runs in passes of one model block each (the prefix
+        cache's unit, engine/prefix_cache.py), so a block's keys/values come from the same pass
+        whether its prompt starts fresh or after cached blocks, and a reply never depends on what
+        the cache held; the rest in one pass. Models whose block is no bucket of ours take the
+        cheapest cover instead (``chunk_plan``)."""
         if self.cfg.attention != "causal" or unread == 0:
             return (n,)  # nothing may run ahead (every decode step)
+        B = self.cfg.block_size
+        head = unread // B * B
+        if B in self.buckets and self._bucket(n - head) is not None:
+            return (B,) * (head // B) + (n - head,) if head else (n,)
         return chunk_plan(n, unread, self.buckets) or (n,)
 
     def cost(self, n: int, unread: int = 0) -> int:
