@@ -182,9 +182,7 @@ def test_a_prefill_longer_than_384_tokens_runs_in_the_exported_graph(ar_pipe) ->
 
 
 @pytest.mark.parametrize("name", RUNTIMES)
-def test_a_prompt_runs_in_block_sized_chunks_then_the_rest(
-    ar_pipe, name: str
-) -> None:  # type: ignore[no-untyped-def]
+def test_a_prompt_runs_in_block_sized_chunks_then_the_rest(ar_pipe, name: str) -> None:  # type: ignore[no-untyped-def]
     """A 70-token prompt computes 32 + 32 + 8 positions (its unread head in passes of one model
     block, the prefix cache's unit), not the 128 of its bucket: three exported runs, the logits,
     the cache and the greedy reply after it those of eager torch."""

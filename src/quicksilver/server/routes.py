@@ -159,8 +159,9 @@ async def detokenize(req: DetokenizeRequest, request: Request) -> dict[str, Any]
     st = _state(request)
     st.chat.check_model(req.model)
     tok = st.served.tokenizer
-    if any(not 0 <= t < tok.vocab_size for t in req.tokens):
-        raise bad_request(f"token ids must lie in [0, {tok.vocab_size})", "tokens")
+    vocab = tok.vocab_size
+    if any(not 0 <= t < vocab for t in req.tokens):
+        raise bad_request(f"token ids must lie in [0, {vocab})", "tokens")
     return {"prompt": tok.decode(req.tokens, skip_special_tokens=False)}
 
 
