@@ -368,6 +368,24 @@ class ExportedStep:
             seg = _rest(seg, head)
         return self._pass(seg)
 
+    def forward_each(self, segs: list[Segment]) -> list[torch.Tensor | None]:
+        """``forward_segment`` of every segment on its own, those of one compiled shape back to
+        back: each shape holds its own copy of the weights, and a pass right after one of the same
+        shape finds them in cache (docs/LOG.md, 2026-12-03). The order changes no result."""
+        out: list[torch.Tensor | None] = [None] * len(segs)
+        for i in sorted(range(len(segs)), key=lambda i: self._shape(segs[i])):
+            out[i] = self.forward_segment(segs[i])
+        return out
+
+    def _shape(self, seg: Segment) -> tuple[int, int]:
+        """(cache capacity, token bucket) of the segment's last pass; (0, 0) when not covered."""
+        if not self.covers(seg) or seg.cache is None:
+            return (0, 0)
+        cap, need = seg.cache.capacity, seg.cache.length + seg.length
+        while cap < need:
+            cap = max(2 * cap, 64)  # as ``KVCache.reserve`` grows it
+        return cap, self._bucket(seg.length) or 0
+
     def _pass(self, seg: Segment) -> torch.Tensor:
         """One exported run of a covered segment (see ``forward_segment``)."""
         cache, cfg, T = seg.cache, self.cfg, seg.length

@@ -64,6 +64,10 @@ class StepBackend(Protocol):
 
     def forward_segment(self, seg: Segment) -> torch.Tensor | None: ...
 
+    def forward_each(self, segs: list[Segment]) -> list[torch.Tensor | None]:
+        """``forward_segment`` of each segment alone, in whatever order runs fastest."""
+        ...
+
     def cost(self, n: int, unread: int = 0) -> int:
         """What a single-segment pass of ``n`` new tokens costs, in positions: those its shape
         buckets compute, plus a fixed cost for each extra pass it is split into (the first

@@ -465,7 +465,7 @@ class DiffusionLM(nn.Module):
         """
         if self.step_backend is None:
             return self._forward_packed(segments)
-        out: list[torch.Tensor | None] = [self.step_backend.forward_segment(s) for s in segments]
+        out = self.step_backend.forward_each(segments)
         rest = [i for i, o in enumerate(out) if o is None]
         if rest:
             for i, o in zip(rest, self._forward_packed([segments[i] for i in rest])):

@@ -11,6 +11,8 @@ from .reliability.connections import protocol_with_header_timeout
 from .reliability.drain import DrainingServer
 from .serving.generation import ServedModel
 
+SWITCH_INTERVAL = 0.0005  # seconds a thread may hold the GIL while another waits for it
+
 
 def run_server(
     cfg: ServerConfig, served: ServedModel, twins: list[ServedModel], note: str = ""
@@ -18,6 +20,10 @@ def run_server(
     """Serve ``served`` (and ``twins``) over HTTP until SIGTERM/SIGINT, then drain."""
     import uvicorn
 
+    # the engine threads wait for the GIL after every pass while the event loop (or another
+    # engine) holds it: at Python's default 5 ms switch interval a busy loop thread made a 3.3 ms
+    # pass take 19.7; at 0.5 ms, 5.7 (docs/LOG.md, 2026-12-04)
+    sys.setswitchinterval(SWITCH_INTERVAL)
     app = build_app(served, cfg, twins)
     key = "on" if cfg.resolved_api_key() else "off"
     also = "".join(f" and its AR twin {t.name!r}" for t in twins)
