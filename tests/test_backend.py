@@ -422,3 +422,46 @@ def test_kv_pool_reuses_by_shape_and_evicts_beyond_its_budget() -> None:
     grown.reserve(1, 1, 1, 4, 100, torch.float32, cpu)  # grows: keeps what is committed
     assert grown.capacity == 128 and bool((grown.k[0][:, :, :3] == 7.0).all())
     assert len(pool._free) == 2  # the 64-slot memory it grew out of went back
+
+
+def test_warm_compiles_every_shape_a_generation_then_uses(ar_pipe) -> None:  # type: ignore[no-untyped-def]
+    """After ``warm``, prompts up to its prefill bound and the decode passes after them compile
+    nothing new (no request pays a compile)."""
+    model = ar_pipe.model
+    try:
+        attach_backend(model, "openvino")
+        step = model.step_backend
+        n = step.warm(model.config.max_seq_len)
+        compiled = set(step.runner.compiled)
+        assert n == len(compiled) > 10
+        for length in (5, 40, 70, 200):
+            ar_generate(model, (_prompt(ar_pipe) * 20)[:length], 30, [])
+        assert set(step.runner.compiled) == compiled
+    finally:
+        attach_backend(model, "torch")
+
+
+def test_rows_of_one_shape_run_back_to_back_and_keep_their_order(ar_pipe) -> None:  # type: ignore[no-untyped-def]
+    """``forward_each`` groups segments by compiled shape; each result lands at its own index."""
+    model = ar_pipe.model
+    try:
+        attach_backend(model, "openvino")
+        step = model.step_backend
+        prompts = [_prompt(ar_pipe)[:n] for n in (5, 9, 6, 9)]
+        segs = [
+            Segment(torch.tensor(p), 0, len(p) - 1, len(p), KVCache(), append=len(p))
+            for p in prompts
+        ]
+        ran: list[int] = []
+        inner = step.forward_segment
+        step.forward_segment = lambda s: ran.append(s.length) or inner(s)  # type: ignore[method-assign]
+        out = step.forward_each(segs)
+        del step.forward_segment
+        assert ran == [5, 6, 9, 9]  # bucket 8 twice, then bucket 9
+        for p, o in zip(prompts, out):
+            alone = model.forward_segments(
+                [Segment(torch.tensor(p), 0, len(p) - 1, len(p), KVCache(), append=len(p))]
+            )[0]
+            assert o is not None and torch.equal(o, alone)
+    finally:
+        attach_backend(model, "torch")

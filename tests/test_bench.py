@@ -218,3 +218,77 @@ def test_json_line_is_strict_json(capsys: pytest.CaptureFixture[str]) -> None:
         "xs": [1.5, None],
         "nested": {"y": None},
     }
+
+
+def test_peer_prompts_and_agent_episodes_come_from_the_suite() -> None:
+    """``bench serve --vs-llama-cpp`` sends chat-templated token ids of the five tasks in turn;
+    ``bench agents`` replays tool_loop conversations, each turn the whole conversation so far."""
+    from quicksilver.assets import resolve_model
+    from quicksilver.bench.serve_vs import episodes, suite_prompts
+    from quicksilver.models.checkpoint import load_tokenizer
+
+    tok = load_tokenizer(resolve_model(None))
+    prompts = suite_prompts(tok, 10, 0)
+    assert len(prompts) == 10 and len({len(p) for p in prompts}) > 5
+    eps = episodes(tok, 3, 0)
+    assert len(eps) == 3
+    for turns in eps:
+        assert len(turns) == 4  # call, answer, second call, second answer
+        assert all(a == b[: len(a)] for a, b in zip(turns, turns[1:]))  # each resends the last
+
+
+@pytest.mark.slow  # a served embedded model and its twin, warmed up: ~1 min (make test-slow, CI)
+def test_bench_agents_ramps_until_the_slo_breaks(tmp_path: Path) -> None:
+    out = qs(
+        "bench",
+        "agents",
+        "--no-llama-cpp",
+        "--agents",
+        "1,2",
+        "--episodes",
+        "2",
+        "--per-agent",
+        "1",
+        "--max-tokens",
+        "16",
+        "--out",
+        str(tmp_path),
+    )
+    assert out.returncode == 0, out.stderr[-2000:]
+    report = json.loads(out.stdout.strip().splitlines()[-1])
+    for server in ("quicksilver", "quicksilver-ar"):
+        levels = report["servers"][server]["levels"]
+        assert levels[0]["agents"] == 1 and levels[0]["failed"] == 0 and levels[0]["turns"] == 4
+    assert (tmp_path / "agents.png").is_file()
+
+
+@pytest.mark.slow
+def test_bench_serve_vs_llama_server(tmp_path: Path) -> None:
+    from quicksilver.bench.peers import llama_server_binary
+    from quicksilver.errors import QuicksilverError
+
+    try:
+        llama_server_binary()
+    except QuicksilverError:
+        pytest.skip("llama.cpp's server is not built (make llama-server)")
+    out = qs(
+        "bench",
+        "serve",
+        "--vs-llama-cpp",
+        "--concurrency",
+        "1,4",
+        "--prompts",
+        "5",
+        "--repeats",
+        "1",
+        "--max-tokens",
+        "32",
+        "--out",
+        str(tmp_path),
+    )
+    assert out.returncode == 0, out.stderr[-2000:]
+    report = json.loads(out.stdout.strip().splitlines()[-1])
+    for lv in report["levels"]:
+        qs_row = lv["quicksilver"]
+        assert qs_row["failed"] == 0 and qs_row["identical_to_c1"] == qs_row["compared_to_c1"]
+        assert lv["identical_twin_vs_llama"] >= 4  # the same weights, greedy

@@ -209,3 +209,22 @@ def test_prefix_cache_serves_a_causal_stream_and_keeps_its_ar_output() -> None:
     assert (
         cached.cached_tokens >= 56 and cached.result.tokens == _drain(plain)["t2"][-1].result.tokens
     )
+
+
+def test_a_prompt_only_prefix_cache_keeps_no_reply_blocks() -> None:
+    """With an exported step the cache keeps only the prompt blocks a later prefill computes the
+    same way (those before the prompt's last token), never a reply's."""
+    from quicksilver.engine.prefix_cache import PrefixCache
+
+    torch.manual_seed(0)
+    m = DiffusionLM(preset("tiny", vocab_size=96, attention="causal", block_size=8)).eval()
+    dec = VerifyDecoder(m, [EOS], vocab_limit=96)
+    prompt = list(range(10, 31))  # 21 tokens: two whole 8-token blocks before the last one
+    for prompt_only, blocks in ((False, 4), (True, 2)):
+        cache = PrefixCache(8, prompt_only=prompt_only)
+        cfg = SamplerConfig(max_new_tokens=16, stop_at_eos=False, draft=0)
+        row = dec.new_row(prompt, cfg)
+        while not row.done:
+            dec.step([row])
+        cache.insert(row)  # 21 + 15 cached tokens: four whole blocks
+        assert len(cache._entries) == blocks
