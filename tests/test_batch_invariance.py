@@ -13,7 +13,7 @@ import pytest
 
 import quicksilver
 from quicksilver.assets import embedded_ar_model_path, embedded_model_path
-from quicksilver.engine import Engine, EngineConfig, EngineRequest
+from quicksilver.engine import Engine, EngineRequest
 from quicksilver.suite.render import render
 from quicksilver.suite.tasks import get_task
 
