@@ -28,7 +28,7 @@ from typing import Any
 from ..assets import embedded_ar_model_path
 from ..errors import QuicksilverError
 from ..models.gguf_export import export_gguf
-from .serve import free_port, launch_server, percentile
+from .serve import free_port, healthy, launch_server, percentile
 
 LLAMA_SERVER = Path(".venv/llama.cpp/bin/llama-server")  # where `make llama-server` puts it
 
@@ -78,8 +78,6 @@ def launch_llama_server(
     slots: int, ctx_per_slot: int = 1024, timeout: float = 120.0
 ) -> Iterator[str]:
     """``llama-server`` on the AR twin's GGUF (bf16), one thread, ``slots`` parallel sequences."""
-    import httpx
-
     ar = embedded_ar_model_path()
     if ar is None:
         raise QuicksilverError("this build ships no AR twin to export for llama.cpp")
@@ -92,24 +90,8 @@ def launch_llama_server(
         cmd += ["-c", str(ctx_per_slot * slots), "--no-webui", "--log-disable"]
         proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         url = f"http://127.0.0.1:{port}"
-        try:
-            t0 = time.time()
-            while True:
-                if proc.poll() is not None:
-                    raise QuicksilverError(f"llama-server exited with code {proc.returncode}")
-                with contextlib.suppress(httpx.HTTPError):
-                    if httpx.get(url + "/health", timeout=2).status_code == 200:
-                        break
-                if time.time() - t0 > timeout:
-                    raise QuicksilverError("llama-server did not become healthy in time")
-                time.sleep(0.3)
+        with healthy(proc, url, timeout, "llama-server"):
             yield url
-        finally:
-            proc.terminate()
-            try:
-                proc.wait(10)
-            except subprocess.TimeoutExpired:
-                proc.kill()
 
 
 @contextlib.contextmanager

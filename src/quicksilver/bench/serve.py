@@ -57,7 +57,6 @@ def launch_server(
 ) -> Iterator[str]:
     """Start ``quicksilver serve`` on a free port; yield its base URL; stop it afterwards (its pid
     is appended to ``pids`` when given)."""
-    import httpx
 
     port = free_port()
     cmd = [
@@ -79,26 +78,35 @@ def launch_server(
     url = f"http://127.0.0.1:{port}"
     if pids is not None:
         pids.append(proc.pid)
+    with healthy(proc, url, timeout, "server", stop_wait=30.0):  # Ray Serve drains its replicas
+        yield url
+
+
+@contextlib.contextmanager
+def healthy(
+    proc: subprocess.Popen[Any], url: str, timeout: float, name: str, stop_wait: float = 10.0
+) -> Iterator[None]:
+    """Wait until ``proc`` answers ``url/health`` with 200 (its error if it exits first); stop it
+    when the block ends."""
+    import httpx
+
     try:
         t0 = time.time()
         while True:
             if proc.poll() is not None:
-                raise QuicksilverError(
-                    f"server exited: {(proc.stderr.read() if proc.stderr else '')[-400:]}"
-                )
-            try:
+                err = proc.stderr.read()[-400:] if proc.stderr else f"code {proc.returncode}"
+                raise QuicksilverError(f"{name} exited: {err}")
+            with contextlib.suppress(httpx.HTTPError):
                 if httpx.get(url + "/health", timeout=2).status_code == 200:
                     break
-            except httpx.HTTPError:
-                pass
             if time.time() - t0 > timeout:
-                raise QuicksilverError("server did not become healthy in time")
+                raise QuicksilverError(f"{name} did not become healthy in time")
             time.sleep(0.3)
-        yield url
+        yield
     finally:
         proc.terminate()
         try:
-            proc.wait(30)  # a Ray Serve server drains its replicas and leaves Ray first
+            proc.wait(stop_wait)
         except subprocess.TimeoutExpired:
             proc.kill()
 
