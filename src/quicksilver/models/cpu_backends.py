@@ -1,14 +1,16 @@
 """CPU step backends: the exported step graph (models/step_graph.py) run by ONNX Runtime or OpenVINO.
 
-A backend serves the single-segment passes of ``DiffusionLM.forward_segments`` — the AR token
-step, the diffusion block step and window step of one sequence — when their new tokens fit the
-largest token bucket; anything else (packed batches, no cache) returns None and the eager torch
-path runs it. Shapes are static per bucket: the new tokens are padded to a bucket of
-``TOKEN_BUCKETS`` and the cache is fed whole (its capacity is a power of two, see ``KVCache``),
-unused slots masked. The caller (here) writes the returned keys/values into the ``KVCache``, so
-torch and the backend share one cache and can take turns. A causal model's prompt that would
-waste much of its bucket runs as chunks of whole buckets, then the rest in its own (``chunk_plan``):
-a 70-token prompt as 64 + 6 (in the 8-position shape) rather than 128 positions.
+A backend serves every sequence's passes of ``DiffusionLM.forward_segments`` — the AR token step,
+the verify pass, the diffusion block step and window step — each on its own, exactly as it would run
+alone (``forward_each``), so a row's numbers never depend on the other rows of its step; passes
+past the largest token bucket or without a cache return None and eager torch runs them. Shapes are
+static per bucket: the new tokens are padded to a bucket of ``TOKEN_BUCKETS`` and the cache is fed
+whole (its capacity is a power of two, see ``KVCache``), unused slots masked. The caller (here)
+writes the returned keys/values into the ``KVCache``, so torch and the backend share one cache and
+can take turns. A causal model's prompt runs its unread head in passes of one model block (the
+prefix cache's unit: a block's keys/values are the same whatever the cache held), then the rest in
+one pass: a 70-token prompt as 32 + 32 + 6 (in the 8-position shape) rather than 128 positions.
+``warm`` compiles the common shapes ahead of the first requests.
 
 Per cache allocation and token bucket a ``Slot`` holds fixed input/output buffers bound to the
 runtime once (ONNX Runtime IO binding, OpenVINO tensors over the same memory; the per-layer cache
@@ -34,7 +36,6 @@ import logging
 import math
 from collections.abc import Callable
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any, Protocol
 
 import numpy as np
@@ -105,10 +106,7 @@ class OvRunner:
                 "PERFORMANCE_HINT": "LATENCY",
             },
         )
-        # the graph as OpenVINO IR beside the ONNX file: every shape's model reads its constants
-        # from one memory-mapped .bin instead of a private copy of the ONNX file's
-        self.path = str(Path(path).with_suffix(".xml"))
-        ov.save_model(self.core.read_model(path), self.path, compress_to_fp16=False)
+        self.path = path
         self.compiled: dict[tuple[int, ...], Any] = {}
 
     def _compiled(self, inputs: Feeds) -> Any:
