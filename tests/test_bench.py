@@ -130,35 +130,46 @@ def test_repeats_run_back_to_back_or_round_robin() -> None:
     assert [r for _, r in got] == [0, 0, 0, 1, 1, 1, 2, 2, 2]
 
 
-def test_bench_speed_vs_llama_cpp(pair: tuple[Path, Path], tmp_path: Path) -> None:
-    pytest.importorskip("llama_cpp", reason="optional: make test-llama-cpp")
+def _speed_vs_llama(pair: tuple[Path, Path], tmp_path: Path) -> dict[str, Any]:
+    """bench speed --vs-llama-cpp on a tiny causal twin with the shipped BPE vocabulary (llama.cpp
+    needs merges), one sudoku4 item."""
     from quicksilver.assets import embedded_ar_model_path
     from quicksilver.models.init import init_model
     from quicksilver.tokenizer import Tokenizer
 
     diff, _ = pair
     shipped = embedded_ar_model_path()
-    assert shipped is not None  # a real BPE vocabulary (llama.cpp needs merges)
+    assert shipped is not None
     ar = init_model(
         tmp_path / "ar", "tiny", seed=1, attention="causal", tokenizer=Tokenizer.from_dir(shipped)
     )
     args = ["--model", str(diff), "--ar-model", str(ar), "--tasks", "sudoku4", "--limit", "1"]
     r = qs(
-        "bench",
-        "speed",
-        *args,
-        "--repeats",
-        "1",
-        "--skip-reference",
-        "--vs-llama-cpp",
-        "--out",
-        str(tmp_path),
-    )
+        "bench", "speed", *args, "--repeats", "1", "--skip-reference", "--vs-llama-cpp",
+        "--out", str(tmp_path),
+    )  # fmt: skip
     assert r.returncode == 0, r.stderr[-2000:]
-    out = json.loads(r.stdout.strip().splitlines()[-1])
+    return json.loads(r.stdout.strip().splitlines()[-1])  # type: ignore[no-any-return]
+
+
+def test_bench_speed_vs_llama_cpp(pair: tuple[Path, Path], tmp_path: Path) -> None:
+    pytest.importorskip("llama_cpp", reason="optional: make test-llama-cpp")
+    out = _speed_vs_llama(pair, tmp_path)
     assert isinstance(out["ratio_vs_llama_cpp"], float)
     ours, theirs = out["methods"]["ar_kv_cache"], out["methods"]["llama_cpp_ar"]
     assert ours["task_accuracy"] == theirs["task_accuracy"] and ours["tokens"] == theirs["tokens"]
+
+
+def test_bench_speed_vs_llama_server(pair: tuple[Path, Path], tmp_path: Path) -> None:
+    """llama.cpp's own C++ loop (llama-server, timed by its own clock) on the same token ids."""
+    from quicksilver.bench.peers import llama_server_built
+
+    if not llama_server_built():
+        pytest.skip("optional: make llama-server")
+    out = _speed_vs_llama(pair, tmp_path)
+    assert isinstance(out["ratio_vs_llama_server"], float)
+    ours, theirs = out["methods"]["ar_kv_cache"], out["methods"]["llama_server_ar"]
+    assert ours["tokens"] == theirs["tokens"] and theirs["tok_s"] > 0
 
 
 def test_bench_speed_refuses_a_non_causal_baseline(pair: tuple[Path, Path]) -> None:

@@ -1,11 +1,15 @@
 """llama.cpp as a baseline of ``bench speed --vs-llama-cpp``: the AR twin exported to GGUF
-(``quicksilver export gguf``) and decoded greedily by llama.cpp through its Python binding, from the
-same prompt token ids as quicksilver's methods, so every ratio compares the same weights, prompts and
-outputs. The binding is optional (``make test-llama-cpp`` builds it); it is imported only here.
+(``quicksilver export gguf``) and decoded greedily by llama.cpp from the same prompt token ids as
+quicksilver's methods, so every ratio compares the same weights, prompts and outputs. Two ways, each
+where it is built: its Python binding (``LlamaCppRunner``, a Python loop over its tokens; ``make
+test-llama-cpp``) and its own C++ server (``LlamaServerRunner``, ``make llama-server``), timed by the
+server's own clock so that the ratio is against llama.cpp's C++ decode loop, HTTP left out.
 """
 
 from __future__ import annotations
 
+import contextlib
+import importlib.util
 import tempfile
 import time
 from collections.abc import Sequence
@@ -14,6 +18,7 @@ from typing import Any
 
 from ..errors import QuicksilverError
 from ..models.gguf_export import export_gguf
+from .peers import launch_llama_server, llama_server_binary
 
 
 class LlamaCppRunner:
@@ -62,3 +67,48 @@ class LlamaCppRunner:
 
     def info(self) -> dict[str, Any]:
         return {"llama_cpp_python": self.version, "gguf_dtype": self.export["dtype"]}
+
+
+def binding_installed() -> bool:
+    return importlib.util.find_spec("llama_cpp") is not None
+
+
+class LlamaServerRunner:
+    """llama.cpp's ``llama-server`` (one slot, one thread) on the same GGUF; ``run`` sends the token
+    ids to its native ``/completion`` (greedy, no prompt cache) and takes the tokens and the time
+    its own ``timings`` report (prompt and generation, HTTP excluded)."""
+
+    def __init__(self, ar_dir: Path, dtype: str = "f32") -> None:
+        self.binary = llama_server_binary()
+        self.stack = contextlib.ExitStack()
+        self.url = self.stack.enter_context(launch_llama_server(1, ar_dir, dtype))
+        self.dtype = dtype
+
+    def run(
+        self, ids: Sequence[int], n: int, stops: Sequence[int]
+    ) -> tuple[list[int], int, float, float]:
+        """(tokens, forward passes, seconds, TTFT) of one greedy decode from ``ids``."""
+        import httpx
+
+        body = {
+            "prompt": list(ids),
+            "n_predict": n,
+            "temperature": 0.0,
+            "top_k": 1,
+            "cache_prompt": False,
+            "return_tokens": True,
+        }
+        r = httpx.post(self.url + "/completion", json=body, timeout=120.0).json()
+        out = [int(t) for t in r.get("tokens") or []]
+        stop = next((i for i, t in enumerate(out) if t in stops), None)
+        out = out if stop is None else out[:stop]
+        t = r["timings"]
+        per_token = t["predicted_ms"] / max(1, t["predicted_n"])
+        seconds = (t["prompt_ms"] + t["predicted_ms"]) / 1000
+        return out, len(out) + 1, seconds, (t["prompt_ms"] + per_token) / 1000
+
+    def info(self) -> dict[str, Any]:
+        return {"llama_server": str(self.binary), "gguf_dtype": self.dtype}
+
+    def close(self) -> None:
+        self.stack.close()

@@ -65,6 +65,14 @@ class Level:
     wall: float = 0.0
 
 
+def llama_server_built() -> bool:
+    try:
+        llama_server_binary()
+    except QuicksilverError:
+        return False
+    return True
+
+
 def llama_server_binary() -> Path:
     found = os.environ.get("QUICKSILVER_LLAMA_SERVER") or shutil.which("llama-server")
     path = Path(found) if found else LLAMA_SERVER
@@ -75,15 +83,20 @@ def llama_server_binary() -> Path:
 
 @contextlib.contextmanager
 def launch_llama_server(
-    slots: int, ctx_per_slot: int = 1024, timeout: float = 120.0
+    slots: int,
+    ar: Path | None = None,
+    dtype: str = "bf16",
+    ctx_per_slot: int = 1024,
+    timeout: float = 120.0,
 ) -> Iterator[str]:
-    """``llama-server`` on the AR twin's GGUF (bf16), one thread, ``slots`` parallel sequences."""
-    ar = embedded_ar_model_path()
+    """``llama-server`` on a causal checkpoint's GGUF (default: the AR twin's, bf16), one
+    thread, ``slots`` parallel sequences."""
+    ar = ar or embedded_ar_model_path()
     if ar is None:
         raise QuicksilverError("this build ships no AR twin to export for llama.cpp")
     with tempfile.TemporaryDirectory(prefix="qs-llama-") as tmp:
         gguf = Path(tmp) / "twin.gguf"
-        export_gguf(ar, gguf, "bf16")
+        export_gguf(ar, gguf, dtype)
         port = free_port()
         cmd = [str(llama_server_binary()), "-m", str(gguf), "--host", "127.0.0.1"]
         cmd += ["--port", str(port), "-t", "1", "-tb", "1", "-np", str(slots)]

@@ -11,8 +11,9 @@ per forward pass (wall time / NFE, prefill included), TTFT and accuracy by the t
 ratios to (a) and (b); a PNG; the last line is JSON whose top level holds the default
 configuration's numbers, ``aggregate_ratio_vs_ar``, ``step_vs_ar_token`` (the default's ms per
 forward ÷ the AR baseline's) and ``ar_ms_per_token``. With ``--vs-llama-cpp`` the AR twin also
-runs in llama.cpp (bench/llama_cpp.py) on the same token ids, and the top level gains
-``ratio_vs_llama_cpp``.
+runs in llama.cpp (bench/llama_cpp.py) on the same token ids — through its Python binding and, once
+``make llama-server`` has built it, its own C++ server — and the top level gains
+``ratio_vs_llama_cpp`` and ``ratio_vs_llama_server``.
 ``--backend`` picks the step runtime of both models (default auto: ONNX Runtime on a CPU, see
 models/cpu_backends.py) and ``--window`` the default's decode window; both are in ``settings``.
 ``--interleave`` runs each item's repeats round-robin over the methods (A B C A B C, the order turning
@@ -52,7 +53,8 @@ from ..sampling.caches import resolve_window
 from ..suite.render import prompt_text
 from ..suite.tasks import get_task, split_reply
 from .common import bar_plot, emit_json, hardware, median, print_table
-from .llama_cpp import LlamaCppRunner
+from .llama_cpp import LlamaCppRunner, LlamaServerRunner, binding_installed
+from .peers import llama_server_built
 from .verify import identity, k_plot, verify_configs, verify_pipeline
 
 DEFAULT_TASKS = "chat,tool_call,sudoku4,countdown3,path_star,multiply"
@@ -242,12 +244,16 @@ def run_speed_bench(args: argparse.Namespace) -> int:
     if vpipe is not None:
         for name, vcfg in verify_configs(getattr(args, "draft", None), sweep).items():
             methods[name] = verify_method(vpipe, vcfg)
-    llama = None
+    llama, server = None, None
     if getattr(args, "vs_llama_cpp", False):
-        llama = LlamaCppRunner(
-            ar_path, torch.get_num_threads(), args.llama_cpp_dtype, ar.config.max_seq_len
-        )
-        methods["llama_cpp_ar"] = lambda p, a, ids, n: Run(*llama.run(ids, n, a.stop_ids))
+        if binding_installed() or not llama_server_built():
+            llama = LlamaCppRunner(
+                ar_path, torch.get_num_threads(), args.llama_cpp_dtype, ar.config.max_seq_len
+            )
+            methods["llama_cpp_ar"] = lambda p, a, ids, n: Run(*llama.run(ids, n, a.stop_ids))
+        if llama_server_built():  # llama.cpp's own C++ loop, beside or instead of the binding
+            server = LlamaServerRunner(ar_path, args.llama_cpp_dtype)
+            methods["llama_server_ar"] = lambda p, a, ids, n: Run(*server.run(ids, n, a.stop_ids))
     stats = {m: MethodStats() for m in methods}
     warm = items[0]
     for fn in methods.values():  # warm-up
@@ -327,6 +333,10 @@ def run_speed_bench(args: argparse.Namespace) -> int:
             "ratio_vs_llama_cpp": d["tok_s"] / summary["llama_cpp_ar"]["tok_s"],
             "llama_cpp": llama.info(),
         }
+    if server is not None:
+        server.close()
+        extra["ratio_vs_llama_server"] = d["tok_s"] / summary["llama_server_ar"]["tok_s"]
+        extra["llama_server"] = server.info()
     if vpipe is not None:
         v = summary["verify"]
         k = vpipe.config.draft_length if args.draft is None else args.draft
@@ -343,8 +353,9 @@ def run_speed_bench(args: argparse.Namespace) -> int:
             "backend": vpipe.runtime,
             "k_plot": str(k_plot(out, summary, k, summary["ar_kv_cache"]) or ""),
         }
-        if llama is not None:
-            extra["verify"]["ratio_vs_llama_cpp"] = v["tok_s"] / summary["llama_cpp_ar"]["tok_s"]
+        for key, peer in (("llama_cpp", llama), ("llama_server", server)):
+            if peer is not None:
+                extra["verify"][f"ratio_vs_{key}"] = v["tok_s"] / summary[f"{key}_ar"]["tok_s"]
     emit_json(
         {
             "bench": "speed",
@@ -431,7 +442,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         "--vs-llama-cpp",
         action="store_true",
         dest="vs_llama_cpp",
-        help="also time the AR twin in llama.cpp (exported to GGUF; needs `make test-llama-cpp`)",
+        help="also time the AR twin in llama.cpp (exported to GGUF): its Python binding (`make "
+        "test-llama-cpp`) and its C++ server (`make llama-server`), whichever are built",
     )
     p.add_argument(
         "--llama-cpp-dtype",
