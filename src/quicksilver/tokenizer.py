@@ -8,6 +8,7 @@ never run code through its template, nor hang the process with one.
 
 from __future__ import annotations
 
+import functools
 import json
 from collections.abc import Iterable
 from pathlib import Path
@@ -196,9 +197,10 @@ class Tokenizer:
         )
 
     # ---- use ----------------------------------------------------------------------------------
-    @property
+    @functools.cached_property
     def vocab_size(self) -> int:
-        return self.fast.get_vocab_size(with_added_tokens=True)
+        """Tokens including the added ones (asked once: the tokenizers call walks the vocabulary)."""
+        return int(self.fast.get_vocab_size(with_added_tokens=True))
 
     def encode(self, text: str) -> list[int]:
         return self.fast.encode(text, add_special_tokens=False).ids

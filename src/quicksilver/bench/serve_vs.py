@@ -55,8 +55,8 @@ def interleaved(
     return out
 
 
-def same(a: list[Completion], b: list[Completion]) -> int:
-    return sum(x.ok and y.ok and x.text == y.text for x, y in zip(a, b))
+def same(a: Completion, b: Completion) -> bool:
+    return a.ok and b.ok and a.text == b.text
 
 
 def run_vs_llama_cpp(args: argparse.Namespace) -> int:
@@ -85,17 +85,15 @@ def run_vs_llama_cpp(args: argparse.Namespace) -> int:
                 first = lvls[0].done
                 alone.setdefault(label, first)
                 ref = alone[label]
-                s["identical_to_c1"] = sum(
-                    same([ref[i % len(ref)]], [x]) for i, x in enumerate(first)
-                )
+                s["identical_to_c1"] = sum(same(ref[i % len(ref)], x) for i, x in enumerate(first))
                 s["compared_to_c1"] = len(first)
                 row[label] = s
-            row["identical_quicksilver_vs_llama"] = same(
-                runs["quicksilver"][0].done, runs["llama-server"][0].done
+            row["identical_quicksilver_vs_llama"] = sum(
+                map(same, runs["quicksilver"][0].done, runs["llama-server"][0].done)
             )
             if "quicksilver-ar" in runs:
-                row["identical_twin_vs_llama"] = same(
-                    runs["quicksilver-ar"][0].done, runs["llama-server"][0].done
+                row["identical_twin_vs_llama"] = sum(
+                    map(same, runs["quicksilver-ar"][0].done, runs["llama-server"][0].done)
                 )
             qs, ll = row["quicksilver"], row["llama-server"]
             row["ratio_tok_s_per_request"] = (

@@ -42,7 +42,7 @@ import numpy as np
 import torch
 
 from ..errors import ConfigError
-from .kvcache import KVCache
+from .kvcache import FIRST_CAPACITY, KVCache, grown_capacity
 from .segment import Segment
 from .step_graph import check_supported, export_to_temp
 from .transformer import DiffusionLM
@@ -272,7 +272,7 @@ class ExportedStep:
         cache capacity and the prefill buckets up to ``prefill`` at capacities up to twice that.
         Each shape holds its own compiled copy of the weights (~35 MB for the shipped model), so
         longer prompts' shapes are left to their first use. Returns how many shapes it ran."""
-        cfg, n, C = self.cfg, 0, 64  # 64: ``KVCache.reserve``'s first capacity, then doubled
+        cfg, n, C = self.cfg, 0, FIRST_CAPACITY  # then doubled, as ``KVCache.reserve`` does
         while True:
             for Tb in self.buckets:
                 if Tb > C or (Tb > 32 and (Tb > prefill or C > 2 * prefill)):
@@ -379,9 +379,7 @@ class ExportedStep:
         """(cache capacity, token bucket) of the segment's last pass; (0, 0) when not covered."""
         if not self.covers(seg) or seg.cache is None:
             return (0, 0)
-        cap, need = seg.cache.capacity, seg.cache.length + seg.length
-        while cap < need:
-            cap = max(2 * cap, 64)  # as ``KVCache.reserve`` grows it
+        cap = grown_capacity(seg.cache.capacity, seg.cache.length + seg.length)
         return cap, self._bucket(seg.length) or 0
 
     def _pass(self, seg: Segment) -> torch.Tensor:

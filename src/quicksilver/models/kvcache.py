@@ -84,6 +84,17 @@ class KVPool:
                 self.bytes -= old.nbytes()
 
 
+FIRST_CAPACITY = 64  # positions of a cache's first buffer; it doubles as the sequence grows
+
+
+def grown_capacity(capacity: int, need: int) -> int:
+    """The capacity a buffer of ``capacity`` positions grows to for ``need`` (a power of two)."""
+    cap = capacity
+    while cap < need:
+        cap = max(2 * cap, FIRST_CAPACITY)
+    return cap
+
+
 class KVCache:
     def __init__(self, pool: KVPool | None = None) -> None:
         self.pool = pool
@@ -118,9 +129,7 @@ class KVCache:
         """Make room for ``need`` positions (keeps what is committed)."""
         if need <= self.capacity:
             return
-        cap = max(2 * self.capacity, 64)
-        while cap < need:
-            cap *= 2
+        cap = grown_capacity(self.capacity, need)
         L = self.length
         key = (n_layers, B, n_kv, cap, hd, dtype, torch.device(device))
         a = self.pool.take(key) if self.pool is not None else None

@@ -159,9 +159,8 @@ async def detokenize(req: DetokenizeRequest, request: Request) -> dict[str, Any]
     st = _state(request)
     st.chat.check_model(req.model)
     tok = st.served.tokenizer
-    vocab = tok.vocab_size
-    if any(not 0 <= t < vocab for t in req.tokens):
-        raise bad_request(f"token ids must lie in [0, {vocab})", "tokens")
+    if any(not 0 <= t < tok.vocab_size for t in req.tokens):
+        raise bad_request(f"token ids must lie in [0, {tok.vocab_size})", "tokens")
     return {"prompt": tok.decode(req.tokens, skip_special_tokens=False)}
 
 

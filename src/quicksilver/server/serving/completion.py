@@ -35,9 +35,9 @@ class OpenAIServingCompletion(GenerationServing):
         if not p:
             raise bad_request("the prompt is empty", "prompt")
         if all(isinstance(x, int) for x in p):
-            ids, vocab = [int(x) for x in p], tok.vocab_size
-            if any(not 0 <= t < vocab for t in ids):
-                raise bad_request(f"prompt token ids must lie in [0, {vocab})", "prompt")
+            ids = [int(x) for x in p]
+            if any(not 0 <= t < tok.vocab_size for t in ids):
+                raise bad_request(f"prompt token ids must lie in [0, {tok.vocab_size})", "prompt")
             return [ids]
         if len(p) > self.cfg.max_n:
             raise bad_request(f"at most {self.cfg.max_n} prompts per request", "prompt")
