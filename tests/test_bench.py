@@ -88,6 +88,13 @@ def test_bench_speed_reports_all_four_methods_and_ratios(
     ):
         assert isinstance(out[key], float)
     assert out["step_vs_ar_token"] > 0 and "ratio_vs_llama_cpp" not in out
+    # the headline is what `quicksilver serve` decodes with; the diffusion default keeps its own
+    assert out["headline"] == "verify" and out["tok_s"] == v["tok_s"] and out["tpf"] == v["tpf"]
+    assert out["ratio_vs_ar"] == out["verify"]["ratio_vs_ar"] == v["ratio_vs_ar"]
+    d = out["methods"]["default"]
+    assert d["ratio_vs_ar"] == d["tok_s"] / out["methods"]["ar_kv_cache"]["tok_s"]
+    for key in ("aggregate_ratio_vs_ar", "step_vs_ar_token", "accuracy_vs_one_per_step"):
+        assert isinstance(d[key], float) and isinstance(v[key], float) and key in out
     ref = out["methods"]["reference"]
     assert ref["nfe"] >= ref["tokens"] - 1  # the reference runs one forward per canvas position
     assert out["methods"]["ar_kv_cache"]["tpf"] <= 1.0
@@ -303,3 +310,128 @@ def test_bench_serve_vs_llama_server(tmp_path: Path) -> None:
         qs_row = lv["quicksilver"]
         assert qs_row["failed"] == 0 and qs_row["identical_to_c1"] == qs_row["compared_to_c1"]
         assert lv["identical_twin_vs_llama"] >= 4  # the same weights, greedy
+
+
+METHODS = [
+    "ar_kv_cache",
+    "reference",
+    "one_token_per_step",
+    "default",
+    "verify",
+    "verify_ar",
+    "verify_k4",
+    "verify_k6",
+    "llama_cpp_ar",
+    "llama_server_ar",
+]
+
+
+def _draw_every_bench_plot(out: Path) -> None:
+    """Each bench plot, drawn from a small synthetic result shaped like the bench's own."""
+    from quicksilver.bench import common, serve, serve_replicas, serve_vs, shapes, verify
+
+    n = len(METHODS)
+    common.bar_plot(
+        out / "speed.png",
+        METHODS,
+        {
+            "tok/s (median)": [1738.0 + 97 * i for i in range(n)],
+            "tokens per forward": [0.3 + 0.31 * i for i in range(n)],
+            "accuracy": [0.33 + 0.04 * i for i in range(n)],
+        },
+        "single-stream decoding, same model and items",
+    )
+    run = {"tok_s": 1785.0, "tok_s_aggregate": 1568.0}
+    ks = {"verify_ar": run, "verify": run, "verify_k2": run, "verify_k4": run, "verify_k6": run}
+    verify.k_plot(out, ks, 8, run)
+    c = [1, 2, 4, 8, 16, 32, 64]
+    peers = ["quicksilver", "quicksilver-ar", "llama-server"]
+    row = {"tok_s_per_request_p50": 1074.0, "aggregate_tok_s": 1219.0, "ttft_p50_ms": 8.6}
+    levels = [{"concurrency": x, **{k: row for k in peers}} for x in c]
+    serve_vs._plot_levels({"levels": levels, "hardware": {"cpu": "AMD EPYC"}}, peers, out)
+    agents = [{"agents": x, "ttft_p95_ms": 10.0 * x, "tok_s_p50": 900.0 / x} for x in c]
+    serve_vs._plot_agents(
+        {
+            "servers": {k: {"levels": agents} for k in peers},
+            "slo": {"ttft_p95_ms": 100.0, "tok_s_p50": 200.0},
+        },
+        out,
+    )
+    turns = [0.92, 0.22, 0.71, 0.22, 0.46, 0.3, 0.5, 0.2, 0.4, 0.3, 0.5, 0.2]
+    lv = [
+        {"concurrency": x, "aggregate_tok_s": 150.0 * x, "ttft_p50_ms": 8.0 * x, "e2e_p50_s": 0.1}
+        for x in c
+    ]
+    loop = {"prefix_cache": turns, "no_prefix_cache": turns}
+    serve._plot({"levels": lv, "agent_loop": {"seconds_per_turn": loop}}, out)
+    serve_replicas._plot(
+        {
+            "replicas": [1, 2],
+            "levels": [{**x, "replicas": r} for r in (1, 2) for x in lv],
+            "agent_loop": {"routing": {"prefix": {"seconds_per_turn": turns}}},
+        },
+        out,
+    )
+    windows, kk = [1, 4, 8, 16, 32], range(1, 9)
+    fmt = {
+        "format": "bfloat16",
+        "step_vs_ar_token": {str(w): 1.0 + w / 8 for w in windows},
+        "tok_s_at_k": {str(k): 2.0 * k for k in kk},
+        "ar_tok_s": 3.0,
+    }
+    shapes.plot([{"shape": "llada-8b-slice", "formats": [fmt] * 3}], windows, out / "shapes.png")
+
+
+def _in_view(axis: Any, at: float) -> bool:
+    """Whether a tick at ``at`` is drawn (the axis also keeps labels for ticks past its limits)."""
+    lo, hi = sorted(axis.get_view_interval())
+    return bool(lo - 1e-9 * abs(hi - lo) <= at <= hi + 1e-9 * abs(hi - lo))
+
+
+def test_every_bench_plot_has_legible_tick_labels(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """No two tick labels of a bench figure overlap, and every one lies inside the figure (the
+    speed plot's nine rotated method names once ran into each other)."""
+    from quicksilver import figures
+    from quicksilver.bench import common, serve, serve_replicas, serve_vs, shapes
+
+    checked: list[str] = []
+
+    def check(fig: Any, path: str | Path) -> Path:
+        fig.tight_layout()
+        fig.canvas.draw()
+        renderer = fig.canvas.get_renderer()
+        inside = fig.bbox
+        boxes = [
+            (t.get_text(), t.get_window_extent(renderer))
+            for ax in fig.axes
+            for i, axis in enumerate((ax.xaxis, ax.yaxis))
+            for t in axis.get_ticklabels(which="both")
+            if t.get_visible() and t.get_text() and _in_view(axis, t.get_position()[i])
+        ]
+        assert boxes, path
+        for i, (a, box) in enumerate(boxes):
+            assert inside.x0 - 1 <= box.x0 and box.x1 <= inside.x1 + 1, (path, a)
+            for b, other in boxes[i + 1 :]:
+                assert not box.overlaps(other), f"{Path(path).name}: {a!r} overlaps {b!r}"
+        checked.append(Path(path).name)
+        return figures.save_figure(fig, path)
+
+    for module in (common, serve, serve_replicas, serve_vs, shapes):
+        monkeypatch.setattr(module, "save_figure", check)
+    _draw_every_bench_plot(tmp_path)
+    # every place a bench writes a figure was drawn once (a new plot joins _draw_every_bench_plot)
+    sources = Path(common.__file__).parent.glob("*.py")
+    assert sum(p.read_text().count("save_figure(fig,") for p in sources) == len(checked)
+    assert sorted(checked) == sorted(
+        [
+            "speed.png",
+            "verify_k.png",
+            "serve_vs_llama_cpp.png",
+            "agents.png",
+            "serve.png",
+            "serve_replicas.png",
+            "shapes.png",
+        ]
+    )

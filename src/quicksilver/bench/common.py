@@ -60,22 +60,44 @@ def print_table(title: str, columns: list[str], rows: list[list[Any]]) -> None:
     Console(stderr=False).print(t)
 
 
+PALETTE = ("#4c72b0", "#dd8452", "#55a868", "#c44e52", "#8172b3", "#937860", "#da8bc3", "#8c8c8c")
+
+
+def value_text(v: float) -> str:
+    """A bar's value as printed beside it: whole from 10 up (thousands grouped), else 2 decimals."""
+    return f"{v:,.0f}" if abs(v) >= 10 else f"{v:.2f}"
+
+
 def bar_plot(path: Path, labels: list[str], series: dict[str, list[float]], title: str) -> Path:
+    """One panel per series, horizontal bars: the labels read once, level, down the left side;
+    each bar's value is printed at its end, so no figure is read off an axis."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, axes = plt.subplots(1, len(series), figsize=(4.2 * len(series), 3.6))
-    axes = [axes] if len(series) == 1 else list(axes)
-    for ax, (name, vals) in zip(axes, series.items()):
-        ax.bar(
-            labels, vals, color=["#888888", "#4c72b0", "#dd8452", "#55a868", "#c44e52"][: len(vals)]
-        )
+    width = max(len(lb) for lb in labels) * 0.07 + 3.0 * len(series)
+    fig, axes = plt.subplots(
+        1, len(series), figsize=(width, 1.2 + 0.32 * len(labels)), sharey=True, squeeze=False
+    )
+    colors = [PALETTE[i % len(PALETTE)] for i in range(len(labels))]
+    for ax, (name, vals) in zip(axes[0], series.items()):
+        bars = ax.barh(labels, vals, color=colors)
+        ax.bar_label(bars, [value_text(v) for v in vals], padding=2, fontsize=8)
+        ax.set_xlim(0, 1.3 * max([v for v in vals if math.isfinite(v)] + [1e-9]))
         ax.set_title(name)
-        ax.tick_params(axis="x", rotation=20)
+        ax.tick_params(axis="x", labelsize=8)
+    axes[0][0].invert_yaxis()  # the first method on top, the order of the table
     fig.suptitle(title)
     return save_figure(fig, path)
+
+
+def count_ticks(ax: Any, xs: Sequence[float]) -> None:
+    """Tick the x axis at the measured values themselves (1, 4, 16 rather than 10^0, 10^1)."""
+    from matplotlib.ticker import NullLocator
+
+    ax.set_xticks(list(xs), [f"{x:g}" for x in xs])
+    ax.xaxis.set_minor_locator(NullLocator())
 
 
 def line_plot(
@@ -87,11 +109,12 @@ def line_plot(
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, ax = plt.subplots(figsize=(5.2, 3.6))
+    fig, ax = plt.subplots(figsize=(6.4, 4.0))
     for name, ys in series.items():
         ax.plot(xs, ys, "o-", label=name)
     ax.set_xlabel(xlabel)
-    ax.legend()
+    count_ticks(ax, xs)
+    ax.legend(fontsize=8)
     fig.suptitle(title)
     return save_figure(fig, path)
 

@@ -33,7 +33,7 @@ from ..errors import QuicksilverError
 from ..figures import save_figure
 from ..suite.render import to_openai_messages
 from ..suite.tasks import get_task
-from .common import emit_json, hardware, median, print_table
+from .common import count_ticks, emit_json, hardware, median, print_table
 
 
 def percentile(xs: list[float], q: float) -> float:
@@ -459,11 +459,14 @@ def _plot(report: dict[str, Any], out: Path) -> None:
     ax[1].plot(c, [x["e2e_p50_s"] * 1000 for x in lv], "s-", label="e2e p50")
     ax[1].set(xscale="log", yscale="log", xlabel="concurrency", ylabel="ms", title="latency")
     ax[1].legend()
+    count_ticks(ax[0], c)
+    count_ticks(ax[1], c)
     if "agent_loop" in report:
         al = report["agent_loop"]["seconds_per_turn"]
         for k, v in al.items():
             ax[2].plot(range(1, len(v) + 1), v, "o-", label=k)
         ax[2].set(xlabel="turn", ylabel="seconds", title="agent loop")
+        count_ticks(ax[2], range(1, max(len(v) for v in al.values()) + 1))
         ax[2].legend()
     save_figure(fig, out / "serve.png")
 

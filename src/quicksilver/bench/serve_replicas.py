@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from ..figures import save_figure
-from .common import emit_json, hardware, median, print_table
+from .common import count_ticks, emit_json, hardware, median, print_table
 from .serve import Result, agent_loop, chat_bodies, launch_server, level_summary, run_level
 
 RAY_START_S = 300.0  # Ray, the proxy and N model replicas on a busy 2-core machine
@@ -144,10 +144,16 @@ def _plot(report: dict[str, Any], out: Path) -> None:
         lv = [x for x in report["levels"] if x["replicas"] == n]
         ax[0].plot([x["concurrency"] for x in lv], [x["aggregate_tok_s"] for x in lv], "o-")
         ax[0].lines[-1].set_label(f"{n} replica(s)")
-    ax[0].set(xscale="log", xlabel="concurrency", ylabel="aggregate output tok/s")
+    ax[0].set(
+        xscale="log", xlabel="concurrency", ylabel="aggregate output tok/s", title="throughput"
+    )
+    count_ticks(ax[0], sorted({x["concurrency"] for x in report["levels"]}))
     ax[0].legend()
+    turns = 0
     for k, v in report.get("agent_loop", {}).get("routing", {}).items():
+        turns = max(turns, len(v["seconds_per_turn"]))
         ax[1].plot(range(1, len(v["seconds_per_turn"]) + 1), v["seconds_per_turn"], "o-", label=k)
     ax[1].set(xlabel="turn", ylabel="seconds (median)", title="agent loop routing")
+    count_ticks(ax[1], range(1, turns + 1))
     ax[1].legend()
     save_figure(fig, out / "serve_replicas.png")

@@ -29,7 +29,7 @@ from ..suite.render import prompt_text
 from ..suite.tasks import get_task
 from ..suite.tasks.base import Item
 from ..tokenizer import Tokenizer
-from .common import emit_json, hardware, print_table
+from .common import count_ticks, emit_json, hardware, print_table
 from .peers import Completion, Level, Peer, complete, launch_peers, run_level, summary
 from .serve import percentile
 
@@ -152,7 +152,8 @@ def _plot_levels(report: dict[str, Any], labels: list[str], out: Path) -> None:
         xscale="log", yscale="log", xlabel="concurrent clients", ylabel="ms", title="TTFT p50"
     )
     for a in ax:
-        a.legend()
+        count_ticks(a, c)
+        a.legend(fontsize=8)
     fig.suptitle(f"same weights, one thread per server — {report['hardware'].get('cpu', '')}")
     save_figure(fig, out / "serve_vs_llama_cpp.png")
 
@@ -303,6 +304,7 @@ def _plot_agents(report: dict[str, Any], out: Path) -> None:
     import matplotlib.pyplot as plt
 
     fig, ax = plt.subplots(1, 2, figsize=(11, 4))
+    ramp = sorted({lv["agents"] for r in report["servers"].values() for lv in r["levels"]})
     for k, r in report["servers"].items():
         n = [lv["agents"] for lv in r["levels"]]
         ax[0].plot(n, [lv["ttft_p95_ms"] for lv in r["levels"]], "o-", label=k)
@@ -314,7 +316,8 @@ def _plot_agents(report: dict[str, Any], out: Path) -> None:
         xscale="log", xlabel="concurrent agents", ylabel="tok/s", title="output tok/s a turn (p50)"
     )
     for a in ax:
-        a.legend()
+        count_ticks(a, ramp)
+        a.legend(fontsize=8)
     save_figure(fig, out / "agents.png")
 
 
