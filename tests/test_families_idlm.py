@@ -17,8 +17,8 @@ from quicksilver import CheckpointError
 from quicksilver.models.checkpoint import load_checkpoint
 from quicksilver.models.families import family_of, generation_defaults
 from quicksilver.sampling import SamplerConfig
-from quicksilver.sampling.autoregressive import ar_generate
 from quicksilver.sampling.verify import VerifyDecoder
+from test_verify import uncached_greedy
 
 TOL = 1e-4
 
@@ -83,7 +83,7 @@ def test_verify_with_k_drafts_equals_draft_zero(tiny: Path) -> None:
         return [r.tokens for r in dec.generate(rows, cfg)]
 
     with torch.no_grad():
-        ar = [ar_generate(model, p, 24, []).tokens for p in ps]
+        ar = [uncached_greedy(model, p, 24, []) for p in ps]  # the obviously correct loop
         zero = [run(0, [p])[0] for p in ps]
         alone = [run(None, [p])[0] for p in ps]  # None: the model's draft_length (3)
         batched = run(None, ps)

@@ -12,17 +12,12 @@ from quicksilver.errors import ConfigError
 from quicksilver.models.config import ModelConfig, preset
 from quicksilver.models.cpu_backends import TOKEN_BUCKETS, attach_backend, step_buckets
 from quicksilver.models.kvcache import KVCache
+from quicksilver.models.pass_plan import RUNTIMES, PassPlanner, PassPolicy
 from quicksilver.models.segment import Segment
 from quicksilver.models.transformer import DiffusionLM
-from quicksilver.sampling import SamplerConfig, verify
+from quicksilver.sampling import SamplerConfig
 from quicksilver.sampling.autoregressive import ar_generate
-from quicksilver.sampling.verify import (
-    MASK_GATE,
-    MIN_MASKS,
-    VerifyDecoder,
-    VerifyRow,
-    fit_drafts,
-)
+from quicksilver.sampling.verify import VerifyDecoder, VerifyRow
 from quicksilver.train.objective import draft_mask
 
 MASK = 2
@@ -84,28 +79,52 @@ def test_stream_never_sees_the_draft_block() -> None:
     assert torch.allclose(plain, with_block, atol=1e-5)
 
 
+def uncached_greedy(model: DiffusionLM, prompt: list[int], n: int, stops: list[int]) -> list[int]:
+    """The obviously correct AR loop: the whole sequence through the padded path at every token,
+    no cache, the argmax of the last position (never the mask)."""
+    seq, out = list(prompt), []
+    for _ in range(n):
+        logits = model(torch.tensor([seq]))[0, -1].float()  # (V,)
+        logits[model.config.mask_token_id] = float("-inf")
+        tok = int(logits.argmax())
+        if tok in stops:
+            break
+        out.append(tok)
+        seq.append(tok)
+    return out
+
+
+def test_plain_ar_is_the_uncached_argmax() -> None:
+    """``draft = 0`` (``ar_generate``), the plain AR path every verify test compares against,
+    equals the uncached loop token for token."""
+    model = causal_model(seed=3)
+    for p in prompts(3):
+        assert ar_generate(model, p, 24, [1]).tokens == uncached_greedy(model, p, 24, [1])
+
+
 def rows_equal_ar(model: DiffusionLM, ps: list[list[int]], k: int, n: int = 40) -> None:
     dec = VerifyDecoder(model, [1])
-    ar = [ar_generate(model, p, n, [1]).tokens for p in ps]
-    one = [
-        dec.generate([p], SamplerConfig(max_new_tokens=n, policy="verify", draft=0))[0] for p in ps
-    ]
+    runs = [ar_generate(model, p, n, [1]) for p in ps]
     alone = [
         dec.generate([p], SamplerConfig(max_new_tokens=n, policy="verify", draft=k))[0] for p in ps
     ]
     batched = dec.generate(ps, SamplerConfig(max_new_tokens=n, policy="verify", draft=k))
-    assert [r.tokens for r in one] == ar
-    assert all(r.nfe == len(r.tokens) + (r.finish_reason == "stop") for r in one)  # one per pass
+    assert all(r.nfe == len(r.tokens) + (r.finish_reason == "stop") for r in runs)  # one a pass
+    ar = [r.tokens for r in runs]
     assert [r.tokens for r in alone] == ar
     assert [r.tokens for r in batched] == ar
 
 
-@pytest.mark.parametrize("gate", [0.0, MASK_GATE])  # 0: masks behind every draft block
+CPU, CPU_EXPORTED = RUNTIMES["cpu"], RUNTIMES["cpu-exported"]
+MIN_MASKS = CPU_EXPORTED.min_masks
+
+
+@pytest.mark.parametrize("gate", [0.0, CPU.mask_gate])  # 0: masks behind every draft block
 @pytest.mark.parametrize("layout", ["per_sequence", "batched"])
 def test_garbage_drafts_still_give_the_ar_output(
     layout: str, gate: float, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(verify, "MASK_GATE", gate)
+    monkeypatch.setitem(RUNTIMES, "cpu", PassPolicy(mask_gate=gate))
     model = causal_model(seed=3)
     model.set_attention_layout(layout)
     rows_equal_ar(model, prompts(5), k=6)
@@ -116,7 +135,7 @@ def test_one_pass_shape_on_an_exported_step_still_gives_the_ar_output(
 ) -> None:
     """A lone row on an exported step feeds 1 + k positions a pass after its prompt (drafts
     trimmed, masks in the rest), and its output is the same weights' AR output there."""
-    monkeypatch.setattr(verify, "MASK_GATE", 0.0)  # else every draft block gets k masks
+    monkeypatch.setitem(RUNTIMES, "cpu", PassPolicy(mask_gate=0.0))  # else every block gets k masks
     model, k = causal_model(seed=3), 6
     attach_backend(model, "onnx")
     shapes: list[tuple[int, int]] = []
@@ -169,13 +188,14 @@ def test_masks_never_move_a_prefill_into_a_larger_bucket() -> None:
     model = causal_model(seed=6)
     dec = VerifyDecoder(model, [])
     cfg = SamplerConfig(max_new_tokens=40, policy="verify", draft=8)
+    bucketed = PassPlanner(CPU, padded)
     row = dec.new_row(list(range(5, 30)), cfg)
-    assert row.segment(padded).draft == 7  # 25 + 7 = 32
-    assert row.segment().draft == 8  # exact shapes: every mask
+    assert row.segment(bucketed).draft == 7  # 25 + 7 = 32
+    assert row.segment(PassPlanner(CPU)).draft == 8  # exact shapes: every mask
     row.cache.length, row.host_tokens = 25, [9]  # the bonus is the whole feed
-    assert row.segment(padded).draft == 8
-    row.drafts = [9] * 8
-    assert row.segment(padded).draft == 8
+    assert row.segment(bucketed).draft == 8
+    row.drafts, row.conf = [9] * 8, [1.0] * 8
+    assert row.segment(bucketed).draft == 8
 
 
 def test_first_pass_masks_follow_the_exported_steps_cost() -> None:
@@ -187,33 +207,35 @@ def test_first_pass_masks_follow_the_exported_steps_cost() -> None:
     cfg = SamplerConfig(max_new_tokens=40, policy="verify", draft=8)
     attach_backend(model, "onnx")
     try:
-        assert dec.new_row(list(range(5, 30)), cfg).segment(model.pass_cost).draft == 7
-        assert dec.new_row(list(range(5, 75)), cfg).segment(model.pass_cost).draft == 8
+        planner = PassPlanner(CPU, model.pass_cost)
+        assert dec.new_row(list(range(5, 30)), cfg).segment(planner).draft == 7
+        assert dec.new_row(list(range(5, 75)), cfg).segment(planner).draft == 8
     finally:
         attach_backend(model, "torch")
 
 
 def test_drafts_unlikely_to_be_all_kept_get_no_masks() -> None:
-    """Masks behind drafts whose own probabilities multiply to under ``MASK_GATE`` would almost
+    """Masks behind drafts whose own probabilities multiply to under the mask gate would almost
     surely be void: that pass checks the drafts alone (n + 1 positions, not n + 1 + k)."""
     dec = VerifyDecoder(causal_model(seed=6), [])
     row = dec.new_row(
         list(range(5, 30)), SamplerConfig(max_new_tokens=40, policy="verify", draft=8)
     )
     row.cache.length, row.host_tokens, row.drafts = 25, [9], [9] * 8
+    cpu = PassPlanner(CPU)
     row.conf = [0.99] * 8  # 0.92 all kept
-    assert row.segment().draft == 8 and row.wide == 1  # a wide pass: drafts and masks
+    assert row.segment(cpu).draft == 8 and row.wide == 1  # a wide pass: drafts and masks
     row.conf = [0.99] * 7 + [0.5]  # 0.47
-    seg = row.segment()
+    seg = row.segment(cpu)
     assert seg.draft == 0 and seg.length == 1 + 8 and row.wide == 1
-    row.drafts = []  # the bonus and k masks: 1 + k positions, not wide
-    assert row.segment().draft == 8 and row.wide == 1
+    row.drafts, row.conf = [], []  # the bonus and k masks: 1 + k positions, not wide
+    assert row.segment(cpu).draft == 8 and row.wide == 1
     assert row.result().wide_passes == 1
 
 
 def test_a_pass_of_width_k_feeds_the_likely_drafts_then_masks() -> None:
-    """With a width of k a pass feeds k positions after its final token: the draft prefix whose
-    own probabilities multiply to at least ``DRAFT_ODDS`` (at most k - ``MIN_MASKS``), masks in
+    """On one pass shape a pass feeds k positions after its final token: the draft prefix whose
+    own probabilities multiply to at least ``draft_odds`` (at most k - ``min_masks``), masks in
     the rest."""
     dec = VerifyDecoder(causal_model(seed=6), [])
     row = dec.new_row(
@@ -226,15 +248,16 @@ def test_a_pass_of_width_k_feeds_the_likely_drafts_then_masks() -> None:
         ([0.1] * 8, 1),
     ):
         row.drafts, row.conf, row.q = [9] * 8, conf, torch.rand(8, 16)
-        seg = row.segment(width=8)
+        seg = row.segment(PassPlanner(CPU_EXPORTED))
         assert len(row.drafts) == len(row.conf) == len(row.q) == fed
         assert seg.length == 1 + 8 and seg.draft == 8 - fed  # one shape: 1 + k
     row.drafts, row.conf, row.q = [], [], None  # the bonus and k masks
-    assert row.segment(width=8).draft == 8
+    assert row.segment(PassPlanner(CPU_EXPORTED)).draft == 8
     assert row.wide == row.result().wide_passes == 0  # never more than 1 + k positions
 
 
 def test_fit_drafts_takes_the_likely_prefix() -> None:
+    fit_drafts = PassPlanner(CPU_EXPORTED).fit_drafts
     assert fit_drafts([0.99] * 8, 8) == 8 - MIN_MASKS
     assert fit_drafts([0.9, 0.5, 0.9], 8) == 3  # 0.9, 0.45, 0.405: all at least 0.3
     assert fit_drafts([0.9, 0.3], 8) == 1  # 0.27 < 0.3

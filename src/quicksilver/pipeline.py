@@ -124,7 +124,7 @@ class Pipeline:
         ids = self.encode_prompt(prompt, chat)
         cfg = self.sampler_config(**options)
         t0 = time.perf_counter()
-        drive = self.decoder.drive([self.decoder.new_row(ids, cfg)])  # type: ignore[list-item]  # the row is its own decoder's
+        drive = self.decoder.run([ids], cfg)
         while True:
             try:
                 yield from next(drive)

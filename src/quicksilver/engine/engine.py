@@ -18,15 +18,15 @@ from __future__ import annotations
 import collections
 import threading
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Any, Generic
 
 from ..errors import ConfigError, QuicksilverError
-from ..sampling import Row, SamplerConfig
+from ..sampling import SamplerConfig
 from ..sampling.hooks import Constraint
-from ..sampling.state import DecodeResult, RowEvent
-from ..sampling.verify import VerifyRow
+from ..sampling.row_decoder import R, RowDecoder, release
+from ..sampling.state import DecodeResult
 from .prefix_cache import PrefixCache
 
 
@@ -99,47 +99,25 @@ class EngineEvent:
 
 
 @dataclass
-class _Live:
+class _Live(Generic[R]):
     req: EngineRequest
-    row: Row | VerifyRow
+    row: R
     stats: RequestStats
     emitted: int = 0
     prompt_cached: int = 0  # prompt tokens served by the prefix cache
 
 
-class RowDecoder(Protocol):
-    """The engine's contract with a decoder (``Decoder``, ``VerifyDecoder``, the mock engine's
-    scripted one): it makes a row per request and steps a batch of its rows in one forward pass."""
-
-    model: Any  # its ``config`` (a ``ModelConfig``) sizes the prefix cache
-
-    def resolve_cache_mode(self) -> str: ...
-
-    def new_row(
-        self,
-        prompt_ids: Sequence[int],
-        cfg: SamplerConfig,
-        tag: object = None,
-        prefill: dict[int, int] | None = None,
-        suffix: Sequence[int] | None = None,
-        constraint: Constraint | None = None,
-        extra_stops: Sequence[int] | None = None,
-    ) -> Any: ...
-
-    def step(self, rows: Sequence[Any]) -> list[RowEvent]: ...
-
-
-class Engine:
+class Engine(Generic[R]):
     """Continuous batching over the decoder's rows."""
 
-    def __init__(self, decoder: RowDecoder, config: EngineConfig | None = None) -> None:
+    def __init__(self, decoder: RowDecoder[R], config: EngineConfig | None = None) -> None:
         self.decoder = decoder
         self.config = config or EngineConfig()
         self._commands: collections.deque[tuple[str, Any]] = collections.deque()
         self._queued_adds = 0  # "add" commands in _commands
         self._lock = threading.Lock()  # guards _commands, _queued_adds, _pending_ids
-        self._waiting: collections.OrderedDict[str, _Live] = collections.OrderedDict()
-        self._running: dict[str, _Live] = {}
+        self._waiting: collections.OrderedDict[str, _Live[R]] = collections.OrderedDict()
+        self._running: dict[str, _Live[R]] = {}
         self._pending_ids: set[str] = set()
         self.step_count = 0
         self.totals = collections.Counter[str]()
@@ -244,23 +222,23 @@ class Engine:
         if reason in ("cancelled", "error"):
             res.finish_reason = reason
         if reason == "cancelled":  # a failed step may have left its cache's bindings half-written
-            _free(lv.row)
+            release(lv.row)
         return EngineEvent(
-            lv.req.request_id,
-            self.step_count,
-            [],
-            lv.emitted,
-            [],
-            [],
-            None,
-            True,
-            reason,
-            lv.row.nfe,
-            lv.row.P,
-            lv.stats,
-            error,
-            res,
-            lv.prompt_cached,
+            request_id=lv.req.request_id,
+            step=self.step_count,
+            new_tokens=[],
+            stable=lv.emitted,
+            committed=[],
+            remasked=[],
+            canvas=None,
+            done=True,
+            finish_reason=reason,
+            nfe=lv.row.nfe,
+            prompt_tokens=lv.row.P,
+            stats=lv.stats,
+            error=error,
+            result=res,
+            cached_tokens=lv.prompt_cached,
         )
 
     def step(self) -> list[EngineEvent]:
@@ -272,8 +250,7 @@ class Engine:
         self.step_count += 1
         live = list(self._running.values())
         try:
-            rows: list[Any] = [lv.row for lv in live]  # the decoder's own row type
-            row_events = self.decoder.step(rows)
+            row_events = self.decoder.step([lv.row for lv in live])
         except Exception as e:  # a failed step fails its requests, never the engine
             self.totals["step_errors"] += 1
             self.failing_steps += 1
@@ -306,35 +283,27 @@ class Engine:
                 self.totals["generated_tokens"] += ev.end
             events.append(
                 EngineEvent(
-                    lv.req.request_id,
-                    self.step_count,
-                    new,
-                    lv.emitted,
-                    ev.committed,
-                    ev.remasked,
-                    ev.canvas,
-                    ev.done,
-                    ev.finish_reason,
-                    row.nfe,
-                    row.P,
-                    lv.stats,
-                    None,
-                    row.result() if ev.done else None,
-                    lv.prompt_cached,
+                    request_id=lv.req.request_id,
+                    step=self.step_count,
+                    new_tokens=new,
+                    stable=lv.emitted,
+                    committed=ev.committed,
+                    remasked=ev.remasked,
+                    canvas=ev.canvas,
+                    done=ev.done,
+                    finish_reason=ev.finish_reason,
+                    nfe=row.nfe,
+                    prompt_tokens=row.P,
+                    stats=lv.stats,
+                    result=row.result() if ev.done else None,
+                    cached_tokens=lv.prompt_cached,
                 )
             )
             if ev.done:
-                _free(row)
+                release(row)
         return events
 
     def run_until_idle(self) -> Iterator[EngineEvent]:
         """Step until nothing is left (offline use: CLI, benchmarks, tests)."""
         while self.has_work:
             yield from self.step()
-
-
-def _free(row: Any) -> None:
-    """Hand a finished row's cache memory back to its model's pool."""
-    cache = getattr(row, "cache", None)
-    if cache is not None:
-        cache.release()

@@ -19,9 +19,7 @@ from dataclasses import dataclass
 
 import torch
 
-from ..models.kvcache import KVCache
-from ..sampling.state import Row
-from ..sampling.verify import VerifyRow
+from ..sampling.row_decoder import RowLike
 
 CACHED_MODES = ("block", "window", "verify")  # cache modes whose finished blocks are exact
 
@@ -59,7 +57,7 @@ class PrefixCache:
             keys.append(h)
         return keys
 
-    def attach(self, row: Row | VerifyRow) -> int:
+    def attach(self, row: RowLike) -> int:
         """Fill a fresh row's cache with the longest cached run of its prompt's complete blocks.
 
         Returns the number of prompt tokens served. At least the prompt's last token is left to
@@ -80,26 +78,23 @@ class PrefixCache:
             return 0
         kv = torch.cat([e.kv for e in hits], dim=3)  # (n_layers, 2, Hkv, n*block, hd)
         n_layers, _, n_kv, n, hd = kv.shape
-        cache: KVCache = row.cache
+        cache = row.cache
         cache.reserve(n_layers, 1, n_kv, hd, n, kv.dtype, kv.device)
         for li in range(n_layers):
             cache.k[li][0, :, :n] = kv[li, 0]
             cache.v[li][0, :, :n] = kv[li, 1]
         cache.write_meta(torch.arange(n, device=kv.device)[None], None)
         cache.commit(n)
-        if isinstance(row, Row):
-            row.exact = n  # the window cache recomputes from here
+        row.take_prefix(n)
         self.hit_tokens += n
         return n
 
-    def insert(self, row: Row | VerifyRow) -> None:
+    def insert(self, row: RowLike) -> None:
         """Remember the complete blocks a row has in its cache (prompt and finished answer blocks)."""
         cache = row.cache
         if cache is None or row.cache_mode not in CACHED_MODES:
             return
-        final = (
-            row.exact if isinstance(row, Row) and row.cache_mode == "window" else cache.length
-        )  # keys/values that are final (a verify row's cache holds only final tokens after a pass)
+        final = row.exact_prefix()  # a verify row's cache holds only final tokens after a pass
         tokens = row.host_sequence()
         n_blocks = min(final, len(tokens)) // self.block
         if self.prompt_only:

@@ -43,6 +43,7 @@ import torch
 
 from ..errors import ConfigError
 from .kvcache import FIRST_CAPACITY, KVCache, grown_capacity
+from .pass_plan import RUNTIMES
 from .segment import Segment
 from .step_graph import check_supported, export_to_temp
 from .transformer import DiffusionLM
@@ -231,6 +232,7 @@ class ExportedStep:
     def __init__(self, model: DiffusionLM, name: str, threads: int) -> None:
         check_supported(model)
         self.name, self.model, self.cfg = name, model, model.config
+        self.pass_policy = RUNTIMES["cpu-exported"]
         self._tmp, path = export_to_temp(model)
         self.runner = RUNNERS[name][1](str(path), threads)
         n = model.config.n_layers

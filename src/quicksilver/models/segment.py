@@ -11,6 +11,7 @@ from typing import Protocol
 import torch
 
 from .kvcache import KVCache
+from .pass_plan import PassPolicy
 
 
 @dataclass
@@ -61,6 +62,7 @@ class StepBackend(Protocol):
     """Serves one sequence's passes in another runtime (models/cpu_backends.py); None = not covered."""
 
     name: str
+    pass_policy: PassPolicy  # what a verify pass should feed on it (models/pass_plan.py)
 
     def forward_segment(self, seg: Segment) -> torch.Tensor | None: ...
 

@@ -24,6 +24,7 @@ from .host import to_device
 from .kvcache import KVCache, KVPool
 from .moe import MoE
 from .packing import LAYOUTS, Layout, PerSequence, plan_batched, token_bucket
+from .pass_plan import RUNTIMES, PassPlanner
 from .segment import Segment, StepBackend, build_attention_mask
 
 
@@ -454,6 +455,14 @@ class DiffusionLM(nn.Module):
         ``unread`` appended without their logits read): the step backend's ``cost``, else ``n``
         (eager torch runs the exact shape)."""
         return n if self.step_backend is None else self.step_backend.cost(n, unread)
+
+    @property
+    def planner(self) -> PassPlanner:
+        """What a verify pass feeds per row on this model's runtime (models/pass_plan.py)."""
+        if self.step_backend is not None:
+            return PassPlanner(self.step_backend.pass_policy, self.step_backend.cost)
+        device = next(self.parameters()).device
+        return PassPlanner(RUNTIMES["cpu" if device.type == "cpu" else "accelerator"])
 
     def forward_segments(self, segments: list[Segment]) -> list[torch.Tensor]:
         """Packed inference forward: one pass for several sequences, each with its own KV cache.

@@ -1,27 +1,21 @@
 """Autoregressive decoding with a KV cache: the baseline every speed claim is measured against.
 
-The same network with ``attention="causal"`` (and no logit shift) predicts token j+1 from position j.
-One forward pass per token after the prompt's prefill; stops at a stop token or ``max_new_tokens``.
+Plain AR decoding is verify decoding without drafts (``draft = 0``, sampling/verify.py): one
+cached pass per token, the causal argmax (or a draw at the request's temperature and top_p), the
+same packed forward pass and picks as every other row. These helpers stream one prompt through it
+token by token; there is no second AR loop.
 """
 
 from __future__ import annotations
 
-import time
 from collections.abc import Generator, Sequence
 
-import torch
-
-from ..errors import ConfigError
-from ..models.host import to_device
-from ..models.kvcache import KVCache
-from ..models.segment import Segment
 from ..models.transformer import DiffusionLM
-from .decoder import DecodeResult
-from .noise import sample_tokens
-from .select import forbid_host, greedy_ids
+from .config import SamplerConfig
+from .state import DecodeResult
+from .verify import VerifyDecoder
 
 
-@torch.no_grad()
 def ar_stream(
     model: DiffusionLM,
     prompt: Sequence[int],
@@ -31,54 +25,25 @@ def ar_stream(
     top_p: float = 1.0,
     seed: int | None = None,
 ) -> Generator[int, None, DecodeResult]:
-    """Yield tokens one by one; return the DecodeResult (nfe counts the prefill too)."""
-    cfg = model.config
-    if cfg.attention != "causal":
-        raise ConfigError(
-            f"autoregressive decoding needs a causal model, this one is {cfg.attention}"
-        )
-    if len(prompt) + max_new_tokens > cfg.max_seq_len:
-        raise ConfigError(
-            f"prompt ({len(prompt)}) + max_new_tokens ({max_new_tokens}) exceeds {cfg.max_seq_len}"
-        )
-    device = next(model.parameters()).device
-    gen = None
-    if temperature > 0:
-        gen = torch.Generator(device=device).manual_seed(seed if seed is not None else 0)
-    t0 = time.perf_counter()
-    cache = KVCache(model.kv_pool)
-    x = torch.tensor(list(prompt), dtype=torch.long, device=device)  # (P,)
-    start = 0  # absolute position of x[0]
-    stops = set(stop_ids)
-    out: list[int] = []
-    nfe = 0
-    finish = "length"
-    try:
-        for _ in range(max_new_tokens):
-            T = int(
-                x.shape[0]
-            )  # the same packed path as diffusion decoding: one segment, exact cache
-            logits = model.forward_segments([Segment(x, start, T - 1, T, cache, append=T)])[
-                0
-            ]  # (1, V): the next token
-            nfe += 1
-            logits = forbid_host(
-                logits.float(), cfg.mask_token_id, None
-            )  # the mask is never a prediction
-            if temperature > 0:
-                tok = int(sample_tokens(logits, temperature, top_p, gen)[0])
-            else:
-                tok = greedy_ids([logits])[0][0]  # numpy on the CPU, as verify's picks
-            if tok in stops:
-                finish = "stop"
-                break
-            out.append(tok)
-            yield tok
-            start += T
-            x = to_device([tok], torch.long, device)  # (1,)
-    finally:
-        cache.release()
-    return DecodeResult(out, finish, nfe, nfe, 0, time.perf_counter() - t0)
+    """Yield tokens one by one; return the DecodeResult (nfe counts the prompt's pass too)."""
+    cfg = SamplerConfig(
+        max_new_tokens=max_new_tokens,
+        policy="verify",
+        draft=0,
+        temperature=temperature,
+        top_p=top_p,
+        seed=seed,
+    )
+    drive = VerifyDecoder(model, stop_ids).run([list(prompt)], cfg)
+    emitted = 0
+    while True:
+        try:
+            events = next(drive)
+        except StopIteration as stop:
+            return stop.value[0]
+        for ev in events:
+            yield from ev.row.host_tokens[emitted:]
+            emitted = len(ev.row.host_tokens)
 
 
 def ar_generate(

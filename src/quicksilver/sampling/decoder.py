@@ -13,7 +13,7 @@ else is in the batch. Rows may join and leave between steps (``step`` takes any 
 
 from __future__ import annotations
 
-from collections.abc import Generator, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import torch
@@ -27,6 +27,7 @@ from .config import SamplerConfig
 from .hooks import Constraint, apply_stop, commit_constrained, remask, revision_inputs
 from .noise import request_generator
 from .policies import POLICIES
+from .row_decoder import RowDecoder
 from .select import choose, draw_noise, draw_tokens, forbid, pad_windows, policy_scores
 from .state import DecodeResult, Row, RowEvent
 
@@ -153,8 +154,10 @@ def refine(rows: Sequence[Row], logits: Sequence[torch.Tensor], step: int) -> li
     ]
 
 
-class Decoder:
+class Decoder(RowDecoder[Row]):
     """Builds rows for a model and runs batched refinement steps over them."""
+
+    model: DiffusionLM
 
     def __init__(
         self,
@@ -197,7 +200,7 @@ class Decoder:
         extra_stops: Sequence[int] | None = None,
     ) -> Row:
         mcfg = self.model.config
-        cfg.validate(mcfg.max_seq_len, len(prompt_ids) + len(suffix or ()))
+        self.check_request(prompt_ids, cfg, prefill, len(suffix or ()))
         if POLICIES[cfg.policy].rule == "verify":
             raise ConfigError(
                 f"policy verify needs a causal model that drafts; this one is {mcfg.attention}"
@@ -207,8 +210,6 @@ class Decoder:
                 "a suffix after the canvas needs a bidirectional model; "
                 "use the fill-in-the-middle prompt format for this one"
             )
-        if prefill and any(not 0 <= p < cfg.max_new_tokens for p in prefill):
-            raise ConfigError("prefilled positions must lie inside the canvas")
         block_causal = mcfg.attention == "block_causal"
         bl = cfg.block_length or (mcfg.block_size if block_causal else min(32, cfg.max_new_tokens))
         gen = None
@@ -224,11 +225,11 @@ class Decoder:
         sfx = torch.tensor(list(suffix), dtype=torch.long, device=self.device) if suffix else None
         stops = self.stop_ids | frozenset(int(t) for t in extra_stops or ())
         return Row(
-            prompt,
-            cfg,
-            self.mask_id,
-            stops,
-            bl,
+            prompt=prompt,
+            cfg=cfg,
+            mask_id=self.mask_id,
+            stop_ids=stops,
+            block_length=bl,
             aligned=block_causal,
             model_block=mcfg.block_size if block_causal else None,
             generator=gen,
@@ -252,31 +253,3 @@ class Decoder:
         self.step_count += 1
         logits = self.model.forward_segments([r.segment() for r in rows])  # (hi-lo, V) each
         return refine(rows, logits, self.step_count)
-
-    def drive(self, rows: Sequence[Row]) -> Generator[list[RowEvent], None, list[DecodeResult]]:
-        """The loop: step the rows until all are done, yielding each step's events."""
-        while any(not r.done for r in rows):
-            yield self.step(rows)
-        results = [r.result() for r in rows]
-        for r in rows:
-            if r.cache is not None:
-                r.cache.release()
-        return results
-
-    def run(
-        self, prompts: Sequence[Sequence[int]], cfgs: SamplerConfig | Sequence[SamplerConfig]
-    ) -> Generator[list[RowEvent], None, list[DecodeResult]]:
-        """Decode a fixed batch to the end, yielding each step's events; returns one result per prompt."""
-        if isinstance(cfgs, SamplerConfig):
-            cfgs = [cfgs] * len(prompts)
-        return self.drive([self.new_row(p, c) for p, c in zip(prompts, cfgs)])
-
-    def generate(
-        self, prompts: Sequence[Sequence[int]], cfgs: SamplerConfig | Sequence[SamplerConfig]
-    ) -> list[DecodeResult]:
-        gen = self.run(prompts, cfgs)
-        while True:
-            try:
-                next(gen)
-            except StopIteration as stop:
-                return stop.value

@@ -24,13 +24,14 @@ from .policies import POLICIES
 
 if TYPE_CHECKING:
     from .hooks import Constraint
+    from .row_decoder import RowLike
 
 
 @dataclass
 class RowEvent:
     """What one step did to one row. Positions are canvas indices (0 = first generated token)."""
 
-    row: Row
+    row: RowLike
     step: int
     committed: list[tuple[int, int]]  # (position, token) committed this step
     remasked: list[int]  # positions re-masked by revision this step
@@ -238,12 +239,21 @@ class Row:
     def output_end(self) -> int:
         return self.stop_pos if self.stop_pos is not None else self.end
 
+    def exact_prefix(self) -> int:
+        """Cached positions whose keys and values are final (the window cache's exact prefix)."""
+        if self.cache is None:
+            return 0
+        return self.exact if self.cache_mode == "window" else self.cache.length
+
+    def take_prefix(self, n: int) -> None:
+        self.exact = n  # the window cache recomputes from here
+
     def result(self) -> DecodeResult:
         return DecodeResult(
-            self.host_tokens[: self.output_end()],
-            self.finish_reason or "length",
-            self.nfe,
-            self.steps,
-            self.n_revisions,
-            self.seconds,
+            tokens=self.host_tokens[: self.output_end()],
+            finish_reason=self.finish_reason or "length",
+            nfe=self.nfe,
+            steps=self.steps,
+            revisions=self.n_revisions,
+            seconds=self.seconds,
         )

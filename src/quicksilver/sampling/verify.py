@@ -17,12 +17,10 @@ Chen et al. 2023): draft d_j, drawn from q_j, is kept with probability min(1, p_
 the first rejected one is replaced by a draw from norm(max(0, p_j - q_j)); so every output token
 follows the model's AR distribution p at the request's temperature and top_p. When every draft is
 kept the bonus comes from p_n and the masks' predictions become the next pass's drafts (they
-assumed every draft kept); otherwise they are void and the next pass drafts afresh. So on a CPU,
-where every position costs, a pass feeds its masks behind the drafts only when the drafts' own
-probabilities make keeping all of them likely (``MASK_GATE``); and a lone row on an exported CPU
-step feeds at most k positions after its final tokens, the drafts most likely kept and masks in
-the rest (``fit_drafts``), so that every decode pass has one shape. ``draft = 0`` feeds no masks:
-plain AR decoding of the same weights, one token per pass. A row with a
+assumed every draft kept); otherwise they are void and the next pass drafts afresh. How many
+drafts and masks a pass feeds is the runtime's choice (``models/pass_plan.py``: what its passes
+cost), never the acceptance rule's. ``draft = 0`` feeds no masks: plain AR decoding of the same
+weights, one token per pass. A row with a
 ``Constraint`` (structured output, tool calls, banned tokens, logprobs) checks its drafts left to
 right against the constrained causal distribution (``accept_constrained``): each position's logits
 are masked by the constraint, the pick must be allowed, and a draft is kept only if it is that pick
@@ -39,9 +37,8 @@ pass (per-row caches, continuous batching), which no speculative-decoding librar
 
 from __future__ import annotations
 
-import math
 import time
-from collections.abc import Callable, Generator, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 import torch
@@ -49,6 +46,7 @@ import torch
 from ..errors import ConfigError
 from ..models.host import to_device
 from ..models.kvcache import KVCache
+from ..models.pass_plan import PassPlanner
 from ..models.segment import Segment
 from ..models.transformer import DiffusionLM
 from .config import SamplerConfig
@@ -56,31 +54,9 @@ from .decoder import Decoder
 from .hooks import Constraint
 from .noise import filtered, request_generator, sample_with_distribution
 from .policies import POLICIES
+from .row_decoder import RowDecoder
 from .select import forbid_host, greedy_ids, top_probabilities
 from .state import DecodeResult, RowEvent
-
-# on a CPU a pass with drafts to check feeds its k masks only when the drafts' own probabilities
-# say all of them are kept with at least this chance (their product): otherwise the masks' drafts
-# are almost surely void, and there a pass of n + 1 positions costs ~0.6 of one with k more
-# (compute-bound; docs/LOG.md, 2026-12-02). An accelerator computes either in about the same time
-# at small batches: masks behind every draft block there (gate 0).
-MASK_GATE = 0.8
-# A lone row on an exported CPU step (models/cpu_backends.py) feeds at most k positions after its
-# final tokens, so that every decode pass has one shape, 1 + k: each shape is a graph compiled
-# with its own copy of the weights, and a row alternating between 1 + k and 1 + 2k keeps neither
-# in cache (the shipped model's 9-position pass ~0.65 ms alone, ~1.1 alternating with the
-# 17-position one; docs/LOG.md, 2026-12-03). The drafts take the longest prefix whose own
-# probabilities multiply to at least DRAFT_ODDS, leaving at least MIN_MASKS positions to the masks.
-DRAFT_ODDS = 0.3
-MIN_MASKS = 2
-
-
-Cost = Callable[[int, int], int]  # (new tokens, how many lead unread) -> cost in positions
-
-
-def exact(n: int, unread: int = 0) -> int:
-    """A pass of n tokens costs n positions (eager torch, packed batches)."""
-    return n
 
 
 @dataclass
@@ -98,7 +74,6 @@ class VerifyRow:
     prefill: dict[int, int] = field(default_factory=dict)  # canvas position -> forced token
     tag: object = None
     constraint: Constraint | None = None
-    gate: float = 0.0  # masks behind drafts only if they are all kept with this chance (MASK_GATE)
     host_tokens: list[int] = field(default_factory=list)  # final output tokens
     drafts: list[int] = field(default_factory=list)  # unverified, after host_tokens
     conf: list[float] = field(
@@ -143,42 +118,20 @@ class VerifyRow:
         while len(self.host_tokens) in self.prefill and len(self.host_tokens) < self.N:
             self.host_tokens.append(self.prefill[len(self.host_tokens)])
 
-    def _masks(self, feed: int, unread: int, cost: Cost, width: int | None) -> int:
-        """Masks this pass: the k drafts after the bonus, none past the canvas nor past ``width``
-        positions after the final tokens; and where the pass runs in shape buckets (``cost``),
-        only as many as add at most two positions' cost each to a prefill-sized ``feed`` (its
-        first ``unread`` tokens' logits not read): 8 masks must not move a 25-token prompt from
-        the 32-position shape into 64."""
-        room = self.N - (len(self.host_tokens) + len(self.drafts) + 1)
-        if width is not None:
-            room = min(room, width - len(self.drafts))
-        elif self.drafts and math.prod(self.conf) < self.gate:
-            return 0  # the drafts are unlikely to be all kept, and masks behind them would be void
-        m = max(0, min(self.k, room))
-        alone = cost(feed, unread)
-        while m and cost(feed + m, unread) - alone > 2 * m:
-            m -= 1
-        return m
-
-    def _fit_drafts(self, width: int) -> None:
-        """Keep the drafts ``fit_drafts`` picks for a pass of ``width`` (their q rows with them)."""
-        n = fit_drafts(self.conf, width)
-        self.drafts, self.conf = self.drafts[:n], self.conf[:n]
-        if self.q is not None:
-            self.q = self.q[:n]  # (n, V)
-
-    def segment(self, cost: Cost = exact, width: int | None = None) -> Segment:
-        """This pass's segment; ``cost`` says what a pass of n tokens costs; ``width``, if given,
-        the most positions it feeds after its final tokens (drafts and masks)."""
-        if width is not None and self.drafts:
-            self._fit_drafts(width)
+    def segment(self, planner: PassPlanner) -> Segment:
+        """This pass's segment: the uncached final tokens, the drafts and masks ``planner`` says."""
         seq = self.prompt_ids + self.host_tokens
         start = self.cache.length
+        room = self.N - len(self.host_tokens) - 1
+        n, m = planner.plan(self.conf, self.k, room, len(seq) - start, len(seq) - start - 1)
+        if n < len(self.drafts):
+            self.drafts, self.conf = self.drafts[:n], self.conf[:n]
+            if self.q is not None:
+                self.q = self.q[:n]  # (n, V)
         feed = seq[start:] + self.drafts
-        lo = len(seq) - start - 1
-        m = self._masks(len(feed), lo, cost, width)
         self.wide += len(self.drafts) + m > self.k  # drafts with k masks behind them
         ids = to_device(feed + [self.mask_id] * m, torch.long, self.device)  # (n + m,)
+        lo = len(seq) - start - 1
         return Segment(ids, start, lo, len(feed) + m, self.cache, append=len(feed), draft=m)
 
     # ---- after the pass ---------------------------------------------------------------------------
@@ -221,7 +174,7 @@ class VerifyRow:
                 self.q = q
                 self.conf = [1.0 if at + j in self.prefill else c for j, c in enumerate(conf)]
         return RowEvent(
-            row=self,  # type: ignore[arg-type]
+            row=self,
             step=self.nfe,
             committed=committed,
             remasked=[],
@@ -239,30 +192,23 @@ class VerifyRow:
             return list(self.host_tokens)
         return self.host_tokens + [self.mask_id] * (self.N - len(self.host_tokens))
 
+    def exact_prefix(self) -> int:
+        return self.cache.length  # only final tokens' keys and values after a pass
+
+    def take_prefix(self, n: int) -> None:
+        pass  # the cache holds the exact stream: nothing to recompute
+
     def result(self) -> DecodeResult:
         return DecodeResult(
-            list(self.host_tokens),
-            self.finish_reason or "length",
-            self.nfe,
-            self.nfe,
-            0,
-            self.seconds,
-            list(self.accepted),
-            self.wide,
+            tokens=list(self.host_tokens),
+            finish_reason=self.finish_reason or "length",
+            nfe=self.nfe,
+            steps=self.nfe,
+            revisions=0,
+            seconds=self.seconds,
+            accepted=list(self.accepted),
+            wide_passes=self.wide,
         )
-
-
-def fit_drafts(conf: Sequence[float], width: int) -> int:
-    """How many drafts a pass of ``width`` positions feeds, given their own probabilities: the
-    longest prefix whose product reaches ``DRAFT_ODDS``, at most ``width - MIN_MASKS`` (the rest
-    are masks), and at least one."""
-    n, odds = 0, 1.0
-    for c in conf[: max(1, width - MIN_MASKS)]:
-        odds *= c
-        if odds < DRAFT_ODDS:
-            break
-        n += 1
-    return max(1, n)
 
 
 def accept_greedy(row: VerifyRow, top: list[int]) -> tuple[list[int], bool]:
@@ -385,8 +331,10 @@ def accept_sampled(row: VerifyRow, causal: torch.Tensor) -> tuple[list[int], boo
     return out, True
 
 
-class VerifyDecoder:
+class VerifyDecoder(RowDecoder[VerifyRow]):
     """Rows of a causal model decoded by drafting and verifying; batched steps, like ``Decoder``."""
+
+    model: DiffusionLM
 
     def __init__(
         self,
@@ -424,7 +372,7 @@ class VerifyDecoder:
         extra_stops: Sequence[int] | None = None,
     ) -> VerifyRow:
         mcfg = self.model.config
-        cfg.validate(mcfg.max_seq_len, len(prompt_ids))
+        self.check_request(prompt_ids, cfg, prefill)
         if suffix:
             raise ConfigError(
                 "a causal model cannot see a suffix; use the fill-in-the-middle prompt format"
@@ -433,8 +381,6 @@ class VerifyDecoder:
             raise ConfigError(
                 f"a causal model decodes with policy verify (or threshold, lossy), not {cfg.policy}"
             )
-        if prefill and any(not 0 <= p < cfg.max_new_tokens for p in prefill):
-            raise ConfigError("prefilled positions must lie inside the canvas")
         if cfg.window is not None:
             raise ConfigError(
                 "the decode window applies to block-causal models; this one is causal"
@@ -447,18 +393,17 @@ class VerifyDecoder:
             int(t) for t in extra_stops or ()
         )
         return VerifyRow(
-            list(prompt_ids),
-            cfg,
-            k,
-            stops,
-            KVCache(self.model.kv_pool),
-            self.mask_id,
-            self.device,
-            gen,
-            dict(prefill or {}),
-            tag,
-            constraint,
-            MASK_GATE if self.device.type == "cpu" else 0.0,
+            prompt_ids=list(prompt_ids),
+            cfg=cfg,
+            k=k,
+            stop_ids=stops,
+            cache=KVCache(self.model.kv_pool),
+            mask_id=self.mask_id,
+            device=self.device,
+            generator=gen,
+            prefill=dict(prefill or {}),
+            tag=tag,
+            constraint=constraint,
         )
 
     @torch.no_grad()
@@ -468,12 +413,8 @@ class VerifyDecoder:
         if not rows:
             return []
         self.step_count += 1
-        # every row plans its pass as it would alone (its tokens never depend on its neighbours):
-        # on an exported CPU step in its shape buckets, k positions after its final tokens
-        # (DRAFT_ODDS); in torch its exact shape
-        cost = self.model.pass_cost
-        narrow = self.model.step_backend is not None
-        segs = [r.segment(cost, r.k if narrow else None) for r in rows]
+        planner = self.model.planner  # what the runtime says each row's pass should feed
+        segs = [r.segment(planner) for r in rows]
         out = self.model.forward_segments(segs)
         logits = [
             forbid_host(o.float(), self.mask_id, self.vocab_limit) for o in out
@@ -506,29 +447,6 @@ class VerifyDecoder:
             r.finish(new, kept, drafts, q, conf[i] if greedy[i] and drafts else dconf)
             for i, (r, (new, kept, drafts, q, dconf)) in enumerate(zip(rows, picks))
         ]
-
-    def drive(
-        self, rows: Sequence[VerifyRow]
-    ) -> Generator[list[RowEvent], None, list[DecodeResult]]:
-        while any(not r.done for r in rows):
-            yield self.step(rows)
-        results = [r.result() for r in rows]
-        for r in rows:
-            if r.cache is not None:
-                r.cache.release()
-        return results
-
-    def generate(
-        self, prompts: Sequence[Sequence[int]], cfgs: SamplerConfig | Sequence[SamplerConfig]
-    ) -> list[DecodeResult]:
-        if isinstance(cfgs, SamplerConfig):
-            cfgs = [cfgs] * len(prompts)
-        gen = self.drive([self.new_row(p, c) for p, c in zip(prompts, cfgs)])
-        while True:
-            try:
-                next(gen)
-            except StopIteration as stop:
-                return stop.value
 
 
 def decoder_for(

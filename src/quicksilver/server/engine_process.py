@@ -243,10 +243,21 @@ class ProcessEngine:
         for rid, q in self._queues.items():
             q.put_nowait(
                 EngineEvent(
-                    rid, 0, [], 0, [], [], None, True, "error", 0, 0, RequestStats(now),
-                    LOST,
+                    request_id=rid,
+                    step=0,
+                    new_tokens=[],
+                    stable=0,
+                    committed=[],
+                    remasked=[],
+                    canvas=None,
+                    done=True,
+                    finish_reason="error",
+                    nfe=0,
+                    prompt_tokens=0,
+                    stats=RequestStats(now),
+                    error=LOST,
                 )
-            )  # fmt: skip
+            )
 
     # ---- requests ------------------------------------------------------------------------------
     async def submit(self, req: EngineRequest) -> None:

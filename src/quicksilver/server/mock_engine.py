@@ -15,15 +15,16 @@ import json
 import re
 import time
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
 from types import SimpleNamespace
 
 import torch
 
 from ..engine import Engine, EngineConfig
-from ..errors import ConfigError
 from ..sampling import SamplerConfig
 from ..sampling.decoder import Constraint, Row, RowEvent, refine
 from ..sampling.policies import POLICIES
+from ..sampling.row_decoder import RowDecoder
 from ..tokenizer import Tokenizer
 
 Script = Callable[[str], str]  # prompt text (special tokens kept) -> reply text
@@ -96,7 +97,14 @@ def default_script(prompt: str) -> str:
     return MOCK_ANSWER
 
 
-class ScriptedDecoder:
+@dataclass
+class ScriptedRow(Row):
+    """A real ``Row`` that knows the reply it is scripted to give."""
+
+    script_target: list[int] = field(default_factory=list)
+
+
+class ScriptedDecoder(RowDecoder[ScriptedRow]):
     """Builds real ``Row``s and steps them with scripted logits instead of a network."""
 
     def __init__(
@@ -123,9 +131,6 @@ class ScriptedDecoder:
             )
         )
 
-    def resolve_cache_mode(self) -> str:
-        return "none"
-
     def new_row(
         self,
         prompt_ids: Sequence[int],
@@ -135,10 +140,8 @@ class ScriptedDecoder:
         suffix: Sequence[int] | None = None,
         constraint: Constraint | None = None,
         extra_stops: Sequence[int] | None = None,
-    ) -> Row:
-        cfg.validate(self.max_context, len(prompt_ids) + len(suffix or ()))
-        if prefill and any(not 0 <= p < cfg.max_new_tokens for p in prefill):
-            raise ConfigError("prefilled positions must lie inside the canvas")
+    ) -> ScriptedRow:
+        self.check_request(prompt_ids, cfg, prefill, len(suffix or ()))
         gen = None
         if cfg.temperature > 0 or POLICIES[cfg.policy].needs_noise:
             gen = torch.Generator().manual_seed(cfg.seed if cfg.seed is not None else 0)
@@ -146,12 +149,13 @@ class ScriptedDecoder:
         if suffix:
             text += "<|fim_middle|>"
         stops = self.stop_ids | frozenset(extra_stops or ())
-        row = Row(
-            torch.tensor(list(prompt_ids), dtype=torch.long),
-            cfg,
-            self.mask_id,
-            stops,
-            cfg.block_length or min(self.default_block, cfg.max_new_tokens),
+        stop = self.end_id if "<|im_start|>" in text else (self.tok.eos_id or self.end_id)
+        return ScriptedRow(
+            prompt=torch.tensor(list(prompt_ids), dtype=torch.long),
+            cfg=cfg,
+            mask_id=self.mask_id,
+            stop_ids=stops,
+            block_length=cfg.block_length or min(self.default_block, cfg.max_new_tokens),
             aligned=False,
             model_block=None,
             vocab_limit=self.vocab,
@@ -160,14 +164,11 @@ class ScriptedDecoder:
             prefill=prefill,
             constraint=constraint,
             suffix=torch.tensor(list(suffix), dtype=torch.long) if suffix else None,
+            script_target=self.tok.encode(self.script(text)) + [stop],
         )
-        stop = self.end_id if "<|im_start|>" in text else (self.tok.eos_id or self.end_id)
-        target = self.tok.encode(self.script(text)) + [stop]
-        row.script_target = target  # type: ignore[attr-defined]
-        return row
 
-    def _logits(self, row: Row, lo: int, hi: int) -> torch.Tensor:
-        target: list[int] = row.script_target  # type: ignore[attr-defined]
+    def _logits(self, row: ScriptedRow, lo: int, hi: int) -> torch.Tensor:
+        target = row.script_target
         logits = torch.zeros(hi - lo, self.vocab)  # (n, V)
         for i, pos in enumerate(range(lo, hi)):
             tok = target[pos] if pos < len(target) else target[-1]
@@ -176,7 +177,7 @@ class ScriptedDecoder:
             )  # confident at some positions, not others
         return logits
 
-    def step(self, rows: Sequence[Row]) -> list[RowEvent]:
+    def step(self, rows: Sequence[ScriptedRow]) -> list[RowEvent]:
         rows = [r for r in rows if not r.done]
         if not rows:
             return []
@@ -187,7 +188,7 @@ class ScriptedDecoder:
         return refine(rows, [self._logits(r, *r.block_span()) for r in rows], self.step_count)
 
 
-class MockEngine(Engine):
+class MockEngine(Engine[ScriptedRow]):
     """``Engine`` over a ``ScriptedDecoder``: the same interface, scripted replies, no weights."""
 
     def __init__(
