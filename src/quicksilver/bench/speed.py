@@ -144,7 +144,7 @@ def run_order(names: list[str], item: int, repeats: int, interleave: bool) -> li
 
 
 def engine_run(pipe: Pipeline, ids: list[int], cfg: SamplerConfig) -> Run:
-    eng = Engine(pipe.decoder, EngineConfig(prefix_cache_mb=0))
+    eng: Engine[Any] = Engine(pipe.decoder, EngineConfig(prefix_cache_mb=0))
     eng.add(EngineRequest("bench", ids, cfg))
     final = None
     for ev in eng.run_until_idle():
