@@ -9,7 +9,7 @@ PORT    ?= 8000
 CHROMIUM := /usr/bin/chromium
 SUDO    := $(if $(filter 0,$(shell id -u)),,sudo)
 
-.PHONY: install run lint test test-fuzz test-llama-cpp llama-server test-slow test-all screenshots train-ar train-model train-ar-v2 train-model-v2 train-model-v2-cf distill-v2 distill-v2-self distill-v2-self2 train-model-v2-kd train-model-v2-sdcf2 train-ar-v2-twin train-draft train-draft-v3 train-draft-levers train-draft-ablation train-draft-more4 train-draft-more5 train-draft-more6 train-draft-more7 train-draft-more8 train-draft-k8 train-draft-k8-2 distill-v3-self train-draft-sd distill-v3-self2 train-draft-sd2 distill-v3-all train-draft-sd3 distill-k82-self train-draft-k82-sd clean
+.PHONY: install run test lint test-slow test-fuzz test-all train llama-server test-llama-cpp screenshots clean
 
 $(STAMP): pyproject.toml Makefile
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
@@ -82,156 +82,12 @@ test-all: $(STAMP) $(CHROMIUM)
 screenshots: $(STAMP) $(CHROMIUM)
 	QUICKSILVER_SCREENSHOTS=docs/img $(BIN)/python -m pytest tests/test_playground_browser.py -q -k "chat or race"
 
-# Reproduce the shipped models from scratch, in the stages they were trained in (CPU, ~2.5 h each on
-# 2 cores; every stage resumes from runs/*/ckpt.pt). The AR baseline: 2000 steps in fp32, then the
-# schedule extended to 10000 steps in bf16 autocast and stopped at 7900, where its data tokens
-# (20.2M) equal the diffusion model's AR + diffusion tokens (assets/model-ar).
-train-ar: $(STAMP)
-	$(BIN)/quicksilver train --recipe small-ar --stop-at 2000
-	$(BIN)/quicksilver train --recipe small-ar --steps 10000 --cpu-bf16 --stop-at 7900
-
-# The embedded diffusion model: the AR baseline's step-2000 weights adapted to block diffusion
-# (assets/model = runs/small-ar2d/final). Its first 1000 steps ran on an 8000-step schedule.
-train-model: $(STAMP)
-	test -f runs/small-ar/step_2000/config.json || $(BIN)/quicksilver train --recipe small-ar --stop-at 2000
-	$(BIN)/quicksilver train --recipe small-ar2d --stop-at 1000
-	$(BIN)/quicksilver train --recipe small-ar2d --steps 5000
-
-# v2 (natural phrasings, agent-loop turns, a 1,024-token context), stage by stage; each stage
-# resumes from runs/*/ckpt.pt. Stage 1: the v1 AR twin continued on the v2 data (600 steps). The v1
-# twin is the assets/model-ar of the commit before v2 shipped (`make train-ar` retrains it).
-V1_COMMIT = 145eb20^
-runs/small-ar-v1/config.json:
-	mkdir -p runs/small-ar-v1
-	git archive $(V1_COMMIT) src/quicksilver/assets/model-ar | tar -x --strip-components=4 -C runs/small-ar-v1
-
-train-ar-v2: $(STAMP) runs/small-ar-v1/config.json
-	$(BIN)/quicksilver train --recipe small-ar-v2
-
-# Stage 2: that finished AR model adapted to block diffusion (lr 2e-4; its first 200 steps ran on a
-# 2000-step schedule, then the schedule was cut to 1200 to fit the sitting, then continued from
-# step 1200 on a 5000-step schedule: the parent's accuracy was far from reached).
-train-model-v2: $(STAMP)
-	test -f runs/small-ar-v2/final/config.json || $(BIN)/quicksilver train --recipe small-ar-v2
-	$(BIN)/quicksilver train --recipe small-ar2d-v2 --steps 2000 --stop-at 200
-	$(BIN)/quicksilver train --recipe small-ar2d-v2
-	$(BIN)/quicksilver train --recipe small-ar2d-v2 --steps 5000 --eval-every 1000
-
-# Stage 3: stage 2 continued with certainty forcing (weight 2: the pilot's best TPF at equal accuracy).
-train-model-v2-cf: $(STAMP)
-	test -f runs/small-ar2d-v2/final/config.json || $(MAKE) train-model-v2
-	$(BIN)/quicksilver train --recipe small-ar2d-v2-cf
-
-# Stage 3 (distillation): the AR twin's verified greedy replies to 6000 fresh training prompts
-# (its step-3000 weights: the teacher of record), then stage 2 continued on half of them; and the
-# self-distillation run, on stage 2's own verified replies under certainty forcing.
-# (`quicksilver distill` draws prompts from the v2 mixture by default: recipes.V2_MIX)
-DISTILL = $(BIN)/quicksilver distill --batch-size 32
-distill-v2: $(STAMP)
-	test -f runs/small-ar-v2-twin/step_3000/config.json || $(BIN)/quicksilver train --recipe small-ar-v2-twin --steps 5000 --eval-every 1000 --stop-at 3000
-	$(DISTILL) --teacher runs/small-ar-v2-twin/step_3000 --out runs/distill2/twin3000.jsonl --n 6000 --seed 7
-
-distill-v2-self: $(STAMP)
-	test -f runs/small-ar2d-v2/final/config.json || $(MAKE) train-model-v2
-	$(DISTILL) --teacher runs/small-ar2d-v2/final --out runs/distill2/self5000.jsonl --n 3000 --seed 8
-
-distill-v2-self2: $(STAMP)
-	test -f runs/small-ar2d-v2-sdcf/final/config.json || $(MAKE) train-model-v2-kd
-	$(DISTILL) --teacher runs/small-ar2d-v2-sdcf/final --out runs/distill2/self_sdcf.jsonl --n 3000 --seed 9
-
-train-model-v2-sdcf2: $(STAMP) distill-v2-self2
-	$(BIN)/quicksilver train --recipe small-ar2d-v2-sdcf2
-
-train-model-v2-kd: $(STAMP)
-	test -f runs/small-ar2d-v2/final/config.json || $(MAKE) train-model-v2
-	test -f runs/distill2/twin3000.jsonl || $(MAKE) distill-v2
-	$(BIN)/quicksilver train --recipe small-ar2d-v2-kd
-	test -f runs/distill2/self5000.jsonl || $(MAKE) distill-v2-self
-	$(BIN)/quicksilver train --recipe small-ar2d-v2-sdcf
-
-# The v2 AR twin: stage 1 continued on stage 2's data stream for as many steps (equal tokens).
-train-ar-v2-twin: $(STAMP)
-	test -f runs/small-ar-v2/final/config.json || $(BIN)/quicksilver train --recipe small-ar-v2
-	$(BIN)/quicksilver train --recipe small-ar-v2-twin --steps 5000 --eval-every 1000
-	$(BIN)/quicksilver train --recipe small-ar-v2-twin6k
+# The three shipped models (assets/model, model-ar, model-diffusion) trained from scratch: the stages
+# of src/quicksilver/train/reproduce.py in order (CPU, about a day at one thread a run: ARGS="--threads 1"). Resumable stage by stage: a
+# finished stage is skipped, an interrupted one resumes from its runs/*/ckpt.pt. STAGE=name stops
+# after that stage; `$(BIN)/python -m quicksilver.train.reproduce --list` prints them.
+train: $(STAMP)
+	$(BIN)/python -m quicksilver.train.reproduce $(if $(STAGE),--stage $(STAGE)) $(ARGS)
 
 clean:
 	rm -rf $(VENV) build *.egg-info src/*.egg-info .pytest_cache
-
-# v3, the joint network: the AR twin of v2 (assets/model-ar at V2_COMMIT) trained to draft its own
-# next tokens by diffusion (objective ar_draft), and the ablations of the draft loss weight and k.
-V2_COMMIT = 62ed4a9
-runs/small-ar-v2-twin6k/final/config.json:
-	mkdir -p runs/small-ar-v2-twin6k/final
-	git archive $(V2_COMMIT) src/quicksilver/assets/model-ar | tar -x --strip-components=4 -C runs/small-ar-v2-twin6k/final
-
-# v3.2 (assets/model since 2026-12-02, seventh sitting): draft weight 0.3, 1,200 + 600 + 900 + 1,500
-# steps (~2.5 h, one thread); v3.1 was the chain up to small-ar-draft-more2
-train-draft: $(STAMP) runs/small-ar-v2-twin6k/final/config.json
-	for r in small-ar-draft-w03-full small-ar-draft-more small-ar-draft-more2 small-ar-draft-more3; do $(BIN)/quicksilver train --recipe $$r || exit 1; done
-
-# v3.3 (eighth sitting): 1,500 more steps on v3.2; v3.4 (assets/model since the ninth sitting):
-# 2,400 more on v3.3 (~1.5 h more, one thread; resumable)
-train-draft-more4: train-draft
-	$(BIN)/quicksilver train --recipe small-ar-draft-more4
-
-train-draft-more5: train-draft-more4
-	$(BIN)/quicksilver train --recipe small-ar-draft-more5
-
-# the next lever (started in the ninth sitting; resumable): 2,400 more on v3.4
-train-draft-more6: train-draft-more5
-	$(BIN)/quicksilver train --recipe small-ar-draft-more6
-
-# the eleventh sitting's lever (resumable): 1,200 more on v3.5, then 1,200 more on that
-train-draft-more7: train-draft-more6
-	$(BIN)/quicksilver train --recipe small-ar-draft-more7
-
-train-draft-more8: train-draft-more7
-	$(BIN)/quicksilver train --recipe small-ar-draft-more8
-
-# The twelfth sitting's lever: blocks sized for the decode k (7-9 positions, 8 a sequence) on v3.6
-train-draft-k8: train-draft-more8
-	$(BIN)/quicksilver train --recipe small-ar-draft-k8
-
-train-draft-k8-2: train-draft-k8
-	$(BIN)/quicksilver train --recipe small-ar-draft-k8-2
-
-# The thirteenth sitting's lever: the drafts self-distilled — v3.7's own verified greedy replies to
-# 6,000 fresh training prompts (~20 min at one thread), then v3.7 trained on half fresh data, half those
-distill-v3-self: train-draft-k8
-	$(DISTILL) --teacher runs/small-ar-draft-k8/final --out runs/distill3/self_v37.jsonl --n 6000 --seed 21
-
-train-draft-sd: distill-v3-self
-	$(BIN)/quicksilver train --recipe small-ar-draft-sd
-
-# ... and a second round on v3.8's own replies
-distill-v3-self2: train-draft-sd
-	$(DISTILL) --teacher runs/small-ar-draft-sd/final --out runs/distill3/self_v38.jsonl --n 6000 --seed 22
-
-train-draft-sd2: distill-v3-self2
-	$(BIN)/quicksilver train --recipe small-ar-draft-sd2
-
-distill-v3-all: train-draft-sd
-	$(DISTILL) --teacher runs/small-ar-draft-sd/final --out runs/distill3/all_v38.jsonl --n 6000 --seed 23 --keep all
-
-train-draft-sd3: distill-v3-all
-	$(BIN)/quicksilver train --recipe small-ar-draft-sd3
-
-distill-k82-self: train-draft-k8-2
-	$(DISTILL) --teacher runs/small-ar-draft-k8-2/final --out runs/distill3/self_k82.jsonl --n 6000 --seed 24
-
-train-draft-k82-sd: distill-k82-self
-	$(BIN)/quicksilver train --recipe small-ar-draft-k82-sd
-
-# v3 (the fifth sitting's shipped run, draft weight 1) and the levers measured against v3.1
-train-draft-v3: $(STAMP) runs/small-ar-v2-twin6k/final/config.json
-	$(BIN)/quicksilver train --recipe small-ar-draft --steps 1500 --eval-every 500 --stop-at 600
-	$(BIN)/quicksilver train --recipe small-ar-draft
-
-train-draft-levers: $(STAMP) runs/small-ar-v2-twin6k/final/config.json
-	$(BIN)/quicksilver train --recipe small-ar-draft-w03-full
-	for r in small-ar-draft-w03-lr1 small-ar-draft-more small-ar-draft-self; do $(BIN)/quicksilver train --recipe $$r || exit 1; done
-	$(BIN)/quicksilver train --recipe small-ar-draft-more-w1
-
-train-draft-ablation: $(STAMP) runs/small-ar-v2-twin6k/final/config.json
-	for r in small-ar-draft-w1s small-ar-draft-w03 small-ar-draft-k4; do $(BIN)/quicksilver train --recipe $$r || exit 1; done

@@ -3,6 +3,7 @@ resume equivalence, the CLI mapping, and (slow) a 2-process torchrun/gloo run.""
 
 from __future__ import annotations
 
+import json
 import math
 import os
 import random
@@ -363,8 +364,6 @@ def test_cli_maps_flags_onto_fields(capsys: pytest.CaptureFixture[str]) -> None:
         )
         == 0
     )
-    import json
-
     cfg = json.loads(capsys.readouterr().out)
     assert (
         cfg["steps"] == 7
@@ -409,15 +408,132 @@ def test_torchrun_gloo_two_processes(tmp_path: Path) -> None:
     assert lines and '"step": 4' in lines[-1]
 
 
-def test_every_recipe_starts_from_a_run_that_a_recipe_or_make_builds() -> None:
-    """A stage names the run it continues, never the asset path (which holds whatever ships now)."""
+def test_every_recipe_starts_from_a_run_that_a_recipe_or_a_stage_builds() -> None:
+    """A recipe names the run it continues, never the asset path (which holds whatever ships now),
+    and its distillation data is a file a stage of the shipped lineage writes."""
     from quicksilver.train.recipes import RECIPES
+    from quicksilver.train.reproduce import STAGES
 
-    outs = {r.out for r in RECIPES.values()} | {"runs/small-ar-v1"}  # v1: `make runs/small-ar-v1`
-    makefile = (Path(__file__).parent.parent / "Makefile").read_text()
+    outs = {r.out for r in RECIPES.values()}
+    distilled = {s.distill.out for s in STAGES if s.distill}
     for name, r in RECIPES.items():
         if r.init_from:
             run = r.init_from.removesuffix("/final").split("/step_")[0]
             assert run in outs, (name, r.init_from)
         if r.distill_data:
-            assert r.distill_data in makefile, (name, r.distill_data)  # a make target writes it
+            assert r.distill_data in distilled, (name, r.distill_data)
+
+
+ASSETS = Path(__file__).parent.parent / "src" / "quicksilver" / "assets"
+# fields that change how a run is driven, not the weights it ends with (Trainer.load_state)
+VOLATILE = {"threads", "time_limit", "stop_at", "resume", "eval_every", "eval_limit", "log_every"}
+
+
+def test_the_staged_recipe_builds_each_input_before_it_is_read() -> None:
+    from quicksilver.train.recipes import RECIPES
+    from quicksilver.train.reproduce import STAGES, end
+
+    names = [s.name for s in STAGES]
+    assert len(set(names)) == len(names)
+    written: set[str] = set()
+    for s in STAGES:
+        assert all(p in written for p in s.reads), (s.name, s.reads, "read before written")
+        assert s.writes not in written, s.name  # no run is written by two stages
+        written.add(s.writes)
+        if not s.distill:  # a schedule only moves forward: each segment stops past the last
+            ends = [end(c) for c in s.configs()]
+            assert ends == sorted(set(ends)), (s.name, ends)
+    # every stage leads to a shipped model (no dead ends), and the last one ships
+    needed = {s.writes for s in STAGES if s.ships}
+    for s in reversed(STAGES):
+        if s.writes in needed:
+            needed |= set(s.reads)
+    assert needed == written and STAGES[-1].ships
+    # recipes.py keeps what the lineage trains, the CLI's default and the tests' tiny run
+    assert set(RECIPES) == {s.recipe for s in STAGES if s.recipe} | {"small", "tiny"}
+
+
+def test_the_stages_that_ship_end_with_the_assets_training_config() -> None:
+    from quicksilver.train.reproduce import STAGES
+
+    shipped = {s.ships: s for s in STAGES if s.ships}
+    assert sorted(shipped) == sorted(
+        d.name for d in ASSETS.iterdir() if (d / "train_config.json").is_file()
+    )
+    for asset, s in shipped.items():
+        record = json.loads((ASSETS / asset / "train_config.json").read_text())
+        cfg = s.configs()[-1].to_dict()
+        assert s.writes == record["out"] + "/final"
+        diff = {k: (v, cfg[k]) for k, v in record.items() if k in cfg and k not in VOLATILE}
+        assert {k: d for k, d in diff.items() if d[0] != d[1]} == {}, asset
+        steps = json.loads((ASSETS / asset / "train_state.json").read_text())["step"]
+        assert steps == cfg["steps"]
+
+
+def _fake_run(calls: list[str]):  # type: ignore[no-untyped-def]
+    """A trainer and a distiller that only write what the real ones leave behind."""
+    from quicksilver.train.distill import CHUNK
+
+    def fit(cfg) -> None:  # type: ignore[no-untyped-def]
+        calls.append(f"{cfg.out}:{cfg.stop_at or cfg.steps}")
+        final = Path(cfg.out) / "final"
+        final.mkdir(parents=True, exist_ok=True)
+        (final / "train_state.json").write_text(json.dumps({"step": cfg.stop_at or cfg.steps}))
+
+    def decode(teacher, out, n, tasks, seed, batch_size):  # type: ignore[no-untyped-def]
+        assert (Path(teacher) / "train_state.json").is_file()
+        calls.append(str(out))
+        out.parent.mkdir(parents=True, exist_ok=True)
+        out.write_text("".join(json.dumps({"chunk": c}) + "\n" for c in range(-(-n // CHUNK))))
+        return {}
+
+    return fit, decode
+
+
+def test_reproduce_runs_each_stage_once_and_stops_after_the_named_one(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from quicksilver.train.reproduce import STAGES, main, reproduce
+
+    monkeypatch.chdir(tmp_path)
+    calls: list[str] = []
+    fit, decode = _fake_run(calls)
+    assert reproduce(STAGES, "ar-v2", fit=fit, decode=decode) == ["ar-v1", "ar-v2"]
+    assert calls == ["runs/small-ar:2000", "runs/small-ar:7900", "runs/small-ar-v2:600"]
+    calls.clear()
+    ran = reproduce(STAGES, fit=fit, decode=decode)
+    assert ran == [s.name for s in STAGES[2:]]
+    assert "runs/small-ar2d-v2:200" in calls and "runs/distill3/self_v37.jsonl" in calls
+    assert reproduce(STAGES, fit=fit, decode=decode) == []  # all done: nothing runs again
+    capsys.readouterr()
+    assert main(["--list", "--stage", "ar-v2"]) == 0
+    out = capsys.readouterr().out
+    assert "ar-v1  [done]" in out and "--stop-at 7900" in out
+    assert [line.split()[0] for line in out.splitlines() if not line[0].isspace()] == [
+        "ar-v1",
+        "ar-v2",
+    ]
+    with pytest.raises(SystemExit):
+        main(["--list", "--stage", "nope"])
+
+
+def test_a_staged_schedule_resumes_where_it_stopped(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A real tiny run on a stopped-then-extended schedule: a stage killed after saving its stop
+    but before exporting it is exported, not trained past the stop, and a finished one is skipped."""
+    from quicksilver.train.reproduce import Stage, final_step, reproduce
+
+    monkeypatch.chdir(tmp_path)
+    torch.set_num_threads(1)
+    stage = Stage("t", "tiny", "tiny", ({"steps": 6, "stop_at": 3}, {"steps": 6}))
+    first = Stage("t", "tiny", "tiny", stage.schedule[:1])
+    assert reproduce([first]) == ["t"] and final_step(Path("runs/tiny")) == 3
+    shutil.rmtree("runs/tiny/final")
+
+    def never(cfg: object) -> None:
+        raise AssertionError("trained past its stop")
+
+    assert reproduce([first], fit=never) == ["t"] and final_step(Path("runs/tiny")) == 3
+    assert reproduce([stage]) == ["t"] and final_step(Path("runs/tiny")) == 6
+    assert reproduce([stage], fit=never) == []
