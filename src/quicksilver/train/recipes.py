@@ -2,7 +2,9 @@
 
 A recipe is a ``TrainConfig`` with chosen values; ``quicksilver train --recipe NAME --field value``
 starts from the recipe and overrides single fields. The config is saved as JSON beside every
-checkpoint, so any run can be reproduced from its directory.
+checkpoint, so any run can be reproduced from its directory. The recipes here are the runs that lead
+to the shipped models (plus the CLI's default and a tiny one for tests); ``train/reproduce.py`` runs
+them in order with the schedules they ran (``make train``).
 """
 
 from __future__ import annotations
