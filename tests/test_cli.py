@@ -151,3 +151,37 @@ def test_bench_decode_defaults_to_the_embedded_diffusion_model(tmp_path: Path) -
     r = qs(*"bench decode --prompts 1 --repeats 1 --max-tokens 16 --out".split(), str(tmp_path))
     assert r.returncode == 0, r.stderr
     assert json.loads(r.stdout.strip().splitlines()[-1])["methods"]["threshold"]["nfe"] > 0
+
+
+def test_folded_flags_leave_help_but_still_parse() -> None:
+    """Options of no use on any served target (and explicit choices behind `auto`) are out of
+    `serve --help` and the benches' help; documented, they still parse and reach the config."""
+    import dataclasses
+
+    from quicksilver.cli import build_parser
+    from quicksilver.cli_util import dataclass_from_args
+    from quicksilver.server.config import LOAD_HIDDEN, SERVER_HIDDEN, ServerConfig
+
+    parser = build_parser()
+    sub = next(a for a in parser._actions if a.dest == "command").choices
+    serve_help = sub["serve"].format_help()
+    for name in SERVER_HIDDEN | {"mock_step_delay"}:
+        assert f"--{name.replace('_', '-')} " not in serve_help, name
+    for flag in ("--backend", "--dtype", "--max-batch", "--prefix-cache-mb", "--engine"):
+        assert flag in serve_help
+    args = parser.parse_args(
+        ["serve", "--compile", "--refresh-every", "2", "--cache", "none", "--routing", "random",
+         "--attention-layout", "per_sequence", "--cuda-graphs", "--backend", "torch",
+         "--mock-step-delay", "0.1"]
+    )  # fmt: skip
+    cfg = dataclass_from_args(ServerConfig, args)
+    assert (cfg.compile, cfg.refresh_every, cfg.cache, cfg.routing) == (True, 2, "none", "random")
+    assert (cfg.attention_layout, cfg.cuda_graphs, cfg.backend) == ("per_sequence", True, "torch")
+    assert args.mock_step_delay == 0.1 and ServerConfig().backend == "auto"
+    assert {f.name for f in dataclasses.fields(ServerConfig)} >= SERVER_HIDDEN
+    bench = sub["bench"]._actions[-1].choices["speed"]
+    assert "--compile" not in bench.format_help() and "--backend" in bench.format_help()
+    assert parser.parse_args(["bench", "speed", "--compile"]).compile is True
+    families = sub["bench"]._actions[-1].choices["families"].format_help()
+    assert "--cuda-graphs" in families  # the bench's own flag, not the load option
+    assert LOAD_HIDDEN <= SERVER_HIDDEN

@@ -33,9 +33,9 @@ from .eval.cli import handle as handle_eval
 from .live import show
 from .models.gguf_export import export_gguf
 from .models.init import init_model
-from .pipeline import LoadConfig, load
+from .pipeline import LOAD_HELP, LoadConfig, load
 from .sampling import SamplerConfig
-from .server.config import SERVER_CHOICES, SERVER_HELP, ServerConfig
+from .server.config import LOAD_HIDDEN, SERVER_CHOICES, SERVER_HELP, SERVER_HIDDEN, ServerConfig
 from .server.entry import serve
 from .train.cli import add_distill_parser, handle_distill
 from .train.cli import add_parser as add_train_parser
@@ -280,13 +280,10 @@ def add_model_parsers(sub: argparse._SubParsersAction[argparse.ArgumentParser]) 
         "serve", help="the OpenAI-compatible HTTP server (default: the embedded model)"
     )
     add_dataclass_args(sv, ServerConfig, help=SERVER_HELP, choices=SERVER_CHOICES)
-    sv.add_argument(
-        "--mock-step-delay",
-        type=float,
-        default=0.0,
-        dest="mock_step_delay",
-        help="seconds per step of the mock engine (tests of streaming and disconnects)",
+    sv.add_argument(  # seconds per step of the mock engine (tests of streaming and disconnects)
+        "--mock-step-delay", type=float, default=0.0, dest="mock_step_delay"
     )
+    hide(sv, SERVER_HIDDEN | {"mock_step_delay"})
 
     ex = sub.add_parser("export", help="write a checkpoint in another runtime's format")
     exsub = ex.add_subparsers(dest="format", required=True, metavar="FORMAT")
@@ -334,7 +331,23 @@ def add_bench_parsers(sub: argparse._SubParsersAction[argparse.ArgumentParser]) 
     b = sub.add_parser("bench", help="benchmarks (end with one line of JSON)")
     bsub = b.add_subparsers(dest="bench", required=True, metavar="BENCH")
     for name, (add_arguments, help) in BENCHES.items():
-        add_arguments(bsub.add_parser(name, help=help))
+        bp = bsub.add_parser(name, help=help)
+        add_arguments(bp)
+        hide(bp, {a.dest for a in bp._actions if is_hidden_load_flag(a)})
+
+
+def is_hidden_load_flag(action: argparse.Action) -> bool:
+    """A ``LOAD_HIDDEN`` flag that ``add_load_args`` added (not a bench's own of the same name,
+    such as ``bench families --cuda-graphs``)."""
+    text = LOAD_HELP.get(action.dest)
+    return action.dest in LOAD_HIDDEN and text is not None and (action.help or "").startswith(text)
+
+
+def hide(parser: argparse.ArgumentParser, dests: frozenset[str] | set[str]) -> None:
+    """Leave these flags out of ``--help``; they still parse and act as before."""
+    for action in parser._actions:
+        if action.dest in dests:
+            action.help = argparse.SUPPRESS
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -1,4 +1,5 @@
 """``ServerConfig``: every server option, one CLI flag per field, with hard limits as named constants.
+The flags in ``SERVER_HIDDEN`` parse as before but stay out of ``serve --help``.
 
 Limits are checked before any work is queued, so one request can never ask for unbounded memory or
 time (body size, prompt tokens, ``max_tokens``, ``n``, messages, tools, stop strings); the engine's
@@ -125,5 +126,31 @@ SERVER_HELP = LOAD_HELP | {
     "target_ongoing_requests": "autoscaling: ongoing requests per replica Ray Serve aims for",
     "tensor_parallel": "split the model over N processes/GPUs (torch.distributed tensor parallelism)",
     "verify_checksum": "refuse to serve weights that do not match the checkpoint's model.sha256",
+    "host": "address to listen on",
+    "port": "port to listen on",
+    "threads": "torch intra-op threads (0: torch's default)",
+    "max_messages": "most messages in one chat request",
+    "max_tools": "most tools in one request",
+    "max_stop": "most stop strings in one request (each up to 256 characters)",
+    "max_batch": "requests stepped together in one forward pass",
+    "json_string_tokens": "structured output: masked positions a free string value gets",
+    "json_number_tokens": "structured output: masked positions a number gets (integers 2 fewer)",
+    "json_object_tokens": "structured output: masked positions a free-form nested object gets",
+    "log_level": "uvicorn's log level (info: one line per request)",
 }
 SERVER_CHOICES = LOAD_CHOICES | {"engine": ("thread", "process")}
+
+# Flags that still parse (they are documented, so they are contracts) but stay out of --help:
+# measured of no use on any target served, or explicit choices that the default `auto` makes.
+LOAD_HIDDEN = frozenset(
+    {
+        "refresh_every",  # approximate caches of bidirectional models: no served model is one
+        "compile",  # torch.compile: measured slower on a 2-core CPU; rows step on exported passes
+        "attention_layout",  # auto: batched on a GPU, per sequence on a CPU
+        "cuda_graphs",  # static shapes for a GPU: never measured to help a served request
+    }
+)
+SERVER_HIDDEN = LOAD_HIDDEN | {
+    "cache",  # auto: the exact cache of the model's attention; the rest are for experiments
+    "routing",  # random: the benchmarks' baseline (prefix routing measured 34% faster)
+}
