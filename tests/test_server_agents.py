@@ -506,7 +506,7 @@ def test_auto_tools_that_cannot_fit_answer_in_text_without_markup(small: TestCli
 
     tools = FORMATS[-1]["tools"]
     serving = small.app.state.qs.chat.default  # type: ignore[attr-defined]
-    open_id = serving.b.tokenizer.token_to_id("<tool_call>")
+    open_id = serving.served.tokenizer.token_to_id("<tool_call>")
     roomy = ChatCompletionRequest(messages=[{"role": "user", "content": "hi"}], tools=tools)
     plan = serving.plan(roomy)
     assert plan.calls is not None and open_id not in plan.ban_ids  # the call can be made

@@ -51,17 +51,17 @@ class Machine:
 
 class Lit(Machine):
     def __init__(self, text: str | bytes) -> None:
-        self.b = text.encode() if isinstance(text, str) else text
+        self.literal = text.encode() if isinstance(text, str) else text
 
     def starts(self) -> tuple[State, ...]:
         return (0,)
 
     def step(self, s: State, b: int) -> tuple[State, ...]:
         assert isinstance(s, int)
-        return (s + 1,) if s < len(self.b) and self.b[s] == b else ()
+        return (s + 1,) if s < len(self.literal) and self.literal[s] == b else ()
 
     def accepts(self, s: State) -> bool:
-        return s == len(self.b)
+        return s == len(self.literal)
 
 
 ESCAPES = frozenset(b'"\\/bfnrt')

@@ -55,7 +55,7 @@ def _admit(request: Request, endpoint: str) -> float:
 @router.post("/v1/chat/completions", response_model=ChatCompletionResponse, responses=ERRORS)
 async def chat(req: ChatCompletionRequest, request: Request) -> Any:
     arrival = _admit(request, "chat")
-    serving = _state(request).chat
+    serving = _state(request).chat.pick(req.model)
     if req.stream:
         return await _sse(request, lambda: serving.stream(req, arrival))
     return await _json(request, serving.create(req, arrival))
@@ -64,7 +64,7 @@ async def chat(req: ChatCompletionRequest, request: Request) -> Any:
 @router.post("/v1/responses", responses=ERRORS)
 async def responses(req: ResponsesRequest, request: Request) -> Any:
     arrival = _admit(request, "responses")
-    serving = _state(request).responses
+    serving = _state(request).responses.pick(req.model)
     if req.stream:
         return await _sse(request, lambda: serving.stream(req, arrival), "responses")
     return await _json(request, serving.create(req, arrival))
@@ -72,7 +72,7 @@ async def responses(req: ResponsesRequest, request: Request) -> Any:
 
 async def _completion(req: CompletionRequest, request: Request, fim: bool) -> Any:
     arrival = _admit(request, "fim" if fim else "completions")
-    serving = _state(request).completion
+    serving = _state(request).completion.pick(req.model)
     if req.stream:
         return await _sse(request, lambda: serving.stream(req, arrival, fim))
     return await _json(request, serving.create(req, arrival, fim))
@@ -82,7 +82,7 @@ async def _completion(req: CompletionRequest, request: Request, fim: bool) -> An
 async def messages(req: MessagesRequest, request: Request) -> Any:
     """Anthropic's Messages API (errors in its envelope: ``protocol/messages.py``)."""
     arrival = _admit(request, "messages")
-    serving = _state(request).messages
+    serving = _state(request).messages.pick(req.model)
     if req.stream:
         return await _sse(request, lambda: serving.stream(req, arrival), "messages")
     return await _json(request, serving.create(req, arrival))
@@ -90,9 +90,9 @@ async def messages(req: MessagesRequest, request: Request) -> Any:
 
 @router.post("/v1/messages/count_tokens", responses=ERRORS)
 async def count_tokens(req: CountTokensRequest, request: Request) -> dict[str, Any]:
-    serving = _state(request).messages
+    serving = _state(request).messages.pick(req.model)
     serving.check_model(req.model)
-    return await asyncio.to_thread(serving.pick(req.model).count_tokens, req)
+    return await asyncio.to_thread(serving.count_tokens, req)
 
 
 @router.post("/v1/completions", response_model=CompletionResponse, responses=ERRORS)
@@ -128,7 +128,7 @@ async def model(model_id: str, request: Request) -> ModelCard:
 async def tokenize(req: TokenizeRequest, request: Request) -> dict[str, Any]:
     """Token ids of a prompt, or of messages rendered by the chat template (as vLLM's)."""
     st = _state(request)
-    st.chat.check_model(req.model)
+    st.chat.pick(req.model).check_model(req.model)
     tok = st.served.tokenizer
     if (req.prompt is None) == (req.messages is None):
         raise bad_request("send exactly one of prompt and messages", "prompt")
@@ -157,7 +157,7 @@ async def tokenize(req: TokenizeRequest, request: Request) -> dict[str, Any]:
 @router.post("/detokenize", responses=ERRORS)
 async def detokenize(req: DetokenizeRequest, request: Request) -> dict[str, Any]:
     st = _state(request)
-    st.chat.check_model(req.model)
+    st.chat.pick(req.model).check_model(req.model)
     tok = st.served.tokenizer
     if any(not 0 <= t < tok.vocab_size for t in req.tokens):
         raise bad_request(f"token ids must lie in [0, {tok.vocab_size})", "tokens")

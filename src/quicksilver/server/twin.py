@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from functools import partial
 from pathlib import Path
-from typing import Any
+from typing import Any, Generic, TypeVar
 
 from ..assets import embedded_ar_model_path
 from ..engine import Engine, EngineConfig
@@ -65,21 +65,15 @@ def twin_engine(path: Path, cfg: ServerConfig) -> tuple[Engine, dict[str, Any]]:
     return Engine(pipe.decoder, ecfg), facts
 
 
-class ByModel:
+S = TypeVar("S")
+
+
+class ByModel(Generic[S]):
     """Hands each request to the serving object of the model its ``model`` field names; requests
     naming no served model go to the default one (which accepts its aliases or answers 404)."""
 
-    def __init__(self, default: Any, others: dict[str, Any]) -> None:
+    def __init__(self, default: S, others: dict[str, S]) -> None:
         self.default, self.others = default, others
 
-    def pick(self, model: str | None) -> Any:
+    def pick(self, model: str | None) -> S:
         return self.others.get(model or "", self.default)
-
-    def create(self, req: Any, *args: Any) -> Any:
-        return self.pick(req.model).create(req, *args)
-
-    def stream(self, req: Any, *args: Any) -> Any:
-        return self.pick(req.model).stream(req, *args)
-
-    def check_model(self, model: str | None) -> None:
-        self.pick(model).check_model(model)

@@ -62,7 +62,7 @@ class OpenAIServingChat(GenerationServing):
             req.top_logprobs,
         )
         choice = req.tool_choice or ("auto" if tools else "none")
-        effort = self.effort(req.reasoning_effort, req, self.b.think_ids is not None)
+        effort = self.effort(req.reasoning_effort, req, self.served.think_ids is not None)
         fmt = req.response_format
         js = fmt.json_schema if fmt is not None and fmt.type == "json_schema" else None
         if req.max_completion_tokens and fields is CHAT_FIELDS:
@@ -92,7 +92,7 @@ class OpenAIServingChat(GenerationServing):
 
     # ---- responses -------------------------------------------------------------------------
     def chat_logprobs(self, r: ChoiceResult) -> dict[str, Any] | None:
-        return None if r.logprobs is None else chat_logprobs(self.b.tokenizer, r.logprobs)
+        return None if r.logprobs is None else chat_logprobs(self.served.tokenizer, r.logprobs)
 
     @staticmethod
     def message(r: ChoiceResult) -> dict[str, Any]:
@@ -122,7 +122,7 @@ class OpenAIServingChat(GenerationServing):
             "id": f"chatcmpl-{uuid.uuid4().hex}",
             "object": "chat.completion",
             "created": int(time.time()),
-            "model": self.b.name,
+            "model": self.served.name,
             "choices": choices,
             **usage_extras(len(plan.prompt_ids), results),
         }
@@ -149,7 +149,7 @@ class OpenAIServingChat(GenerationServing):
                 **extra,
             }
             return sse_chunk(
-                cid, "chat.completion.chunk", created, self.b.name, choice, include_usage
+                cid, "chat.completion.chunk", created, self.served.name, choice, include_usage
             )
 
         calls = {r.result.index: 0 for r in runners}
@@ -179,7 +179,12 @@ class OpenAIServingChat(GenerationServing):
             yield chunk(i, {}, item.finish_reason, **({"logprobs": lp} if lp else {}))
         if include_usage:
             yield usage_chunk(
-                cid, "chat.completion.chunk", created, self.b.name, len(plan.prompt_ids), results
+                cid,
+                "chat.completion.chunk",
+                created,
+                self.served.name,
+                len(plan.prompt_ids),
+                results,
             )
         yield "data: [DONE]\n\n"
 

@@ -29,7 +29,7 @@ FIM_TOKENS = ("<|fim_prefix|>", "<|fim_suffix|>", "<|fim_middle|>")
 class OpenAIServingCompletion(GenerationServing):
     def _prompts(self, req: CompletionRequest) -> list[list[int]]:
         p = req.prompt
-        tok = self.b.tokenizer
+        tok = self.served.tokenizer
         if isinstance(p, str):
             return [tok.encode(p)]
         if not p:
@@ -77,9 +77,9 @@ class OpenAIServingCompletion(GenerationServing):
                 ids, suffix_ids = self._fim(req.prompt, req.suffix or "")
             self.check_prompt(ids + (suffix_ids or []))
             prompt = len(ids) + len(suffix_ids or [])
-            room = self.b.max_context - prompt
+            room = self.served.max_context - prompt
             check_explicit(
-                req.max_tokens, room, c.max_tokens, self.b.max_context, prompt, "max_tokens"
+                req.max_tokens, room, c.max_tokens, self.served.max_context, prompt, "max_tokens"
             )
             answer = split(room, req.max_tokens, 0, min(c.default_max_tokens, c.max_tokens)).answer
             plans.append(
@@ -97,8 +97,8 @@ class OpenAIServingCompletion(GenerationServing):
         return plans
 
     def _fim(self, prefix: str, suffix: str) -> tuple[list[int], list[int] | None]:
-        tok = self.b.tokenizer
-        if self.b.attention == "bidirectional":
+        tok = self.served.tokenizer
+        if self.served.attention == "bidirectional":
             pre = tok.encode(prefix)
             if not pre:
                 raise bad_request("fill-in-the-middle needs a non-empty prompt", "prompt")
@@ -115,7 +115,9 @@ class OpenAIServingCompletion(GenerationServing):
         return f"cmpl-{uuid.uuid4().hex}", int(time.time()), sum(len(p.prompt_ids) for p in plans)
 
     def _logprobs(self, r: ChoiceResult) -> dict[str, Any] | None:
-        return None if r.logprobs is None else completion_logprobs(self.b.tokenizer, r.logprobs)
+        return (
+            None if r.logprobs is None else completion_logprobs(self.served.tokenizer, r.logprobs)
+        )
 
     async def create(self, req: CompletionRequest, arrival: float, fim: bool) -> dict[str, Any]:
         plans = await asyncio.to_thread(self.plans, req, fim)  # off the event loop
@@ -125,7 +127,7 @@ class OpenAIServingCompletion(GenerationServing):
         for r in results:
             text = r.text
             if req.echo and not fim and isinstance(req.prompt, (str, list)):
-                text = self.b.tokenizer.decode(plans[r.index // n].prompt_ids) + text
+                text = self.served.tokenizer.decode(plans[r.index // n].prompt_ids) + text
             choices.append(
                 {
                     "index": r.index,
@@ -139,7 +141,7 @@ class OpenAIServingCompletion(GenerationServing):
             "id": cid,
             "object": "text_completion",
             "created": created,
-            "model": self.b.name,
+            "model": self.served.name,
             "choices": choices,
             **usage_extras(prompt_tokens, results),
         }
@@ -160,7 +162,12 @@ class OpenAIServingCompletion(GenerationServing):
         def chunk(index: int, text: str, finish: str | None = None, **extra: Any) -> str:
             choice = {"index": index, "text": text, "logprobs": None, "finish_reason": finish}
             return sse_chunk(
-                cid, "text_completion", created, self.b.name, {**choice, **extra}, include_usage
+                cid,
+                "text_completion",
+                created,
+                self.served.name,
+                {**choice, **extra},
+                include_usage,
             )
 
         results = []
@@ -177,5 +184,7 @@ class OpenAIServingCompletion(GenerationServing):
             lp = self._logprobs(item)
             yield chunk(i, "", item.finish_reason, **({"logprobs": lp} if lp else {}))
         if include_usage:
-            yield usage_chunk(cid, "text_completion", created, self.b.name, prompt_tokens, results)
+            yield usage_chunk(
+                cid, "text_completion", created, self.served.name, prompt_tokens, results
+            )
         yield "data: [DONE]\n\n"

@@ -29,15 +29,15 @@ Item = tuple[int, Delta | ChoiceResult | BaseException]
 
 class GenerationServing:
     def __init__(self, served: ServedModel, config: ServerConfig, metrics: Metrics) -> None:
-        self.b, self.cfg, self.metrics = served, config, metrics
+        self.served, self.cfg, self.metrics = served, config, metrics
 
     # ---- checks --------------------------------------------------------------------------------
     def check_model(self, model: str | None) -> None:
         """The served name, or ``quicksilver`` (an alias for whatever this server serves), or none."""
-        if model and model not in (self.b.name, MODEL_ALIAS):
+        if model and model not in (self.served.name, MODEL_ALIAS):
             raise APIError(
                 404,
-                f"the model {model!r} does not exist; this server serves {self.b.name!r}",
+                f"the model {model!r} does not exist; this server serves {self.served.name!r}",
                 "invalid_request_error",
                 "model",
                 "model_not_found",
@@ -75,7 +75,7 @@ class GenerationServing:
         return stops
 
     def check_prompt(self, ids: list[int]) -> None:
-        check_prompt(ids, self.cfg.max_prompt_tokens, self.b.max_context, "messages")
+        check_prompt(ids, self.cfg.max_prompt_tokens, self.served.max_context, "messages")
 
     def effort(self, name: str | None, extras: DiffusionExtras, can_reason: bool) -> Effort:
         if name is None:
@@ -95,8 +95,8 @@ class GenerationServing:
         """Settings in order of precedence: the request's explicit fields, then the reasoning effort
         (when the request names one, asks for realtime, or the model has no published defaults),
         then the model family's / checkpoint's defaults, then ``SamplerConfig``'s."""
-        opts: dict[str, Any] = dict(self.b.defaults)
-        if effort_given or extras.realtime or not self.b.defaults:
+        opts: dict[str, Any] = dict(self.served.defaults)
+        if effort_given or extras.realtime or not self.served.defaults:
             opts.update(
                 threshold=effort.threshold,
                 revise_threshold=effort.revise_threshold,
@@ -134,7 +134,7 @@ class GenerationServing:
                 i = len(out)
                 out.append(
                     ChoiceRunner(
-                        self.b, p, i, self.metrics, arrival, None if seed is None else seed + i
+                        self.served, p, i, self.metrics, arrival, None if seed is None else seed + i
                     )
                 )
         for p in plans:

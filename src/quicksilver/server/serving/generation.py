@@ -243,7 +243,7 @@ class ChoiceRunner:
         arrival: float,
         seed: int | None = None,
     ) -> None:
-        self.b, self.plan, self.metrics, self.arrival = served, plan, metrics, arrival
+        self.served, self.plan, self.metrics, self.arrival = served, plan, metrics, arrival
         self.sampler = plan.sampler if seed is None else plan.sampler.replace(seed=seed)
         self.result = ChoiceResult(index, prompt_tokens=len(plan.prompt_ids))
         self.rid = f"{uuid.uuid4().hex[:16]}-{index}"
@@ -264,7 +264,7 @@ class ChoiceRunner:
         stop_ids: list[int] | None = None,
     ) -> AsyncGenerator[EngineEvent, None]:
         rid = f"{self.rid}-{name}"
-        await self.b.engine.submit(
+        await self.served.engine.submit(
             EngineRequest(
                 rid,
                 prompt,
@@ -275,7 +275,7 @@ class ChoiceRunner:
                 stop_token_ids=stop_ids,
             )
         )
-        async with contextlib.aclosing(self.b.engine.events(rid)) as events:
+        async with contextlib.aclosing(self.served.engine.events(rid)) as events:
             async for ev in events:
                 if self.queue_time is None:
                     self.queue_time = ev.stats.queue_time
@@ -303,13 +303,13 @@ class ChoiceRunner:
             canvas={
                 "phase": phase,
                 "step": ev.nfe,
-                "text": render_canvas(self.b.tokenizer, canvas, self.b.mask_id, skip),
-                "masked": sum(1 for t in canvas if t == self.b.mask_id),
+                "text": render_canvas(self.served.tokenizer, canvas, self.served.mask_id, skip),
+                "masked": sum(1 for t in canvas if t == self.served.mask_id),
                 "committed": len(ev.committed),
                 "remasked": len(ev.remasked),
                 "stable": max(0, ev.stable - skip),
                 "done": ev.done,
-                "cells": canvas_cells(self.b.tokenizer, canvas, self.b.mask_id, skip),
+                "cells": canvas_cells(self.served.tokenizer, canvas, self.served.mask_id, skip),
                 "fresh": [p - skip for p, _ in ev.committed if p >= skip],
                 "revised": [p - skip for p in ev.remasked if p >= skip],
             },
@@ -318,7 +318,7 @@ class ChoiceRunner:
     async def run(self) -> AsyncGenerator[Delta, None]:
         plan, res = self.plan, self.result
         prompt = list(plan.prompt_ids)
-        think = self.b.think_ids
+        think = self.served.think_ids
         if plan.reasoning_budget and think is not None:
             async for d in self._reason(prompt, think):
                 yield d
@@ -336,7 +336,7 @@ class ChoiceRunner:
             record_canvas=self.plan.diffusing,
             stop_at_eos=True,
         )
-        detok = IncrementalDetokenizer(self.b.tokenizer)
+        detok = IncrementalDetokenizer(self.served.tokenizer)
         self._reasoning_ids = []
         pos, ended, last = 0, False, None
         # </think> is a stop token of this phase: once it is committed with everything before it, the
@@ -409,7 +409,7 @@ class ChoiceRunner:
         if plan.logprobs is not None:
             constraint = recorder = LogprobRecorder(constraint, plan.logprobs)
         cfg = self.sampler.replace(max_new_tokens=length, record_canvas=plan.diffusing)
-        detok = IncrementalDetokenizer(self.b.tokenizer)
+        detok = IncrementalDetokenizer(self.served.tokenizer)
         cutter = StopCutter(stops)
         # position -> token, to tell which stop token ended the phase
         committed: dict[int, int] = {}
@@ -447,18 +447,18 @@ class ChoiceRunner:
                 )
                 break
         if recorder is not None:
-            res.logprobs = recorder.entries(out, {self.b.pad_id, *self.b.stop_ids})
+            res.logprobs = recorder.entries(out, {self.served.pad_id, *self.served.stop_ids})
         if cutter.hit == OPEN_TAG:  # the tag spelled out as text: the call goes on from the content
-            out[:] = self.b.tokenizer.encode(res.text)
+            out[:] = self.served.tokenizer.encode(res.text)
         res.completion_tokens += n_tokens
         self._account(last)
 
     async def _calls(self, prompt: list[int], calls: CallPlan) -> AsyncGenerator[Delta, None]:
         """Each call on its own schema canvas; between calls, a one-position decision canvas."""
-        res, tok = self.result, self.b.tokenizer
+        res, tok = self.result, self.served.tokenizer
         canvas = calls.canvas
         for k in range(calls.max_calls):
-            if len(prompt) + canvas.length > self.b.max_context:
+            if len(prompt) + canvas.length > self.served.max_context:
                 break  # no room for another call: the turn ends with the calls it has
             if k and not await self._another(prompt, calls, k):
                 break
@@ -484,11 +484,11 @@ class ChoiceRunner:
             res.tool_calls.append(parsed[0])
             res.finish_reason = "tool_calls"
             yield Delta("tool_call", call=parsed[0])
-            prompt = prompt + [t for t in ids if t != self.b.pad_id]
+            prompt = prompt + [t for t in ids if t != self.served.pad_id]
 
     async def _another(self, prompt: list[int], calls: CallPlan, k: int) -> bool:
         """Does another call follow? One canvas position that may hold ``<tool_call>`` or a stop."""
-        allowed = [calls.open_id, *self.b.stop_ids]
+        allowed = [calls.open_id, *self.served.stop_ids]
         cfg = self.sampler.replace(max_new_tokens=1, record_canvas=False)
         out: list[int] = []
         last = None

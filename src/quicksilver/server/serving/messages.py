@@ -185,7 +185,7 @@ class AnthropicServingMessages:
             "id": mid or f"msg_{uuid.uuid4().hex}",
             "type": "message",
             "role": "assistant",
-            "model": self.chat.b.name,
+            "model": self.chat.served.name,
             "content": content_blocks(r),
             "stop_reason": stop_reason(r),
             "stop_sequence": r.stop_string,

@@ -84,12 +84,12 @@ class TurnSpec:
 
 class TurnPlanner:
     def __init__(self, served: ServedModel, config: ServerConfig, metrics: Metrics) -> None:
-        self.b, self.cfg, self.metrics = served, config, metrics
+        self.served, self.cfg, self.metrics = served, config, metrics
 
     def plan(self, spec: TurnSpec) -> Plan:
         """The spec as a plan: prompt, budgets, structured layout or call canvas (400s name
         ``spec.fields``)."""
-        c, f, tok = self.cfg, spec.fields, self.b.tokenizer
+        c, f, tok = self.cfg, spec.fields, self.served.tokenizer
         mode = self._tool_mode(spec)
         structured = spec.output != "text"
         if structured and mode == "forced":
@@ -98,12 +98,12 @@ class TurnPlanner:
             )
         # the answer phase's prompt is at least as long as the prompt that answers at once
         plain = self.prompt(spec, False)
-        check_prompt(plain, c.max_prompt_tokens, self.b.max_context, f.messages)
-        room = self.b.max_context - len(plain)
+        check_prompt(plain, c.max_prompt_tokens, self.served.max_context, f.messages)
+        room = self.served.max_context - len(plain)
         mt = spec.max_tokens
         if mt is not None and spec.lower_max_tokens:
             mt = spec.max_tokens = max(1, min(mt, c.max_tokens, room))
-        check_explicit(mt, room, c.max_tokens, self.b.max_context, len(plain), f.max_tokens)
+        check_explicit(mt, room, c.max_tokens, self.served.max_context, len(plain), f.max_tokens)
         limit = min(mt or room, room)
         layout, calls = None, None
         if mode != "none" and not structured:
@@ -151,12 +151,12 @@ class TurnPlanner:
         tools = tool_dicts(spec.tools) if self._tool_mode(spec) != "none" else None
         kw: dict[str, Any] = {} if reasoning else {"reasoning": False}
         try:
-            text = self.b.tokenizer.apply_chat_template(
+            text = self.served.tokenizer.apply_chat_template(
                 spec.messages, tools=tools, add_generation_prompt=True, **kw
             )
         except ConfigError as e:
             raise bad_request(str(e), spec.fields.messages) from None
-        return self.b.tokenizer.encode(text)
+        return self.served.tokenizer.encode(text)
 
     # ---- checks -----------------------------------------------------------------------------------
     def _tool_mode(self, spec: TurnSpec) -> str:
@@ -181,7 +181,7 @@ class TurnPlanner:
     def _schema_layout(self, spec: TurnSpec, limit: int) -> Layout:
         """``json_object``: any object, its free-form budget the answer's; ``json_schema``: the
         schema's canvas (validated and costed first)."""
-        c, f, tok, mt = self.cfg, spec.fields, self.b.tokenizer, spec.max_tokens
+        c, f, tok, mt = self.cfg, spec.fields, self.served.tokenizer, spec.max_tokens
         if spec.output == "json_object":
             budget = min(mt or c.default_max_tokens, limit)
             layout = self._fit(
@@ -214,9 +214,9 @@ class TurnPlanner:
         """The call canvas restricted to the offered tools (the named one for a named choice). With
         ``auto``, a call that cannot fit beside the prompt is not offered (the turn answers in text);
         a forced call that cannot fit is the client's error."""
-        tok = self.b.tokenizer
+        tok = self.served.tokenizer
         # a forced call's fit is _fit's to report; here only what no budget could hold
-        if not self._tools_fit(spec, forced, self.b.max_context if forced else room - 1):
+        if not self._tools_fit(spec, forced, self.served.max_context if forced else room - 1):
             return None
         open_id = tok.token_to_id(OPEN_TAG)
         if open_id is None:
@@ -277,7 +277,7 @@ class TurnPlanner:
         """The layout and its canvas with the configured slot budgets, or — when that canvas does
         not fit in ``limit`` (max_tokens, or the context) — with budgets shrunk to fit (every value
         keeps at least 2 tokens). Only a schema whose skeleton alone does not fit is refused."""
-        tok, pad = self.b.tokenizer, self.b.pad_id
+        tok, pad = self.served.tokenizer, self.served.pad_id
         b = start or self._budgets()
         pieces = layout(b)
         canvas = build_canvas(pieces, tok, pad)
@@ -300,7 +300,7 @@ class TurnPlanner:
         param = spec.fields.max_tokens
         raise bad_request(
             f"the structured output needs a canvas of at least {canvas.length} tokens; only "
-            f"{limit} are available ({param}={spec.max_tokens}, context {self.b.max_context})",
+            f"{limit} are available ({param}={spec.max_tokens}, context {self.served.max_context})",
             param,
             "context_length_exceeded",
         )

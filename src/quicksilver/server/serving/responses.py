@@ -195,7 +195,7 @@ class OpenAIServingResponses:
             "incomplete_details": {"reason": "max_output_tokens"} if incomplete else None,
             "instructions": req.instructions,
             "max_output_tokens": req.max_output_tokens,
-            "model": self.chat.b.name,
+            "model": self.chat.served.name,
             "output": output,
             "parallel_tool_calls": req.parallel_tool_calls is not False,
             "previous_response_id": None,
