@@ -301,7 +301,10 @@ def add_model_parsers(sub: argparse._SubParsersAction[argparse.ArgumentParser]) 
 
 BENCHES = {
     "decode": (decode_bench_args, "one-token-per-step vs threshold vs the reference decoder"),
-    "speed": (speed_bench_args, "AR vs reference vs one-token-per-step vs default, single stream"),
+    "speed": (
+        speed_bench_args,
+        "verify (what serve runs) vs the AR twin vs the diffusion decoders, single stream",
+    ),
     "serve": (
         serve_bench_args,
         "a live server under load, and an agent loop with/without prefix cache",
