@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from quicksilver.errors import ConfigError
-from quicksilver.models import DiffusionLM, preset
+from quicksilver.models import Transformer, preset
 from quicksilver.sampling import POLICIES, Decoder, SamplerConfig, reference_generate, sample_tokens
 from quicksilver.sampling.noise import filter_top_p
 
@@ -18,18 +18,18 @@ MASK, EOS = 2, 1
 PROMPTS = [list(range(20, 37)), list(range(50, 59)), list(range(70, 75))]
 
 
-def _model(attention: str = "bidirectional", seed: int = 0, **kw) -> DiffusionLM:  # type: ignore[no-untyped-def]
+def _model(attention: str = "bidirectional", seed: int = 0, **kw) -> Transformer:  # type: ignore[no-untyped-def]
     torch.manual_seed(seed)
-    return DiffusionLM(
+    return Transformer(
         preset("tiny", vocab_size=96, attention=attention, block_size=8, **kw)
     ).eval()
 
 
-def _decoder(model: DiffusionLM, **kw) -> Decoder:  # type: ignore[no-untyped-def]
+def _decoder(model: Transformer, **kw) -> Decoder:  # type: ignore[no-untyped-def]
     return Decoder(model, MASK, [EOS], vocab_limit=96, **kw)
 
 
-def _no_eos(model: DiffusionLM) -> DiffusionLM:
+def _no_eos(model: Transformer) -> Transformer:
     with torch.no_grad():
         model.lm_head.weight[EOS] = (
             -model.lm_head.weight[EOS].abs() * 0 - 0.0
@@ -311,7 +311,7 @@ def test_top_k_samples_only_among_the_k_most_likely() -> None:
     assert torch.equal(one, logits.argmax(-1))  # k = 1 is greedy at any temperature
     with pytest.raises(ConfigError, match="top_k"):
         SamplerConfig(top_k=-1).validate()
-    model = DiffusionLM(preset("tiny", attention="block_causal", block_size=8)).eval()
+    model = Transformer(preset("tiny", attention="block_causal", block_size=8)).eval()
     dec = Decoder(model, model.config.mask_token_id, [])
     greedy = dec.generate([[5, 6, 7]], SamplerConfig(max_new_tokens=16, stop_at_eos=False))[0]
     hot = SamplerConfig(max_new_tokens=16, stop_at_eos=False, temperature=3.0, top_k=1, seed=4)

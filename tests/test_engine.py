@@ -10,7 +10,7 @@ import torch
 
 from quicksilver.engine import Engine, EngineConfig, EngineOverloaded, EngineRequest
 from quicksilver.errors import ConfigError
-from quicksilver.models import DiffusionLM, preset
+from quicksilver.models import Transformer, preset
 from quicksilver.sampling import Decoder, SamplerConfig
 from quicksilver.sampling.verify import VerifyDecoder
 
@@ -19,7 +19,7 @@ MASK, EOS = 2, 1
 
 def _decoder(attention: str = "block_causal", **kw) -> Decoder:  # type: ignore[no-untyped-def]
     torch.manual_seed(0)
-    m = DiffusionLM(preset("tiny", vocab_size=96, attention=attention, block_size=8)).eval()
+    m = Transformer(preset("tiny", vocab_size=96, attention=attention, block_size=8)).eval()
     return Decoder(m, MASK, [EOS], vocab_limit=96, **kw)
 
 
@@ -140,7 +140,7 @@ def test_prefix_cache_evicts_beyond_its_budget() -> None:
 @pytest.mark.parametrize("mode", ["prefix", "dual"])
 def test_approximate_caches_are_exact_when_refreshed_every_step(mode: str) -> None:
     torch.manual_seed(0)
-    m = DiffusionLM(preset("tiny", vocab_size=96)).eval()
+    m = Transformer(preset("tiny", vocab_size=96)).eval()
     cfg = SamplerConfig(
         max_new_tokens=24, policy="low_confidence", steps=24, block_length=8, stop_at_eos=False
     )
@@ -184,7 +184,7 @@ def test_prefix_cache_serves_a_causal_stream_and_keeps_its_ar_output() -> None:
     """The shipped model is causal: every prefix of its stream is exact, so agent-loop turns start
     from the previous turn's blocks and still give the AR output (greedy verify, drafts on)."""
     torch.manual_seed(0)
-    m = DiffusionLM(preset("tiny", vocab_size=96, attention="causal", block_size=8)).eval()
+    m = Transformer(preset("tiny", vocab_size=96, attention="causal", block_size=8)).eval()
     dec = VerifyDecoder(m, [EOS])
 
     def req(rid: str, prompt: list[int]) -> EngineRequest:
@@ -217,7 +217,7 @@ def test_a_prompt_only_prefix_cache_keeps_no_reply_blocks() -> None:
     from quicksilver.engine.prefix_cache import PrefixCache
 
     torch.manual_seed(0)
-    m = DiffusionLM(preset("tiny", vocab_size=96, attention="causal", block_size=8)).eval()
+    m = Transformer(preset("tiny", vocab_size=96, attention="causal", block_size=8)).eval()
     dec = VerifyDecoder(m, [EOS], vocab_limit=96)
     prompt = list(range(10, 31))  # 21 tokens: two whole 8-token blocks before the last one
     for prompt_only, blocks in ((False, 4), (True, 2)):

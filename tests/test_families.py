@@ -259,7 +259,7 @@ def test_meta_device_build_keeps_native_checkpoints_and_tied_embeddings(tmp_path
     """build_model now builds on the meta device and assigns the tensors: same logits, ties kept."""
     from quicksilver.models.checkpoint import save_checkpoint
     from quicksilver.models.config import preset
-    from quicksilver.models.transformer import DiffusionLM
+    from quicksilver.models.transformer import Transformer
     from quicksilver.tokenizer import Tokenizer
 
     tok = Tokenizer.byte_level()
@@ -272,7 +272,7 @@ def test_meta_device_build_keeps_native_checkpoints_and_tied_embeddings(tmp_path
         block_size=4,
     )
     torch.manual_seed(0)
-    model = DiffusionLM(cfg).eval()
+    model = Transformer(cfg).eval()
     save_checkpoint(model, tok, tmp_path / "native")
     loaded = quicksilver.load(tmp_path / "native", device="cpu").model
     assert loaded.lm_head.weight is loaded.model.embed_tokens.weight

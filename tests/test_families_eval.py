@@ -133,13 +133,13 @@ def test_gpu_bench_tiny_runs_on_cpu(capsys: pytest.CaptureFixture) -> None:
 
 def test_gpu_bench_shapes_are_the_published_models() -> None:
     """The real shapes through the families' config mapping: LLaDA-8B has 8.02B parameters (model card)."""
-    from quicksilver.models.transformer import DiffusionLM
+    from quicksilver.models.transformer import Transformer
 
     counts = {}
     for name in ("llada-8b", "dream-7b"):
         cfg = gpu_families.shape_config(name, tiny=False)
         with torch.device("meta"):
-            counts[name] = DiffusionLM(cfg).num_params()
+            counts[name] = Transformer(cfg).num_params()
     assert round(counts["llada-8b"] / 1e9, 2) == 8.02
     assert round(counts["dream-7b"] / 1e9, 2) == 7.62  # Qwen2.5-7B
 

@@ -8,7 +8,7 @@ import torch
 
 from quicksilver.models.config import ModelConfig, MoEConfig
 from quicksilver.models.moe import MoE
-from quicksilver.models.transformer import MLP, DiffusionLM
+from quicksilver.models.transformer import MLP, Transformer
 
 
 def naive(moe: MoE, x: torch.Tensor) -> torch.Tensor:
@@ -107,7 +107,7 @@ def test_block_picks_dense_or_moe_from_config_and_hooks() -> None:
         qk_norm=True,
         moe=MoEConfig(n_experts=4, top_k=2, expert_hidden=16, layers=[1, 2]),
     )
-    model = DiffusionLM(cfg)
+    model = Transformer(cfg)
     kinds = [type(layer.mlp) for layer in model.model.layers]
     assert kinds == [MLP, MoE, MoE]
     assert model.rotary.inv_freq.numel() == cfg.rotary_dim // 2 == 2

@@ -6,13 +6,13 @@ import pytest
 import torch
 
 from quicksilver.errors import ConfigError
-from quicksilver.models import DiffusionLM, KVCache, ModelConfig, preset
+from quicksilver.models import KVCache, ModelConfig, Transformer, preset
 from quicksilver.models.segment import Segment
 
 
-def _model(**kw) -> DiffusionLM:  # type: ignore[no-untyped-def]
+def _model(**kw) -> Transformer:  # type: ignore[no-untyped-def]
     torch.manual_seed(0)
-    return DiffusionLM(preset("tiny", vocab_size=96, **kw)).eval()
+    return Transformer(preset("tiny", vocab_size=96, **kw)).eval()
 
 
 @torch.no_grad()
@@ -45,8 +45,8 @@ def test_bidirectional_sees_the_future_and_causal_does_not() -> None:
 def test_logit_shift_moves_predictions_one_position() -> None:
     torch.manual_seed(0)
     cfg = preset("tiny", vocab_size=96)
-    plain = DiffusionLM(cfg).eval()
-    shifted = DiffusionLM(ModelConfig(**{**cfg.to_dict(), "logit_shift": True})).eval()
+    plain = Transformer(cfg).eval()
+    shifted = Transformer(ModelConfig(**{**cfg.to_dict(), "logit_shift": True})).eval()
     shifted.load_state_dict(plain.state_dict())
     x = torch.randint(3, 96, (2, 10))
     a, b = plain(x), shifted(x)

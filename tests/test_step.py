@@ -9,7 +9,7 @@ import torch
 from quicksilver.bench.syncs import SyncCounter
 from quicksilver.engine import Engine, EngineConfig, EngineRequest
 from quicksilver.errors import ConfigError
-from quicksilver.models import DiffusionLM, preset
+from quicksilver.models import Transformer, preset
 from quicksilver.sampling import POLICIES, Decoder, SamplerConfig
 from quicksilver.sampling.caches import CACHE_MODES, resolve_cache_mode
 from quicksilver.sampling.canvas import BanTokens
@@ -20,9 +20,9 @@ MASK, EOS = 2, 1
 INF = float("inf")
 
 
-def _model(attention: str, seed: int = 0) -> DiffusionLM:
+def _model(attention: str, seed: int = 0) -> Transformer:
     torch.manual_seed(seed)
-    return DiffusionLM(preset("tiny", vocab_size=96, attention=attention, block_size=8)).eval()
+    return Transformer(preset("tiny", vocab_size=96, attention=attention, block_size=8)).eval()
 
 
 def _mixed(i: int) -> SamplerConfig:

@@ -16,7 +16,7 @@ import pytest
 import torch
 
 from quicksilver.models.config import ModelConfig
-from quicksilver.models.transformer import DiffusionLM
+from quicksilver.models.transformer import Transformer
 from quicksilver.suite.render import render
 from quicksilver.suite.tasks import get_task
 from quicksilver.tokenizer import Tokenizer
@@ -193,7 +193,7 @@ def test_two_copy_layout_equals_inference_conditions() -> None:
         mask_token_id=2,
     )
     torch.manual_seed(0)
-    m = DiffusionLM(cfg).eval()
+    m = Transformer(cfg).eval()
     ids, valid = b.ids, b.valid
     B, L = ids.shape
     start = b.prompt_len // bs * bs
@@ -255,7 +255,7 @@ def test_shifted_two_copy_layout_equals_inference_conditions(
         logit_shift=True,
     )
     torch.manual_seed(0)
-    m = DiffusionLM(cfg).eval()
+    m = Transformer(cfg).eval()
     seen = {}
     real = obj.weighted_ce
 

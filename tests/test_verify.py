@@ -14,7 +14,7 @@ from quicksilver.models.cpu_backends import TOKEN_BUCKETS, attach_backend, step_
 from quicksilver.models.kvcache import KVCache
 from quicksilver.models.pass_plan import RUNTIMES, PassPlanner, PassPolicy
 from quicksilver.models.segment import Segment
-from quicksilver.models.transformer import DiffusionLM
+from quicksilver.models.transformer import Transformer
 from quicksilver.sampling import SamplerConfig
 from quicksilver.sampling.autoregressive import ar_generate
 from quicksilver.sampling.verify import VerifyDecoder, VerifyRow
@@ -29,10 +29,10 @@ def _inference() -> object:
         yield
 
 
-def causal_model(seed: int = 0, vocab: int = 384, **kw: object) -> DiffusionLM:
+def causal_model(seed: int = 0, vocab: int = 384, **kw: object) -> Transformer:
     torch.manual_seed(seed)
     cfg = preset("tiny", vocab_size=vocab, attention="causal", mask_token_id=MASK, **kw)
-    return DiffusionLM(cfg).eval()
+    return Transformer(cfg).eval()
 
 
 def prompts(n: int, vocab: int = 384, seed: int = 1) -> list[list[int]]:
@@ -42,7 +42,7 @@ def prompts(n: int, vocab: int = 384, seed: int = 1) -> list[list[int]]:
     ]
 
 
-def explicit(model: DiffusionLM, stream: list[int], k: int) -> torch.Tensor:
+def explicit(model: Transformer, stream: list[int], k: int) -> torch.Tensor:
     """Logits (P + k, V) of stream + k masks through the padded path and the training mask."""
     P = len(stream)
     ids = torch.tensor([stream + [MASK] * k])
@@ -79,7 +79,7 @@ def test_stream_never_sees_the_draft_block() -> None:
     assert torch.allclose(plain, with_block, atol=1e-5)
 
 
-def uncached_greedy(model: DiffusionLM, prompt: list[int], n: int, stops: list[int]) -> list[int]:
+def uncached_greedy(model: Transformer, prompt: list[int], n: int, stops: list[int]) -> list[int]:
     """The obviously correct AR loop: the whole sequence through the padded path at every token,
     no cache, the argmax of the last position (never the mask)."""
     seq, out = list(prompt), []
@@ -102,7 +102,7 @@ def test_plain_ar_is_the_uncached_argmax() -> None:
         assert ar_generate(model, p, 24, [1]).tokens == uncached_greedy(model, p, 24, [1])
 
 
-def rows_equal_ar(model: DiffusionLM, ps: list[list[int]], k: int, n: int = 40) -> None:
+def rows_equal_ar(model: Transformer, ps: list[list[int]], k: int, n: int = 40) -> None:
     dec = VerifyDecoder(model, [1])
     runs = [ar_generate(model, p, n, [1]) for p in ps]
     alone = [
@@ -306,7 +306,7 @@ def test_verify_refuses_what_it_cannot_do() -> None:
     with pytest.raises(ConfigError, match="draft"):
         SamplerConfig(draft=-1).validate()
     with pytest.raises(ConfigError):
-        VerifyDecoder(DiffusionLM(preset("tiny", vocab_size=64, attention="block_causal")), [])
+        VerifyDecoder(Transformer(preset("tiny", vocab_size=64, attention="block_causal")), [])
     with pytest.raises(ConfigError, match="draft_length"):
         ModelConfig(attention="block_causal", draft_length=4)
 

@@ -17,7 +17,7 @@ from .models.cpu_backends import BACKEND_CHOICES, attach_backend
 from .models.families import generation_defaults
 from .models.packing import LAYOUTS, resolve_layout
 from .models.quantize import QUANTIZE_CHOICES, quantize_model
-from .models.transformer import DiffusionLM
+from .models.transformer import Transformer
 from .sampling import SamplerConfig
 from .sampling.caches import CACHE_CHOICES
 from .sampling.state import RowEvent
@@ -48,7 +48,7 @@ class Pipeline:
 
     def __init__(
         self,
-        model: DiffusionLM,
+        model: Transformer,
         tokenizer: Tokenizer,
         path: str | Path | None = None,
         cache: str = "auto",

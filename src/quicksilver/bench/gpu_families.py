@@ -43,7 +43,7 @@ from ..models.config import ModelConfig
 from ..models.families.common import qwen_config
 from ..models.families.llada import llada_config
 from ..models.packing import resolve_layout
-from ..models.transformer import DiffusionLM, KVCache, Rotary
+from ..models.transformer import KVCache, Rotary, Transformer
 from ..sampling import Decoder, SamplerConfig
 from .syncs import SyncCounter
 
@@ -128,10 +128,10 @@ def shape_config(name: str, tiny: bool) -> ModelConfig:
 
 def random_model(
     cfg: ModelConfig, device: torch.device, dtype: torch.dtype, seed: int = 0
-) -> DiffusionLM:
+) -> Transformer:
     """The network with random N(0, 0.02) weights made directly on the device (no CPU copy, no init cost)."""
     with torch.device("meta"):
-        model = DiffusionLM(cfg)
+        model = Transformer(cfg)
     model = model.to_empty(device=device)
     gen = torch.Generator(device=device).manual_seed(seed)
     with torch.no_grad():
@@ -257,7 +257,7 @@ def bench_shape(
 
 @torch.no_grad()
 def bench_decode(
-    model: DiffusionLM, args: argparse.Namespace, device: torch.device, graphs: bool
+    model: Transformer, args: argparse.Namespace, device: torch.device, graphs: bool
 ) -> list[dict[str, Any]]:
     """The real decoder at forced tokens per step, for every batch size (random prompts)."""
     cfg = model.config

@@ -53,7 +53,7 @@ from ..models.families.common import qwen_config
 from ..models.families.llada import llada_config
 from ..models.kvcache import KVCache
 from ..models.quantize import quantize_model
-from ..models.transformer import DiffusionLM
+from ..models.transformer import Transformer
 from .common import emit_json, hardware, median, print_table
 from .gpu_families import LLADA_8B, TINY_OVERRIDES, random_model
 
@@ -294,7 +294,7 @@ def run(args: argparse.Namespace) -> int:
                 file=sys.stderr,
             )
         with torch.device("meta"):
-            params = DiffusionLM(cfg).num_params()
+            params = Transformer(cfg).num_params()
         results.append({"shape": name, "parameters": params, "formats": rows})
     print_table(
         f"one step vs one AR token step (random weights, context {args.context})",

@@ -23,7 +23,7 @@ from ..errors import QuicksilverError
 from ..models.cpu_backends import BACKEND_CHOICES, attach_backend
 from ..models.kvcache import KVCache
 from ..models.segment import Segment
-from ..models.transformer import DiffusionLM
+from ..models.transformer import Transformer
 from ..pipeline import load
 from .common import emit_json, hardware, median, print_table
 
@@ -31,14 +31,14 @@ SHAPES = {"ar_token": 1, "step_8": 8, "step_9": 9, "step_32": 32, "step_64": 64}
 VERIFY = {"verify_4": 4, "verify_8": 8}  # k: a pass of 1 + 2k positions on the causal model
 
 
-def _filled_cache(model: DiffusionLM, n: int) -> KVCache:
+def _filled_cache(model: Transformer, n: int) -> KVCache:
     cache = KVCache()
     ids = torch.randint(5, model.config.vocab_size, (n,))  # (n,)
     model.forward_segments([Segment(ids, 0, n - 1, n, cache, append=n)])
     return cache
 
 
-def _time_step(model: DiffusionLM, context: int, T: int, repeats: int, draft: int = 0) -> float:
+def _time_step(model: Transformer, context: int, T: int, repeats: int, draft: int = 0) -> float:
     """Mean ms of ``repeats`` passes of T new tokens after ``context`` cached ones (not appended;
     the last ``draft`` of them a draft block)."""
     cache = _filled_cache(model, context)

@@ -14,7 +14,7 @@ from typing import Any
 import torch
 
 from ..errors import QuicksilverError
-from ..models.transformer import DiffusionLM
+from ..models.transformer import Transformer
 from ..pipeline import LoadConfig, Pipeline, load
 from ..sampling import SamplerConfig
 from .common import line_plot
@@ -31,7 +31,7 @@ def verify_configs(draft: int | None, sweep: list[int]) -> dict[str, SamplerConf
 
 
 @torch.no_grad()
-def top2_gap(model: DiffusionLM, ids: list[int]) -> float:
+def top2_gap(model: Transformer, ids: list[int]) -> float:
     """Top-1 minus top-2 logit of the next token after ``ids`` (one plain causal pass)."""
     logits = model(torch.tensor([ids], device=next(model.parameters()).device))[0, -1]  # (V,)
     top = logits.float().topk(2).values
@@ -39,7 +39,7 @@ def top2_gap(model: DiffusionLM, ids: list[int]) -> float:
 
 
 def identity(
-    model: DiffusionLM,
+    model: Transformer,
     prompts: list[list[int]],
     ours: list[list[int]],
     ar: list[list[int]],

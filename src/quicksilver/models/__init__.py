@@ -4,13 +4,13 @@ from . import families  # noqa: E402,F401  (registers the open diffusion LM load
 from .config import PRESETS, ModelConfig, preset
 from .kvcache import KVCache
 from .segment import Segment, build_attention_mask
-from .transformer import DiffusionLM
+from .transformer import Transformer
 
 __all__ = [
     "ModelConfig",
     "PRESETS",
     "preset",
-    "DiffusionLM",
+    "Transformer",
     "KVCache",
     "Segment",
     "build_attention_mask",

@@ -20,7 +20,7 @@ from ..errors import CheckpointError
 from ..tokenizer import Tokenizer
 from .config import NATIVE_ARCHITECTURE, ModelConfig
 from .integrity import check_finite, check_safetensors, write_checksums
-from .transformer import DiffusionLM, Rotary
+from .transformer import Rotary, Transformer
 
 # architecture name -> function(path, config.json dict) -> (ModelConfig, state dict in our names)
 Loader = Callable[[Path, dict], tuple[ModelConfig, dict[str, torch.Tensor]]]
@@ -143,13 +143,13 @@ def build_model(
     state: dict[str, torch.Tensor],
     dtype: torch.dtype | None = None,
     device: str | torch.device | None = None,
-) -> DiffusionLM:
+) -> Transformer:
     """The network with ``state`` as its weights, built on the meta device first (no random init, no
     second copy of an 8B model in memory), in ``dtype`` (default float32) on ``device`` (default CPU)."""
     target = dtype or torch.float32
     dev = torch.device(device) if device is not None else torch.device("cpu")
     with torch.device("meta"):
-        model = DiffusionLM(cfg)
+        model = Transformer(cfg)
     if cfg.tie_embeddings:
         state = {k: v for k, v in state.items() if k != "lm_head.weight"}
     shapes = {k: t.shape for k, t in model.state_dict().items()}
@@ -191,7 +191,7 @@ def load_tokenizer(path: str | Path) -> Tokenizer:
 
 def load_checkpoint(
     path: str | Path, dtype: torch.dtype | None = None, device: str | torch.device | None = None
-) -> tuple[DiffusionLM, Tokenizer]:
+) -> tuple[Transformer, Tokenizer]:
     """Model and tokenizer of a checkpoint directory, in ``dtype`` (default: ``default_dtype``)."""
     path = Path(path)
     cj = read_config_json(path)
@@ -216,7 +216,7 @@ def load_checkpoint(
 
 
 def save_checkpoint(
-    model: DiffusionLM,
+    model: Transformer,
     tokenizer: Tokenizer,
     path: str | Path,
     dtype: str = "float32",

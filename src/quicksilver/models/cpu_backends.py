@@ -1,6 +1,6 @@
 """CPU step backends: the exported step graph (models/step_graph.py) run by ONNX Runtime or OpenVINO.
 
-A backend serves every sequence's passes of ``DiffusionLM.forward_segments`` — the AR token step,
+A backend serves every sequence's passes of ``Transformer.forward_segments`` — the AR token step,
 the verify pass, the diffusion block step and window step — each on its own, exactly as it would run
 alone (``forward_each``), so a row's numbers never depend on the other rows of its step; passes
 past the largest token bucket or without a cache return None and eager torch runs them. Shapes are
@@ -46,7 +46,7 @@ from .kvcache import FIRST_CAPACITY, KVCache, grown_capacity
 from .pass_plan import RUNTIMES
 from .segment import Segment
 from .step_graph import check_supported, export_to_temp
-from .transformer import DiffusionLM
+from .transformer import Transformer
 
 # new tokens per pass: the AR step, windows (w, or w + 1 with the predictor on the left), a block,
 # two blocks (a finished one appended with the next), prefills (padded: compute-bound anyway)
@@ -229,7 +229,7 @@ def new_part(attention: str, block: int, T: int, in_block: int, Tb: int, draft: 
 class ExportedStep:
     """Runs a model's single-segment passes through an exported graph (see the module docstring)."""
 
-    def __init__(self, model: DiffusionLM, name: str, threads: int) -> None:
+    def __init__(self, model: Transformer, name: str, threads: int) -> None:
         check_supported(model)
         self.name, self.model, self.cfg = name, model, model.config
         self.pass_policy = RUNTIMES["cpu-exported"]
@@ -446,7 +446,7 @@ def _rows_read(seg: Segment, shift: bool) -> tuple[int, int]:
 
 def _aligned(seg: Segment, raw: torch.Tensor, a: int, cache: KVCache, shift: bool) -> torch.Tensor:
     """The segment's logits [lo, hi) from its raw ones, rows [a, a + len(raw)) (n, V), logit shift
-    applied, and the cache's commit/last_logits bookkeeping (as ``DiffusionLM.forward_segments``)."""
+    applied, and the cache's commit/last_logits bookkeeping (as ``Transformer.forward_segments``)."""
     if not shift:
         logits = raw  # (hi-lo, V)
     elif seg.lo >= 1:
@@ -480,7 +480,7 @@ def available(name: str) -> bool:
     return installed(name) and (name != "openvino-bf16" or native_bf16())
 
 
-def resolve_backend(name: str, model: DiffusionLM) -> str:
+def resolve_backend(name: str, model: Transformer) -> str:
     """The backend a name means for this model: ``auto`` is the first importable runtime of
     ``AUTO_ORDER`` for a float32 CPU model the graph supports, torch otherwise."""
     if name not in BACKEND_CHOICES:
@@ -504,7 +504,7 @@ def resolve_backend(name: str, model: DiffusionLM) -> str:
     return name
 
 
-def attach_backend(model: DiffusionLM, name: str, threads: int | None = None) -> str:
+def attach_backend(model: Transformer, name: str, threads: int | None = None) -> str:
     """Resolve ``name`` and make the model's single-segment passes use it; returns the name used."""
     resolved = resolve_backend(name, model)
     model.kv_pool.clear()  # pooled caches hold the old step's bindings

@@ -10,7 +10,7 @@ import torch
 from ..tokenizer import Tokenizer
 from .checkpoint import save_checkpoint
 from .config import ModelConfig, preset
-from .transformer import DiffusionLM
+from .transformer import Transformer
 
 
 def init_model(
@@ -36,5 +36,5 @@ def init_model(
         **overrides,
     )
     torch.manual_seed(seed)
-    model = DiffusionLM(cfg)
+    model = Transformer(cfg)
     return save_checkpoint(model, tok, out, dtype=dtype)

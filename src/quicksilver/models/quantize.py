@@ -22,7 +22,7 @@ import torch
 from torch import nn
 
 from ..errors import ConfigError
-from .transformer import MLP, Attention, DiffusionLM
+from .transformer import MLP, Attention, Transformer
 
 QUANTIZE_CHOICES = ("none", "int8")
 
@@ -53,7 +53,7 @@ def _drop(module: nn.Module, names: tuple[str, ...]) -> None:
         setattr(module, name, None)
 
 
-def quantize_model(model: DiffusionLM, mode: str) -> DiffusionLM:
+def quantize_model(model: Transformer, mode: str) -> Transformer:
     """Quantize ``model`` in place (``mode``: none | int8) and return it."""
     if mode not in QUANTIZE_CHOICES:
         raise ConfigError(f"quantize must be one of {', '.join(QUANTIZE_CHOICES)}, got {mode!r}")

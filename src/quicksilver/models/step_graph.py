@@ -1,6 +1,6 @@
 """The decoder step as a static-shape graph for CPU runtimes (ONNX Runtime, OpenVINO).
 
-``StepGraph`` wraps a ``DiffusionLM`` into one pure function of fixed-shape tensors, the form an
+``StepGraph`` wraps a ``Transformer`` into one pure function of fixed-shape tensors, the form an
 exporter can trace: the T new tokens, their absolute positions, an additive attention mask over
 ``[cache buffer (C) | new tokens (T)]`` and one key and one value buffer per layer, the whole
 ``KVCache`` buffer of capacity C (unused slots masked). It returns the raw (unshifted) logits of the
@@ -23,7 +23,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from ..errors import ConfigError
-from .transformer import DiffusionLM, RMSNorm, apply_rotary
+from .transformer import RMSNorm, Transformer, apply_rotary
 
 
 def _rms(norm: RMSNorm, x: torch.Tensor) -> torch.Tensor:
@@ -31,7 +31,7 @@ def _rms(norm: RMSNorm, x: torch.Tensor) -> torch.Tensor:
     return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + norm.eps) * norm.weight  # (1, T, C)
 
 
-def check_supported(model: DiffusionLM) -> None:
+def check_supported(model: Transformer) -> None:
     """Raise ConfigError when the step graph cannot express this network exactly."""
     cfg = model.config
     if model.quantized != "none":
@@ -55,7 +55,7 @@ class StepGraph(nn.Module):
     """ids (1, T), pos (1, T), mask (1, 1, T, C+T), past k/v per layer (1, Hkv, C, hd) ->
     logits (1, T, V), new keys then values of every layer (2 * layers, 1, Hkv, T, hd)."""
 
-    def __init__(self, model: DiffusionLM) -> None:
+    def __init__(self, model: Transformer) -> None:
         super().__init__()
         check_supported(model)
         self.m = model
@@ -99,7 +99,7 @@ class StepGraph(nn.Module):
         return logits, torch.stack(new_k + new_v)  # (1, T, V), (2n, 1, Hkv, T, hd)
 
 
-def export_onnx(model: DiffusionLM, directory: Path) -> Path:
+def export_onnx(model: Transformer, directory: Path) -> Path:
     """Write the step graph as ONNX with dynamic T and C (the runtimes fix them per bucket)."""
     cfg = model.config
     n, Hkv, hd = cfg.n_layers, cfg.n_kv_heads, cfg.dim_head
@@ -129,7 +129,7 @@ def export_onnx(model: DiffusionLM, directory: Path) -> Path:
     return path
 
 
-def export_to_temp(model: DiffusionLM) -> tuple[tempfile.TemporaryDirectory[str], Path]:
+def export_to_temp(model: Transformer) -> tuple[tempfile.TemporaryDirectory[str], Path]:
     """Export into a fresh temporary directory (kept alive by the returned handle)."""
     tmp = tempfile.TemporaryDirectory(prefix="qs-step-")
     return tmp, export_onnx(model, Path(tmp.name))

@@ -1,6 +1,6 @@
 """Tensor parallelism inside one replica, with ``torch.distributed``'s tensor-parallel API.
 
-``parallelize(model, mesh)`` shards a loaded ``DiffusionLM`` over a 1-D device mesh (one rank per
+``parallelize(model, mesh)`` shards a loaded ``Transformer`` over a 1-D device mesh (one rank per
 GPU; a gloo group of CPU processes in the tests) with ``parallelize_module`` plans, Megatron-style:
 
 - attention: ``q_proj``/``k_proj``/``v_proj`` column-wise (each rank keeps ``n_heads / tp`` query
@@ -27,7 +27,7 @@ from torch.distributed.tensor.parallel import (
 
 from ..errors import ConfigError
 from .moe import MoE
-from .transformer import MLP, Attention, DiffusionLM
+from .transformer import MLP, Attention, Transformer
 
 
 def _swiglu(prefix: str) -> dict[str, ParallelStyle]:
@@ -38,7 +38,7 @@ def _swiglu(prefix: str) -> dict[str, ParallelStyle]:
     }
 
 
-def shard_plan(model: DiffusionLM) -> dict[str, ParallelStyle]:
+def shard_plan(model: Transformer) -> dict[str, ParallelStyle]:
     """Module path -> parallel style for every sharded linear of ``model``."""
     plan: dict[str, ParallelStyle] = {}
     for i, layer in enumerate(model.model.layers):
@@ -57,7 +57,7 @@ def shard_plan(model: DiffusionLM) -> dict[str, ParallelStyle]:
     return plan
 
 
-def check_divisible(model: DiffusionLM, tp: int) -> None:
+def check_divisible(model: Transformer, tp: int) -> None:
     """Every sharded dimension must split evenly over ``tp`` ranks (a one-line error otherwise)."""
     cfg = model.config
     sizes = {"n_heads": cfg.n_heads, "n_kv_heads": cfg.n_kv_heads}
@@ -74,7 +74,7 @@ def check_divisible(model: DiffusionLM, tp: int) -> None:
         raise ConfigError(f"--tensor-parallel {tp} does not divide {', '.join(bad)}")
 
 
-def parallelize(model: DiffusionLM, mesh: DeviceMesh) -> DiffusionLM:
+def parallelize(model: Transformer, mesh: DeviceMesh) -> Transformer:
     """Shard ``model`` in place over ``mesh`` (1-D) and return it."""
     tp = mesh.size()
     check_divisible(model, tp)

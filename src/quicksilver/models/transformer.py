@@ -263,8 +263,11 @@ class Backbone(nn.Module):
         self.norm = RMSNorm(cfg.d_model, cfg.norm_eps)
 
 
-class DiffusionLM(nn.Module):
-    """The network. Weight names follow the HF Llama/Qwen layout (``model.layers.{i}.self_attn...``)."""
+class Transformer(nn.Module):
+    """The network of every family: one decoder-only transformer whose attention pattern
+    (``config.attention``: bidirectional, block-causal or causal) makes it a diffusion LM, a
+    block-diffusion LM or a causal LM that drafts by diffusion. Weight names follow the HF
+    Llama/Qwen layout (``model.layers.{i}.self_attn...``)."""
 
     def __init__(self, cfg: ModelConfig) -> None:
         super().__init__()

@@ -10,14 +10,14 @@ from __future__ import annotations
 
 from collections.abc import Generator, Sequence
 
-from ..models.transformer import DiffusionLM
+from ..models.transformer import Transformer
 from .config import SamplerConfig
 from .state import DecodeResult
 from .verify import VerifyDecoder
 
 
 def ar_stream(
-    model: DiffusionLM,
+    model: Transformer,
     prompt: Sequence[int],
     max_new_tokens: int,
     stop_ids: Sequence[int],
@@ -47,7 +47,7 @@ def ar_stream(
 
 
 def ar_generate(
-    model: DiffusionLM,
+    model: Transformer,
     prompt: Sequence[int],
     max_new_tokens: int,
     stop_ids: Sequence[int],

@@ -21,7 +21,7 @@ import torch
 from ..errors import ConfigError
 from ..models.host import to_device
 from ..models.kvcache import KVCache
-from ..models.transformer import DiffusionLM
+from ..models.transformer import Transformer
 from .caches import CACHE_CHOICES, resolve_cache_mode, resolve_window
 from .config import SamplerConfig
 from .hooks import Constraint, apply_stop, commit_constrained, remask, revision_inputs
@@ -157,11 +157,11 @@ def refine(rows: Sequence[Row], logits: Sequence[torch.Tensor], step: int) -> li
 class Decoder(RowDecoder[Row]):
     """Builds rows for a model and runs batched refinement steps over them."""
 
-    model: DiffusionLM
+    model: Transformer
 
     def __init__(
         self,
-        model: DiffusionLM,
+        model: Transformer,
         mask_id: int,
         stop_ids: Sequence[int],
         pad_id: int = 0,

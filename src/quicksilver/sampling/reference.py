@@ -15,7 +15,7 @@ from dataclasses import dataclass
 import torch
 
 from ..errors import ConfigError
-from ..models.transformer import DiffusionLM
+from ..models.transformer import Transformer
 
 
 @dataclass
@@ -43,7 +43,7 @@ def gumbel_perturb(
 
 @torch.no_grad()
 def reference_generate(
-    model: DiffusionLM,
+    model: Transformer,
     prompt: list[int],
     mask_id: int,
     gen_length: int = 128,

@@ -48,7 +48,7 @@ from ..models.host import to_device
 from ..models.kvcache import KVCache
 from ..models.pass_plan import PassPlanner
 from ..models.segment import Segment
-from ..models.transformer import DiffusionLM
+from ..models.transformer import Transformer
 from .config import SamplerConfig
 from .decoder import Decoder
 from .hooks import Constraint
@@ -334,11 +334,11 @@ def accept_sampled(row: VerifyRow, causal: torch.Tensor) -> tuple[list[int], boo
 class VerifyDecoder(RowDecoder[VerifyRow]):
     """Rows of a causal model decoded by drafting and verifying; batched steps, like ``Decoder``."""
 
-    model: DiffusionLM
+    model: Transformer
 
     def __init__(
         self,
-        model: DiffusionLM,
+        model: Transformer,
         stop_ids: Sequence[int],
         vocab_limit: int | None = None,
     ) -> None:
@@ -450,7 +450,7 @@ class VerifyDecoder(RowDecoder[VerifyRow]):
 
 
 def decoder_for(
-    model: DiffusionLM,
+    model: Transformer,
     stop_ids: Sequence[int],
     pad_id: int = 0,
     vocab_limit: int | None = None,

@@ -16,7 +16,7 @@ from typing import Any
 import torch
 
 from ..errors import ConfigError
-from ..models.transformer import DiffusionLM
+from ..models.transformer import Transformer
 from ..sampling import SamplerConfig
 from ..sampling.verify import decoder_for
 from ..tokenizer import Tokenizer
@@ -35,13 +35,13 @@ class ItemResult:
     seconds: float
 
 
-def stop_ids(model: DiffusionLM, tokenizer: Tokenizer) -> list[int]:
+def stop_ids(model: Transformer, tokenizer: Tokenizer) -> list[int]:
     return sorted(set(model.config.eos_token_ids) | set(tokenizer.stop_ids))
 
 
 @torch.no_grad()
 def decode_items(
-    model: DiffusionLM,
+    model: Transformer,
     tokenizer: Tokenizer,
     items: list[Item],
     cfg: SamplerConfig,
@@ -93,7 +93,7 @@ def decode_items(
 
 
 def single_stream_tok_s(
-    model: DiffusionLM,
+    model: Transformer,
     tokenizer: Tokenizer,
     items: list[Item],
     cfg: SamplerConfig,
@@ -147,7 +147,7 @@ def summarize(task_name: str, results: list[ItemResult]) -> dict[str, Any]:
 
 
 def evaluate(
-    model: DiffusionLM,
+    model: Transformer,
     tokenizer: Tokenizer,
     tasks: list[str],
     limit: int,

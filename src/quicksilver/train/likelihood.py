@@ -11,7 +11,7 @@ import random
 
 import torch
 
-from ..models.transformer import DiffusionLM
+from ..models.transformer import Transformer
 from ..suite.render import render
 from ..suite.tasks import get_task
 from ..tokenizer import Tokenizer
@@ -21,7 +21,7 @@ from .objective import NoiseConfig, ar_loss, diffusion_loss
 
 @torch.no_grad()
 def heldout_loss(
-    model: DiffusionLM,
+    model: Transformer,
     tokenizer: Tokenizer,
     tasks: list[str],
     n: int = 64,

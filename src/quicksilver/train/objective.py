@@ -50,7 +50,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from ..models.transformer import DiffusionLM
+from ..models.transformer import Transformer
 from .data import Batch
 
 
@@ -158,7 +158,7 @@ def two_copy_mask(
 
 
 def diffusion_loss(
-    model: DiffusionLM, batch: Batch, cfg: NoiseConfig, generator: torch.Generator | None
+    model: Transformer, batch: Batch, cfg: NoiseConfig, generator: torch.Generator | None
 ) -> LossOut:
     bs = cfg.block_size
     ids, ans, valid = batch.ids, batch.answer, batch.valid  # (B, L)
@@ -207,7 +207,7 @@ def diffusion_loss(
 
 
 def diffusion_single_loss(
-    model: DiffusionLM, batch: Batch, cfg: NoiseConfig, generator: torch.Generator | None
+    model: Transformer, batch: Batch, cfg: NoiseConfig, generator: torch.Generator | None
 ) -> LossOut:
     bs = cfg.block_size
     ids, ans, valid = batch.ids, batch.answer, batch.valid
@@ -227,7 +227,7 @@ def diffusion_single_loss(
 
 
 def mdm_loss(
-    model: DiffusionLM, batch: Batch, cfg: NoiseConfig, generator: torch.Generator | None
+    model: Transformer, batch: Batch, cfg: NoiseConfig, generator: torch.Generator | None
 ) -> LossOut:
     ids, ans, valid = batch.ids, batch.answer, batch.valid  # (B, L)
     xt, masked, subst, t = corrupt(
@@ -254,7 +254,7 @@ def next_token_ce(logits: torch.Tensor, batch: Batch) -> tuple[torch.Tensor, int
 
 
 def ar_loss(
-    model: DiffusionLM, batch: Batch, cfg: NoiseConfig, generator: torch.Generator | None
+    model: Transformer, batch: Batch, cfg: NoiseConfig, generator: torch.Generator | None
 ) -> LossOut:
     logits = model(batch.ids[:, :-1], valid=batch.valid[:, :-1])  # (B, L-1, V) causal
     loss, n_tgt = next_token_ce(logits, batch)  # collated without trailing pads
@@ -282,7 +282,7 @@ def draft_mask(L: int, anchors: torch.Tensor, k: int, valid: torch.Tensor) -> to
 
 
 def ar_draft_loss(
-    model: DiffusionLM, batch: Batch, cfg: NoiseConfig, generator: torch.Generator | None
+    model: Transformer, batch: Batch, cfg: NoiseConfig, generator: torch.Generator | None
 ) -> LossOut:
     ids, valid = batch.ids, batch.valid  # (B, L); no trailing pads
     B, L = ids.shape
@@ -316,7 +316,7 @@ def ar_draft_loss(
     return LossOut(loss, int(t_ok.sum()), int(valid.sum()) + B * nb * k, {"ar": ar, "draft": draft})
 
 
-LossFn = Callable[[DiffusionLM, Batch, NoiseConfig, "torch.Generator | None"], LossOut]
+LossFn = Callable[[Transformer, Batch, NoiseConfig, "torch.Generator | None"], LossOut]
 OBJECTIVES: dict[
     str, tuple[LossFn, str, bool]
 ] = {  # name -> (loss, attention pattern, pad answers)

@@ -25,7 +25,7 @@ import torch.distributed as dist
 from ..errors import ConfigError
 from ..models.checkpoint import read_safetensors, save_checkpoint
 from ..models.config import ModelConfig
-from ..models.transformer import DiffusionLM
+from ..models.transformer import Transformer
 from ..sampling import SamplerConfig
 from ..suite.evaluate import evaluate
 from ..tokenizer import Tokenizer
@@ -117,7 +117,7 @@ class Trainer:
         self.out.mkdir(parents=True, exist_ok=True)
         self.tok = load_or_build_tokenizer(cfg, self.out, self.d)
         torch.manual_seed(cfg.seed)
-        self.model = DiffusionLM(model_config(cfg, self.tok)).to(self.device)
+        self.model = Transformer(model_config(cfg, self.tok)).to(self.device)
         if cfg.init_from and not (cfg.resume and (self.out / "ckpt.pt").is_file()):
             self.init_weights(Path(cfg.init_from))
         self.loss_fn, _, self.pad_answers = OBJECTIVES[cfg.objective]
