@@ -30,6 +30,7 @@ from .reliability.lifecycle import Drain, Lifecycle
 from .routes import router
 from .serving.chat import OpenAIServingChat
 from .serving.completion import OpenAIServingCompletion
+from .serving.edit import EditServing
 from .serving.generation import ServedModel
 from .serving.messages import AnthropicServingMessages
 from .serving.responses import OpenAIServingResponses
@@ -113,6 +114,9 @@ class ServerState:
         self.messages = ByModel(
             AnthropicServingMessages(chats[served.name]),
             {t.name: AnthropicServingMessages(chats[t.name]) for t in twins},
+        )
+        self.edit = ByModel(  # apply-edit and next-edit, on the chat path
+            EditServing(chats[served.name]), {t.name: EditServing(chats[t.name]) for t in twins}
         )
 
     def cards(self) -> list[ModelCard]:

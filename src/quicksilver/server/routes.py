@@ -1,5 +1,5 @@
 """The HTTP routes, on one ``APIRouter``: the OpenAI endpoints (chat, completions, FIM, responses,
-models), Anthropic's Messages API (``/v1/messages``, ``/v1/messages/count_tokens``), the vLLM-style extras (``/tokenize``, ``/detokenize``), ``/health`` (GET and HEAD) and
+models), Mercury Edit's apply-edit and next-edit (``/v1/apply/completions``, ``/v1/edit/completions``), Anthropic's Messages API (``/v1/messages``, ``/v1/messages/count_tokens``), the vLLM-style extras (``/tokenize``, ``/detokenize``), ``/health`` (GET and HEAD) and
 ``/metrics``. Handlers only translate: the serving objects on ``app.state.qs`` do the work."""
 
 from __future__ import annotations
@@ -16,11 +16,13 @@ from prometheus_client import CONTENT_TYPE_LATEST
 from .protocol.base import ErrorResponse, ModelCard, ModelList
 from .protocol.chat import ChatCompletionRequest, ChatCompletionResponse
 from .protocol.completion import CompletionRequest, CompletionResponse, FimCompletionRequest
+from .protocol.edit import EditCompletionRequest
 from .protocol.errors import APIError, bad_request
 from .protocol.messages import CountTokensRequest, MessagesRequest
 from .protocol.responses import ResponsesRequest
 from .protocol.sse import SSEResponse
 from .protocol.tokenize import DetokenizeRequest, TokenizeRequest
+from .serving.edit import APPLY, NEXT_EDIT, EditRoute
 from .serving.engine import until_disconnect
 from .serving.tools import template_messages, tool_dicts
 
@@ -103,6 +105,28 @@ async def completions(req: CompletionRequest, request: Request) -> Any:
 @router.post("/v1/fim/completions", response_model=CompletionResponse, responses=ERRORS)
 async def fim(req: FimCompletionRequest, request: Request) -> Any:
     return await _completion(req, request, fim=True)
+
+
+async def _edit(req: EditCompletionRequest, request: Request, route: EditRoute) -> Any:
+    arrival = _admit(request, route.endpoint)
+    serving = _state(request).edit.pick(req.model)
+    if req.stream:
+        return await _sse(request, lambda: serving.stream(req, route, arrival))
+    return await _json(request, serving.create(req, route, arrival))
+
+
+@router.post("/v1/apply/completions", response_model=ChatCompletionResponse, responses=ERRORS)
+async def apply_edit(req: EditCompletionRequest, request: Request) -> Any:
+    """Apply-edit: merge the ``<|update_snippet|>`` into the ``<|original_code|>``; the reply is
+    the merged code (docs/SERVER.md, "Apply-edit and next-edit")."""
+    return await _edit(req, request, APPLY)
+
+
+@router.post("/v1/edit/completions", response_model=ChatCompletionResponse, responses=ERRORS)
+async def next_edit(req: EditCompletionRequest, request: Request) -> Any:
+    """Next-edit: rewrite the ``<|code_to_edit|>`` region around the ``<|cursor|>``; the reply is
+    the rewritten region (docs/SERVER.md, "Apply-edit and next-edit")."""
+    return await _edit(req, request, NEXT_EDIT)
 
 
 @router.get("/v1/models", response_model=ModelList)
