@@ -21,6 +21,7 @@ from hypothesis import HealthCheck, settings
 from schemathesis import GenerationMode
 
 from quicksilver.server import ServerConfig, build_app, build_served_model
+from quicksilver.suite.edit_format import CURSOR, NextEditRequest, apply_message, next_edit_message
 
 EXAMPLES = int(os.environ.get("FUZZ_EXAMPLES", "60"))
 # small limits keep each generated request cheap on the mock engine, the checks are the same (a
@@ -110,6 +111,27 @@ STREAMED = [  # a valid streamed request per streaming route: the check below re
     (
         "/v1/messages",
         {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 32, "stream": True},
+    ),
+    (
+        "/v1/apply/completions",
+        {
+            "messages": [{"role": "user", "content": apply_message("a = 1", "a = 2")}],
+            "stream": True,
+        },
+    ),
+    (
+        "/v1/edit/completions",
+        {
+            "messages": [
+                {
+                    "role": "user",
+                    "content": next_edit_message(
+                        NextEditRequest([], "a.py", "", f"a = {CURSOR}1", "", "")
+                    ),
+                }
+            ],
+            "stream": True,
+        },
     ),
 ]
 
