@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from ...errors import ConfigError
+from .apply_edit import ApplyEdit
 from .arith import Countdown, Multiply
 from .base import Item, Task, split_reply
 from .chat import Chat
@@ -23,6 +24,7 @@ TASKS: dict[str, Task] = {
         ToolLoop(),
         Chat(),
         Fim(),
+        ApplyEdit(),
     )
 }
 
