@@ -150,9 +150,8 @@ def test_one_pass_shape_on_an_exported_step_still_gives_the_ar_output(
         for p in prompts(4):
             shapes.clear()
             want = ar_generate(model, p, 40, [1]).tokens
-            got = VerifyDecoder(model, [1]).generate(
-                [p], SamplerConfig(max_new_tokens=40, policy="verify", draft=k)
-            )[0]
+            cfg = SamplerConfig(max_new_tokens=40, policy="verify", draft=k, copy_drafts=False)
+            got = VerifyDecoder(model, [1]).generate([p], cfg)[0]
             assert got.tokens == want
             decode = shapes[len(shapes) - got.nfe + 1 :]  # after the prompt pass
             assert decode and all(n <= 1 + k for n, _ in decode)
@@ -174,7 +173,10 @@ def test_perfect_drafts_are_all_kept(monkeypatch: pytest.MonkeyPatch) -> None:
 
     monkeypatch.setattr(VerifyRow, "finish", oracle)
     res = VerifyDecoder(model, []).generate(
-        [p], SamplerConfig(max_new_tokens=n, policy="verify", draft=k, stop_at_eos=False)
+        [p],
+        SamplerConfig(
+            max_new_tokens=n, policy="verify", draft=k, stop_at_eos=False, copy_drafts=False
+        ),
     )[0]
     assert res.tokens == want
     assert res.nfe == 1 + math.ceil((n - 1) / (k + 1))  # the first pass has nothing to verify
@@ -366,3 +368,51 @@ def test_sampled_verify_follows_the_ar_distribution() -> None:
     e = torch.cat((exp[big].double(), exp[~big].sum()[None].double()))
     stat = float(((o - e) ** 2 / e.clamp_min(1e-9)).sum())
     assert stat < chi2_critical(int(big.sum())), stat
+
+
+def test_copy_drafts_are_lossless_and_keep_long_runs() -> None:
+    """A model that continues its prompt by repeating it (an oracle: the prompt's own next token)
+    keeps whole copied runs, many tokens a pass; greedy output is the same with copy drafts off,
+    on garbage copies (a random model), alone and batched."""
+    from quicksilver.sampling.copy_drafts import NgramIndex
+
+    idx = NgramIndex([5, 6, 7, 8, 9, 5, 6, 7])
+    assert idx.lookup(3) == ([8, 9, 5], 3)  # the suffix 5 6 7 recurs: what followed it
+    assert NgramIndex([1, 2, 3, 4]).lookup(4) == ([], 0)
+    model = causal_model(seed=7)
+    ps = [p * 3 for p in prompts(4)]  # repeated text: copies match everywhere
+    on = SamplerConfig(max_new_tokens=48, policy="verify", draft=4)
+    off = on.replace(copy_drafts=False)
+    dec = VerifyDecoder(model, [])
+    want = [r.tokens for r in dec.generate(ps, off)]
+    assert [r.tokens for r in dec.generate(ps, on)] == want
+    assert [dec.generate([p], on)[0].tokens for p in ps] == want
+    for p in ps:  # greedy AR of this model rarely repeats the prompt: copies are tried and rejected
+        assert ar_generate(model, p, 48, []).tokens == dec.generate([p], on)[0].tokens
+
+
+def test_copied_runs_are_kept_by_a_model_that_copies(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Logits that always predict the token that followed the current one earlier in the row (a
+    copying model): copy drafts are all kept, tokens per pass far above the mask drafts'."""
+    model, k = causal_model(seed=8), 4
+    base = list(range(10, 40))
+    prompt = base + base[:5]  # the reply should copy base[5:]
+    forward = model.forward_segments
+
+    def copying(segs: list[Segment]) -> list[torch.Tensor]:
+        out = forward(segs)
+        for s, o in zip(segs, out):
+            ids = s.ids.tolist()[s.lo : s.hi]
+            for j, t in enumerate(ids):  # predict t's successor in base (mask: anything)
+                o[j] = -10.0
+                if t in base and base.index(t) + 1 < len(base):
+                    o[j, base[base.index(t) + 1]] = 10.0
+        return out
+
+    monkeypatch.setattr(model, "forward_segments", copying)
+    dec = VerifyDecoder(model, [])
+    cfg = SamplerConfig(max_new_tokens=24, policy="verify", draft=k, stop_at_eos=False)
+    res = dec.generate([prompt], cfg)[0]
+    off = dec.generate([prompt], cfg.replace(copy_drafts=False))[0]
+    assert res.tokens == off.tokens == base[5:29]
+    assert res.copied > 0 and res.nfe < off.nfe

@@ -36,6 +36,9 @@ class PassPolicy:
     # least this, leaving at least ``min_masks`` positions to the masks
     draft_odds: float = 0.3
     min_masks: int = 2
+    # the most positions a pass feeds after the final tokens when its drafts are copied from the
+    # row's context (sampling/copy_drafts.py): long runs of them are kept in one pass
+    copy_width: int = 32
 
 
 # Measured on the 2-vCPU AMD EPYC Zen 4 VM (avx512_bf16, no AMX) and an H200; docs/LOG.md,
@@ -48,7 +51,10 @@ RUNTIMES: dict[str, PassPolicy] = {
     # an exported CPU step compiles each shape with its own copy of the weights; a row
     # alternating between 1 + k and 1 + 2k keeps neither in cache (the shipped model's
     # 9-position pass ~0.65 ms alone, ~1.1 ms alternating with the 17-position one)
-    "cpu-exported": PassPolicy(mask_gate=0.8, one_shape=True, draft_odds=0.3, min_masks=2),
+    # (copied drafts: 1 + 31 positions fill the 32-token shape, warmed at every cache capacity)
+    "cpu-exported": PassPolicy(
+        mask_gate=0.8, one_shape=True, draft_odds=0.3, min_masks=2, copy_width=31
+    ),
 }
 
 
@@ -72,20 +78,27 @@ class PassPlanner:
         return max(1, n)
 
     def plan(
-        self, conf: Sequence[float], k: int, room: int, fed: int, unread: int
+        self,
+        conf: Sequence[float],
+        k: int,
+        room: int,
+        fed: int,
+        unread: int,
+        width: int | None = None,
     ) -> tuple[int, int]:
         """(drafts fed, masks) for a row holding drafts of own probabilities ``conf``, drafting
         ``k`` a pass, with ``room`` canvas positions after its next final token, feeding ``fed``
-        uncached tokens before its drafts (the first ``unread`` without their logits read).
+        uncached tokens before its drafts (the first ``unread`` without their logits read);
+        ``width``: the most positions after the final tokens on one shape (default k).
 
         Where the runtime runs shape buckets, masks are kept only while each adds at most two
         positions' cost: 8 masks must not move a 25-token prompt from the 32 shape into 64."""
-        n = len(conf)
+        n, width = len(conf), k if width is None else width
         if n and self.policy.one_shape:
-            n = self.fit_drafts(conf, k)
+            n = self.fit_drafts(conf, width)
         space = room - n
         if self.policy.one_shape:
-            space = min(space, k - n)
+            space = min(space, width - n)
         elif n and math.prod(conf) < self.policy.mask_gate:
             return n, 0
         m = max(0, min(k, space))

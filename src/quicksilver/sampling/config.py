@@ -26,6 +26,9 @@ class SamplerConfig:
     seed: int | None = None
     # verify policy (causal models): masks drafted per pass; None: the model's draft_length; 0: AR
     draft: int | None = None
+    # verify policy: drafts may also be copied from the row's own context where its last tokens
+    # recur (sampling/copy_drafts.py); lossless either way. Off with draft = 0 (plain AR).
+    copy_drafts: bool = True
     revise_threshold: float | None = None  # re-mask committed tokens whose confidence falls below
     max_revisions: int = 1  # per position: bounds revision so decoding always terminates
     stop_at_eos: bool = (

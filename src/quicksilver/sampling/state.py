@@ -52,6 +52,7 @@ class DecodeResult:
     seconds: float = 0.0
     accepted: list[int] | None = None  # verify decoding: drafts kept, per pass that verified some
     wide_passes: int = 0  # verify decoding: passes that fed drafts with k masks behind them
+    copied: int = 0  # verify decoding: output tokens that were kept copy drafts
 
     @property
     def tpf(self) -> float:

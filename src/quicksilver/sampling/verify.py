@@ -37,6 +37,7 @@ pass (per-row caches, continuous batching), which no speculative-decoding librar
 
 from __future__ import annotations
 
+import math
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -50,6 +51,7 @@ from ..models.pass_plan import PassPlanner
 from ..models.segment import Segment
 from ..models.transformer import Transformer
 from .config import SamplerConfig
+from .copy_drafts import NgramIndex, acceptance, expected_kept, mean_kept
 from .decoder import Decoder
 from .hooks import Constraint
 from .noise import filtered, request_generator, sample_with_distribution
@@ -84,6 +86,9 @@ class VerifyRow:
         default_factory=list
     )  # per pass that verified drafts: how many kept
     wide: int = 0  # passes that fed more than k positions after the final tokens
+    copied: int = 0  # how many of ``drafts`` were copied from the context (copy_drafts.py)
+    copy_kept: int = 0  # copied tokens kept, and tried (each up to the first rejected one)
+    copy_tried: int = 0
     nfe: int = 0
     done: bool = False
     finish_reason: str | None = None
@@ -98,6 +103,8 @@ class VerifyRow:
         for pos, tok in self.prefill.items():
             self.canvas[pos], self.committed[pos] = tok, True
         self._take_forced()
+        copying = self.cfg.copy_drafts and self.k > 0
+        self.index = NgramIndex(self.prompt_ids) if copying else None
 
     cache_mode = "verify"  # the exact causal stream (engine/prefix_cache.py)
 
@@ -118,12 +125,47 @@ class VerifyRow:
         while len(self.host_tokens) in self.prefill and len(self.host_tokens) < self.N:
             self.host_tokens.append(self.prefill[len(self.host_tokens)])
 
+    def _pass_rate(self, planner: PassPlanner, conf: list[float], width: int | None) -> float:
+        """Tokens a pass is expected to give per position of its cost, with drafts of own
+        probabilities ``conf`` on ``width``: the kept drafts, the bonus, and the masks' drafts
+        (worth what this row's verifying passes keep) when every draft is kept."""
+        room, fed = self.N - len(self.host_tokens) - 1, self.uncached()
+        n, m = planner.plan(conf, self.k, room, fed, fed - 1, width)
+        masks = math.prod(conf[:n]) * mean_kept(self.accepted) if m else 0.0
+        return (1 + expected_kept(conf[:n]) + masks) / planner.cost(fed + n + m, fed - 1)
+
+    def _copy_drafts(self, planner: PassPlanner) -> None:
+        """Draft by copying from the context instead, where its last tokens recur and the copy
+        promises more tokens per position of cost than the drafts held (at the row's measured
+        acceptance of copied tokens)."""
+        self.copied = 0
+        if self.index is None:
+            return
+        self.index.extend(self.host_tokens[len(self.index.seq) - self.P :])
+        room = self.N - len(self.host_tokens) - 1
+        copy, match = self.index.lookup(min(planner.policy.copy_width, room))
+        if not copy:
+            return
+        at = len(self.host_tokens)
+        copy = [self.prefill.get(at + j, t) for j, t in enumerate(copy)]
+        conf = [acceptance(self.copy_kept, self.copy_tried, match)] * len(copy)
+        width = planner.policy.copy_width
+        if self._pass_rate(planner, conf, width) > self._pass_rate(planner, self.conf, None):
+            self.drafts, self.conf, self.q, self.copied = copy, conf, None, len(copy)
+
+    def uncached(self) -> int:
+        """Final tokens not in the cache yet (the next pass feeds them before its drafts)."""
+        return self.P + len(self.host_tokens) - self.cache.length
+
     def segment(self, planner: PassPlanner) -> Segment:
         """This pass's segment: the uncached final tokens, the drafts and masks ``planner`` says."""
+        self._copy_drafts(planner)
         seq = self.prompt_ids + self.host_tokens
         start = self.cache.length
         room = self.N - len(self.host_tokens) - 1
-        n, m = planner.plan(self.conf, self.k, room, len(seq) - start, len(seq) - start - 1)
+        width = planner.policy.copy_width if self.copied else None
+        n, m = planner.plan(self.conf, self.k, room, len(seq) - start, len(seq) - start - 1, width)
+        self.copied = min(self.copied, n)
         if n < len(self.drafts):
             self.drafts, self.conf = self.drafts[:n], self.conf[:n]
             if self.q is not None:
@@ -156,6 +198,11 @@ class VerifyRow:
         base = len(self.host_tokens)
         if self.drafts:
             self.accepted.append(len(new) - 1)
+        if self.copied:
+            kept = min(len(new) - 1, self.copied)
+            self.copy_kept += kept
+            self.copy_tried += kept + (kept < self.copied)
+            self.copied = 0
         self.cache.truncate(self.P + base + len(new) - 1)  # the kept drafts; the bonus is uncached
         self.drafts, self.q, self.conf = [], None, []
         new = new[: self.N - base]
@@ -208,6 +255,7 @@ class VerifyRow:
             seconds=self.seconds,
             accepted=list(self.accepted),
             wide_passes=self.wide,
+            copied=self.copy_kept,
         )
 
 
@@ -216,7 +264,7 @@ def accept_greedy(row: VerifyRow, top: list[int]) -> tuple[list[int], bool]:
     base, out, tau = len(row.host_tokens), [], row.lossy
     for j, d in enumerate(row.drafts):
         want = row.forced(base + j)
-        if want is None and tau is not None and row.conf[j] >= tau:
+        if want is None and tau is not None and not row.copied and row.conf[j] >= tau:
             want = d  # lossy mode: a confident draft is kept as it is
         want = top[j] if want is None else want
         out.append(want)
@@ -309,10 +357,10 @@ def accept_sampled(row: VerifyRow, causal: torch.Tensor) -> tuple[list[int], boo
     n = len(row.drafts)
     u = torch.rand(n, generator=gen, dtype=torch.float64, device=p.device)  # (n,)
     keep: list[bool] = []
-    if n:
-        assert row.q is not None
+    if n:  # copied drafts (q None) are point masses: q(d) = 1
         at = torch.arange(n, device=p.device), to_device(row.drafts, torch.long, p.device)
-        keep = (u * row.q.to(p.device)[at] <= p[at]).tolist()  # (n,): each draft's test, one read
+        qd = 1.0 if row.q is None else row.q.to(p.device)[at]  # (n,)
+        keep = (u * qd <= p[at]).tolist()  # (n,): each draft's test, one read
     for j, d in enumerate(row.drafts):
         f = row.forced(base + j)
         if f is not None:
@@ -321,9 +369,12 @@ def accept_sampled(row: VerifyRow, causal: torch.Tensor) -> tuple[list[int], boo
         if keep[j]:
             out.append(d)
             continue
-        assert row.q is not None
-        pj, qj = p[j], row.q[j].to(p.device)
-        resid = (pj - qj).clamp_min(0)
+        pj = p[j]
+        if row.q is None:  # a point mass at d: the residual is p without d
+            resid = pj.clone()
+            resid[d] = 0.0
+        else:
+            resid = (pj - row.q[j].to(p.device)).clamp_min(0)
         out.append(draw(resid / resid.sum() if float(resid.sum()) > 0 else pj, gen))
         return out, False
     f = row.forced(base + n)

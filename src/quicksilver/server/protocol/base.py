@@ -82,6 +82,11 @@ class DiffusionExtras(OpenAIBaseModel):
         le=64,
         description="verify policy (causal models): masks drafted per pass; 0 = one token per pass",
     )
+    copy_drafts: bool | None = Field(
+        default=None,
+        description="verify policy: also draft by copying from the context where the last tokens"
+        " recur (default on; lossless either way)",
+    )
     diffusing: bool | None = Field(
         default=False, description="stream canvas states at each step (see docs)"
     )

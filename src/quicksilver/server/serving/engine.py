@@ -105,6 +105,7 @@ class GenerationServing:
         given = {
             "policy": extras.policy,
             "draft": extras.draft,
+            "copy_drafts": extras.copy_drafts,
             "threshold": extras.threshold,
             "steps": extras.steps,
             "block_length": extras.block_length or (8 if extras.realtime else None),
