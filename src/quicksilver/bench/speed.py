@@ -24,7 +24,8 @@ shared VM lands on every method alike: the A/B statistic for models that differ 
 
 Verify decoding (sampling/verify.py) of a causal drafting model (``--verify-model``, default: the
 embedded model when it is one) runs beside them: ``verify`` (k = ``--draft``, default the model's)
-and ``verify_ar`` (the same weights, ``draft = 0``: one token per pass), with ``identical_to_ar``
+``verify_no_copy`` (the same without copy drafts: sampling/copy_drafts.py) and ``verify_ar`` (the
+same weights, ``draft = 0``: one token per pass), with ``identical_to_ar``
 (the fraction of items whose verify output equals the ``draft = 0`` output, and for each item that
 differs the top-2 logit gap at the first difference) and the histogram of drafts kept per pass;
 ``--draft-sweep 2,4,8`` adds ``verify_k2`` ... and a plot of tok/s against k. When ``--model`` is
