@@ -257,6 +257,33 @@ V3_SD = then(
     V3_K8, "small-ar-draft-sd", 21, distill_data="runs/distill3/self_v37.jsonl", distill_frac=0.5
 )
 
+# v4 (in training, train/reproduce.py NEXT): v3.8 taught to apply and predict edits and to call
+# tools it has never seen, on the v2 mixture plus apply_edit, next_edit and tool_open (edits about
+# a quarter of the examples, so the other tasks keep their share of the stream)
+V4_MIX = V2_MIX + ",apply_edit:1.5,next_edit:1.2,tool_open:1"
+V4_EVAL = "apply_edit,next_edit,tool_open,tool_call,countdown3"
+V4_EDIT = then(
+    V3_SD,
+    "small-ar-draft-edit",
+    22,
+    tasks=V4_MIX,
+    distill_data="",
+    steps=2400,
+    eval_every=1200,
+    eval_tasks=V4_EVAL,
+    eval_limit=16,
+)
+# its AR twin: the shipped twin continued on the same stream (same seed, steps and schedule)
+V4_TWIN = dataclasses.replace(
+    V4_EDIT,
+    out="runs/small-ar-twin-edit",
+    init_from="runs/small-ar-v2-twin6k/final",
+    objective="ar",
+    draft_weight=1.0,
+    draft_spread=V2_TWIN6K.draft_spread,
+    draft_blocks=V2_TWIN6K.draft_blocks,
+)
+
 RECIPES: dict[str, TrainConfig] = {
     # block-causal diffusion from scratch, ~3.0M parameters (the CLI's default recipe)
     "small": TrainConfig(out="runs/small"),
@@ -269,7 +296,7 @@ RECIPES: dict[str, TrainConfig] = {
     **{
         c.out.removeprefix("runs/"): c
         for c in (V3_DRAFT, V3_MORE, V3_MORE2, V3_MORE3, V3_MORE4, V3_MORE5, V3_MORE6)
-        + (V3_MORE7, V3_MORE8, V3_K8, V3_SD)
+        + (V3_MORE7, V3_MORE8, V3_K8, V3_SD, V4_EDIT, V4_TWIN)
     },
     # a tiny run for tests and smoke checks (seconds)
     "tiny": TrainConfig(

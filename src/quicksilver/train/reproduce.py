@@ -183,6 +183,21 @@ def _diffusion_stages() -> list[Stage]:
 # branch, so that ``--stage`` stops as soon as a model is built
 STAGES: list[Stage] = [*_twin_stages(), *_draft_stages(), *_diffusion_stages()]
 
+# runs toward the next shipped models, from what ships now (``--next`` runs them; each reads a
+# shipped stage's final weights)
+NEXT: list[Stage] = [
+    Stage(
+        "draft-edit",
+        "v3.8 taught apply_edit, next_edit and tool_open beside the v2 mixture (v4)",
+        "small-ar-draft-edit",
+    ),
+    Stage(
+        "ar-twin-edit",
+        "the shipped twin continued on v4's stream, the same examples step for step",
+        "small-ar-twin-edit",
+    ),
+]
+
 
 # ---- state ----------------------------------------------------------------------------------------
 def final_step(out: Path) -> int:
@@ -284,11 +299,15 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--stage", help="stop after this stage (default: run every stage)")
     p.add_argument("--list", action="store_true", help="print the stages and their state; run none")
     p.add_argument("--threads", type=int, default=0, help="torch threads (0: torch's default)")
+    p.add_argument(
+        "--next", action="store_true", help="the runs toward the next release (NEXT) instead"
+    )
     args = p.parse_args(argv)
+    stages = NEXT if args.next else STAGES
     if args.list:
-        print(listing(select(STAGES, args.stage)))
+        print(listing(select(stages, args.stage)))
         return 0
-    reproduce(STAGES, args.stage, args.threads)
+    reproduce(stages, args.stage, args.threads)
     return 0
 
 

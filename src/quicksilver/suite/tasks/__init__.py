@@ -8,9 +8,11 @@ from .arith import Countdown, Multiply
 from .base import Item, Task, split_reply
 from .chat import Chat
 from .fim import Fim
+from .next_edit import NextEdit
 from .path_star import PathStar
 from .sudoku4 import Sudoku4
 from .tool_call import ToolCall, ToolLoop
+from .tool_open import ToolOpen
 
 TASKS: dict[str, Task] = {
     t.name: t
@@ -22,9 +24,11 @@ TASKS: dict[str, Task] = {
         Multiply(),
         ToolCall(),
         ToolLoop(),
+        ToolOpen(),
         Chat(),
         Fim(),
         ApplyEdit(),
+        NextEdit(),
     )
 }
 

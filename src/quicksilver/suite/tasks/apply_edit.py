@@ -111,9 +111,8 @@ class ApplyEdit(Task):
         wording: random.Random | None = None,
     ) -> Item:
         w = wording or rng
+        lang, kind = rng.choice(sorted(LANGS)), rng.choice(KINDS)  # drawn once: balanced strata
         while True:
-            lang = rng.choice(sorted(LANGS))
-            kind = rng.choice(KINDS)
             prog = gen_program(rng, lang, n_funcs=2 if kind == "multi" else None)
             if not in_split(("apply_edit", split_key(prog)), split):
                 continue

@@ -39,7 +39,7 @@ WORDS += [
     "base",
 ]
 WORDS += ["factor", "step", "extra", "cost", "amount", "depth", "length", "result", "tax", "fee"]
-HELD_WORDS = ["quota", "tally", "ratio", "span", "pivot", "stride", "ledger", "surge", "yield"]
+HELD_WORDS = ["quota", "tally", "ratio", "span", "pivot", "stride", "ledger", "surge", "spread"]
 HELD_WORDS += ["gauge", "notch", "tier", "pulse", "churn", "drift", "quorum", "flux", "crest"]
 LISTS = ["items", "values", "scores", "prices", "sizes", "weights", "costs", "points"]
 HELD_LISTS = ["tallies", "readings", "samples", "entries"]
@@ -382,6 +382,7 @@ def gen_func(
     consts: list[Name],
     lits: list[int] | None = None,
     calls: Func | None = None,
+    most: int = 3,
 ) -> Func:
     """A function of 1-3 parameters: an accumulator, then 1-4 of loop / guard / update / log, then
     its return. ``calls``: a helper this function calls (its ``let`` draws a call to it)."""
@@ -413,7 +414,7 @@ def gen_func(
         init = ("c", calls.name, [("v", rng.choice(scalars)) for _ in calls.params])
     body: list[Stmt] = [("let", acc, init)]
     extras = ["if", "add", "log", "for"] if lists else ["if", "add", "log", "add2"]
-    for kind in rng.sample(extras, rng.randint(1, 3)):
+    for kind in rng.sample(extras, rng.randint(min(1, most), most)):
         body.append(extra_stmt(rng, kind, acc, scalars, lists, consts, lits, nm))
     body.append(("ret", ("v", acc)))
     return Func(name, params, lists, body)
@@ -450,13 +451,16 @@ def gen_program(
     n_funcs: int | None = None,
     lits: list[int] | None = None,
     helper: bool = False,
+    small: bool = False,
+    most: int = 3,
 ) -> Program:
     """A file: 0-2 constants, maybe a record, 1-2 functions (``helper``: a second function calls
-    the first)."""
+    the first; ``small``: at most one constant and no record; ``most``: statements a body may add
+    between its first line and its return)."""
     nm = Namer(rng)
     prog = Program(lang, rng.choice(["main", "util", "calc", "store", "core"]))
     consts: list[Name] = []
-    for _ in range(rng.choice([0, 1, 1, 2])):
+    for _ in range(rng.choice([0, 1] if small else [0, 1, 1, 2])):
         c = nm.const()
         consts.append(c)
         value: Expr = (
@@ -464,11 +468,12 @@ def gen_program(
         )
         prog.blocks.append(Const(c, value))
     num_consts = [b.name for b in prog.blocks if isinstance(b, Const) and b.value[0] == "n"]
-    if rng.random() < 0.25:
+    if not small and rng.random() < 0.25:
         prog.blocks.append(Record(nm.type_(), [nm.var() for _ in range(rng.randint(2, 3))]))
     n = n_funcs or rng.choice([1, 2, 2])
-    first = gen_func(rng, nm, num_consts, lits)
+    first = gen_func(rng, nm, num_consts, lits, most=most)
     prog.blocks.append(first)
     for _ in range(n - 1):
-        prog.blocks.append(gen_func(rng, nm, num_consts, lits, calls=first if helper else None))
+        callee = first if helper else None
+        prog.blocks.append(gen_func(rng, nm, num_consts, lits, calls=callee, most=most))
     return prog

@@ -436,7 +436,7 @@ def tool_message(result: dict[str, Any]) -> dict[str, Any]:
 
 class ToolCall(Task):
     name = "tool_call"
-    strata = ("call", "answer")
+    strata: tuple[str, ...] = ("call", "answer")
     max_answer_tokens = 64
 
     def sample(

@@ -1,0 +1,102 @@
+"""The edit and open-tool tasks: what their generators promise beyond the suite-wide checks in
+test_tasks.py (every reference answer verifies, mutations fail, splits are fixed)."""
+
+from __future__ import annotations
+
+import json
+import random
+import re
+
+from quicksilver.suite.edit_format import CURSOR
+from quicksilver.suite.tasks import get_task
+from quicksilver.suite.tasks.tool_open import LIVE_OBJECTS, OBJECTS, SLOTS, object_split
+
+NEXT = get_task("next_edit")
+OPEN = get_task("tool_open")
+APPLY = get_task("apply_edit")
+
+
+def _region(item) -> str:
+    text = item.messages[-1]["content"]
+    return text.split("<|code_to_edit|>\n")[1].split("\n<|/code_to_edit|>")[0]
+
+
+def test_next_edit_region_holds_the_cursor_and_still_needs_the_edit() -> None:
+    rng = random.Random(0)
+    for split, phrasing in (("train", "templated"), ("test", "templated"), ("test", "held-out")):
+        for _ in range(40):
+            item = NEXT.sample(rng, split, phrasing)
+            region = _region(item)
+            assert region.count(CURSOR) == 1
+            before = region.replace(CURSOR, "")
+            assert before.split("\n") != item.answer.split("\n")  # the started edit goes on
+            assert len(before.split("\n")) == len(item.answer.split("\n"))  # line for line
+            assert NEXT.verify(item, "<|updated_code|>\n" + item.answer + "\n<|/updated_code|>")
+            assert not NEXT.verify(item, before)  # leaving the region as it was is wrong
+
+
+def test_next_edit_history_is_a_unified_diff_of_the_file() -> None:
+    item = NEXT.sample(random.Random(3), "train")
+    history = item.messages[-1]["content"].split("<|edit_diff_history|>\n")[1]
+    assert history.startswith("--- ") and "\n+++ " in history and "\n@@ " in history
+
+
+def test_next_edit_held_out_directories_never_train() -> None:
+    rng = random.Random(1)
+    train_paths = {NEXT.sample(rng, "train").data["path"].split("/")[0] for _ in range(300)}
+    held = {NEXT.sample(rng, "test", "held-out").data["path"].split("/")[0] for _ in range(60)}
+    assert held and not held & train_paths
+
+
+def test_edit_tasks_split_by_their_file_key() -> None:
+    for task in (APPLY, NEXT):
+        rng = random.Random(2)
+        train = {tuple(task.sample(rng, "train").data["key"]) for _ in range(200)}
+        test = {tuple(task.sample(rng, "test").data["key"]) for _ in range(50)}
+        assert test and not train & test, task.name
+
+
+def test_tool_open_tests_only_tools_never_trained() -> None:
+    assert all(object_split(o) == "test" for o in LIVE_OBJECTS)
+    rng = random.Random(4)
+    train = [OPEN.sample(rng, "train") for _ in range(600)]
+    test = [OPEN.sample(rng, "test", p) for p in ("templated", "held-out") for _ in range(100)]
+    called_train = {it.data["call"]["name"] for it in train}
+    offered_train = {t["function"]["name"] for it in train for t in it.tools}
+    for it in test:
+        assert it.data["call"]["name"] not in offered_train
+    assert not any(n.endswith(("_table", "_ride", "_lights", "_thermostat")) for n in called_train)
+
+
+def test_tool_open_held_out_wording_and_argument_names_never_train() -> None:
+    rng = random.Random(5)
+    held_names = {n for s in SLOTS.values() for n in s.held_names}
+    train_args = set()
+    for _ in range(600):
+        it = OPEN.sample(rng, "train")
+        train_args |= {p for t in it.tools for p in t["function"]["parameters"]["properties"]}
+    assert not train_args & held_names
+    held = [OPEN.sample(rng, "test", "held-out") for _ in range(100)]
+    used = {p for it in held for t in it.tools for p in t["function"]["parameters"]["properties"]}
+    assert used & held_names
+
+
+def test_tool_open_counts_are_integers_and_values_come_from_the_request() -> None:
+    rng = random.Random(6)
+    words = ["one", "two", "three", "four", "five", "six", "seven", "eight", "nine", "ten"]
+    for _ in range(200):
+        it = OPEN.sample(rng, "train")
+        request = it.messages[0]["content"]
+        schema = next(t for t in it.tools if t["function"]["name"] == it.data["call"]["name"])
+        props = schema["function"]["parameters"]["properties"]
+        for name, value in it.data["call"]["arguments"].items():
+            assert props[name]["type"] == ("integer" if isinstance(value, int) else "string")
+            said = str(value)
+            assert said in request or (isinstance(value, int) and words[value - 1] in request)
+        assert json.loads(re.search(r"<tool_call>(.*)</tool_call>", it.answer).group(1))
+
+
+def test_tool_open_covers_every_object_and_slot() -> None:
+    for obj, (actions, slots) in OBJECTS.items():
+        assert slots.split() and all(s in SLOTS for s in slots.split()), obj
+        assert actions.split(), obj
