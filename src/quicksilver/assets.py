@@ -11,6 +11,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from .errors import QuicksilverError
+from .models.hub import resolve_model as resolve_hub_model
 
 ASSETS = Path(__file__).parent / "assets"
 EMBEDDED_MODEL = ASSETS / "model"
@@ -57,11 +58,19 @@ EMBEDDED = {
 }
 
 
-def resolve_model(path: str | Path | None, ar: bool = False, which: str | None = None) -> Path:
-    """A --model argument, or the shipped model (``ar``: its AR twin; ``which``: a key of
+def resolve_model(
+    path: str | Path | None,
+    ar: bool = False,
+    which: str | None = None,
+    revision: str | None = None,
+) -> Path:
+    """A --model argument (a directory, or a Hub id ``org/name[@revision]`` at ``revision``:
+    ``models/hub.py``), or the shipped model (``ar``: its AR twin; ``which``: a key of
     ``EMBEDDED``) when none is given; a one-line QuicksilverError if this build ships none."""
     if path:
-        return Path(path)
+        return resolve_hub_model(path, revision)
+    if revision is not None:
+        raise QuicksilverError(f"--revision {revision} names a revision of a Hub id --model")
     name = which or ("AR twin" if ar else "model")
     found = EMBEDDED[name]()
     if found is None:

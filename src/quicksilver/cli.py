@@ -26,7 +26,14 @@ from .bench.speed import add_arguments as speed_bench_args
 from .bench.speed import run_speed_bench
 from .bench.steps import add_arguments as steps_bench_args
 from .bench.steps import run_steps_bench
-from .cli_util import add_dataclass_args, add_load_args, dataclass_from_args, fail
+from .cli_util import (
+    MODEL_HELP,
+    add_dataclass_args,
+    add_load_args,
+    add_revision_arg,
+    dataclass_from_args,
+    fail,
+)
 from .errors import QuicksilverError
 from .eval.cli import add_parser as add_eval_parser
 from .eval.cli import handle as handle_eval
@@ -72,7 +79,9 @@ def command(
 
 def load_pipeline(args: argparse.Namespace) -> Any:
     """``quicksilver.load`` of ``--model`` with the ``LoadConfig`` flags."""
-    return load(resolve_model(args.model), dataclass_from_args(LoadConfig, args))
+    return load(
+        resolve_model(args.model, revision=args.revision), dataclass_from_args(LoadConfig, args)
+    )
 
 
 def sampler_from_args(args: argparse.Namespace) -> Any:
@@ -150,13 +159,14 @@ def cmd_init_model(args: argparse.Namespace) -> int:
 @command("export")
 def cmd_export(args: argparse.Namespace) -> int:
 
-    print(json.dumps(export_gguf(resolve_model(args.model, ar=True), args.out, args.dtype)))
+    path = resolve_model(args.model, ar=True, revision=args.revision)
+    print(json.dumps(export_gguf(path, args.out, args.dtype)))
     return 0
 
 
 @command("info")
 def cmd_info(args: argparse.Namespace) -> int:
-    path = resolve_model(args.path)
+    path = resolve_model(args.path, revision=args.revision)
     pipe = load(path)
     tok, cfg = pipe.tokenizer, pipe.config
     size = sum(f.stat().st_size for f in path.iterdir() if f.is_file())
@@ -189,7 +199,8 @@ def cmd_info(args: argparse.Namespace) -> int:
 @command("bench")
 def cmd_bench(args: argparse.Namespace) -> int:
     if args.bench == "decode":
-        return run_decode_bench(resolve_model(args.model, which="diffusion model"), args)
+        path = resolve_model(args.model, which="diffusion model", revision=args.revision)
+        return run_decode_bench(path, args)
     if args.bench == "serve" and args.replicas:
         return run_replicas_bench(args)
     if args.bench == "serve" and args.vs_llama_cpp:
@@ -245,7 +256,7 @@ def build_parser() -> argparse.ArgumentParser:
 def add_generate_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     g = sub.add_parser("generate", help="generate text from a prompt by parallel refinement")
     g.add_argument("prompt", help="the prompt (a user message when the model has a chat template)")
-    g.add_argument("--model", help="checkpoint directory (default: the embedded model)")
+    g.add_argument("--model", help=MODEL_HELP + " (default: the embedded model)")
     add_dataclass_args(
         g, SamplerConfig, rename=SAMPLER_RENAME, skip=SAMPLER_SKIP, help=SAMPLER_HELP
     )
@@ -290,12 +301,14 @@ def add_model_parsers(sub: argparse._SubParsersAction[argparse.ArgumentParser]) 
     eg = exsub.add_parser(
         "gguf", help="a causal LLaMA/Qwen-shaped checkpoint as GGUF (llama.cpp, Ollama)"
     )
-    eg.add_argument("--model", help="checkpoint directory (default: the embedded AR twin)")
+    eg.add_argument("--model", help=MODEL_HELP + " (default: the embedded AR twin)")
+    add_revision_arg(eg)
     eg.add_argument("--out", required=True, help="the .gguf file to write")
     eg.add_argument("--dtype", default="f32", choices=["f32", "f16", "bf16"])
 
     n = sub.add_parser("info", help="describe a checkpoint")
-    n.add_argument("path", nargs="?", help="checkpoint directory (default: the embedded model)")
+    n.add_argument("path", nargs="?", help=MODEL_HELP + " (default: the embedded model)")
+    add_revision_arg(n)
     n.add_argument("--json", action="store_true")
 
 

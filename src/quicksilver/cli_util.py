@@ -13,6 +13,8 @@ from .pipeline import LOAD_CHOICES, LOAD_HELP, LoadConfig
 
 T = TypeVar("T")
 
+MODEL_HELP = "checkpoint directory or Hub id org/name[@revision] (docs/FAMILIES.md)"
+
 _TYPES: dict[str, Callable[[str], Any]] = {"int": int, "float": float, "str": str}
 
 
@@ -82,3 +84,9 @@ def fail(message: str, code: int = 2) -> NoReturn:
 def add_load_args(p: argparse.ArgumentParser, skip: frozenset[str] = frozenset()) -> None:
     """The ``LoadConfig`` flags (all but ``skip``), their help and choices from ``pipeline``."""
     add_dataclass_args(p, LoadConfig, skip=skip, help=LOAD_HELP, choices=LOAD_CHOICES)
+
+
+def add_revision_arg(p: argparse.ArgumentParser) -> None:
+    """``--revision`` beside a ``--model`` of a parser without the ``LoadConfig`` flags (those
+    have it as ``LoadConfig.revision``)."""
+    p.add_argument("--revision", help=LOAD_HELP["revision"])

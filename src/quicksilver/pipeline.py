@@ -15,6 +15,7 @@ from .models.checkpoint import DTYPES, dtype_name, load_checkpoint
 from .models.config import ModelConfig
 from .models.cpu_backends import BACKEND_CHOICES, attach_backend
 from .models.families import generation_defaults
+from .models.hub import resolve_model
 from .models.packing import LAYOUTS, resolve_layout
 from .models.quantize import QUANTIZE_CHOICES, quantize_model
 from .models.transformer import Transformer
@@ -196,6 +197,7 @@ class LoadConfig:
     compile: bool = False
     attention_layout: str = "auto"
     cuda_graphs: bool = False
+    revision: str | None = None
 
     def load_options(self) -> dict[str, Any]:
         """The fields as ``load``'s keyword options."""
@@ -220,6 +222,7 @@ LOAD_HELP = {
     "attention_layout": "attention over a batch: per_sequence, batched (one call per layer), "
     "auto (batched on a GPU)",
     "cuda_graphs": "static bucketed shapes + torch.compile(mode='reduce-overhead') (GPU)",
+    "revision": "branch, tag or commit of a Hub id --model (same as org/name@REVISION)",
 }
 LOAD_CHOICES: dict[str, Sequence[str]] = {
     "dtype": DTYPE_CHOICES,
@@ -231,7 +234,8 @@ LOAD_CHOICES: dict[str, Sequence[str]] = {
 
 
 def load(path: str | Path, config: LoadConfig | None = None, **options: Any) -> Pipeline:
-    """Load a checkpoint directory (never touches the network) as ``config`` says, with
+    """Load a checkpoint directory, or a Hub id ``org/name[@revision]`` (``models/hub.py``: the
+    Hub cache first, a download only where the network is allowed), as ``config`` says, with
     ``options`` (``LoadConfig`` fields; ``dtype`` may be a ``torch.dtype``) on top. See
     ``LOAD_HELP`` for each option."""
     if isinstance(options.get("dtype"), torch.dtype):
@@ -245,6 +249,7 @@ def load(path: str | Path, config: LoadConfig | None = None, **options: Any) -> 
     for name, allowed in LOAD_CHOICES.items():
         if getattr(cfg, name) not in allowed:
             raise ConfigError(f"{name} must be one of {tuple(allowed)}, got {getattr(cfg, name)!r}")
+    path = resolve_model(path, cfg.revision)
     model, tok = load_checkpoint(path, DTYPES.get(cfg.dtype), cfg.device)
     quantize_model(model, cfg.quantize)
     model.set_attention_layout(

@@ -13,6 +13,7 @@ from typing import Any
 
 import torch
 
+from ..cli_util import add_revision_arg
 from ..pipeline import Pipeline, load
 from ..sampling import SamplerConfig, reference_generate
 from .common import bar_plot, emit_json, hardware, median, print_table
@@ -130,6 +131,7 @@ def run_decode_bench(model_path: Path, args: argparse.Namespace) -> int:
 def add_arguments(p: argparse.ArgumentParser) -> None:
     """The flags of ``quicksilver bench decode``."""
     p.add_argument("--model", help="diffusion checkpoint (default: the embedded diffusion model)")
+    add_revision_arg(p)
     p.add_argument("--max-tokens", type=int, default=64, dest="max_tokens")
     p.add_argument("--threshold", type=float, default=0.9)
     p.add_argument("--block-length", type=int, default=None, dest="block_length")

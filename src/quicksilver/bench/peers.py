@@ -108,7 +108,9 @@ def launch_llama_server(
 
 
 @contextlib.contextmanager
-def launch_peers(slots: int, llama: bool, model: str | None = None) -> Iterator[list[Peer]]:
+def launch_peers(
+    slots: int, llama: bool, model: str | None = None, revision: str | None = None
+) -> Iterator[list[Peer]]:
     """quicksilver (no flags but one thread and enough batch slots) with its twin, and llama-server."""
     flags = [
         "--threads",
@@ -117,7 +119,7 @@ def launch_peers(slots: int, llama: bool, model: str | None = None) -> Iterator[
         f"--max-concurrent={max(64, 2 * slots)}",
     ]
     with contextlib.ExitStack() as stack:
-        qs = stack.enter_context(launch_server(model, flags, timeout=300.0))
+        qs = stack.enter_context(launch_server(model, flags, timeout=300.0, revision=revision))
         peers = [Peer("quicksilver", qs, "quicksilver")]
         if model is None:
             peers.append(Peer("quicksilver-ar", qs, "quicksilver-ar"))

@@ -29,6 +29,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from ..cli_util import add_revision_arg
 from ..errors import QuicksilverError
 from ..figures import save_figure
 from ..suite.render import to_openai_messages
@@ -53,10 +54,14 @@ def free_port() -> int:
 
 @contextlib.contextmanager
 def launch_server(
-    model: str | None, extra: list[str], timeout: float = 180.0, pids: list[int] | None = None
+    model: str | None,
+    extra: list[str],
+    timeout: float = 180.0,
+    pids: list[int] | None = None,
+    revision: str | None = None,
 ) -> Iterator[str]:
-    """Start ``quicksilver serve`` on a free port; yield its base URL; stop it afterwards (its pid
-    is appended to ``pids`` when given)."""
+    """Start ``quicksilver serve`` on a free port (``--model model --revision revision`` where
+    given); yield its base URL; stop it afterwards (its pid is appended to ``pids`` when given)."""
 
     port = free_port()
     cmd = [
@@ -72,6 +77,8 @@ def launch_server(
     ]
     if model:
         cmd += ["--model", model]
+    if revision:
+        cmd += ["--revision", revision]
     proc = subprocess.Popen(
         cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, env=os.environ.copy()
     )
@@ -358,7 +365,11 @@ def run_serve_bench(args: argparse.Namespace) -> int:
         "date": datetime.date.today().isoformat(),
         "hardware": hardware(),
     }
-    ctx = contextlib.nullcontext(args.url) if args.url else launch_server(args.model, extra)
+    ctx = (
+        contextlib.nullcontext(args.url)
+        if args.url
+        else launch_server(args.model, extra, revision=args.revision)
+    )
     with ctx as url:
         for c in levels:
             n = min(args.max_requests, max(args.min_requests, 2 * c))
@@ -406,7 +417,7 @@ def run_serve_bench(args: argparse.Namespace) -> int:
         loop: dict[str, list[float]] = {}
         loop_errors: list[str] = []
         for label, flags in (("prefix_cache", []), ("no_prefix_cache", ["--prefix-cache-mb=0"])):
-            with launch_server(args.model, flags) as url:
+            with launch_server(args.model, flags, revision=args.revision) as url:
                 asyncio.run(agent_loop(url, 2, args.seed + 99, args.agent_max_tokens))  # warm-up
                 runs = []
                 for _ in range(
@@ -473,6 +484,7 @@ def _plot(report: dict[str, Any], out: Path) -> None:
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--model", help="checkpoint to serve (default: the embedded model)")
+    add_revision_arg(p)
     p.add_argument("--url", help="benchmark an already running server instead of starting one")
     p.add_argument("--api-key", dest="api_key", help="API key of a running server")
     p.add_argument(

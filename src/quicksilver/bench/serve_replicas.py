@@ -89,7 +89,7 @@ def run_replicas_bench(args: argparse.Namespace) -> int:
     }
     for n in counts:
         flags = _replica_flags(n, "prefix", max(levels))
-        with launch_server(args.model, flags, timeout=RAY_START_S) as url:
+        with launch_server(args.model, flags, timeout=RAY_START_S, revision=args.revision) as url:
             report["levels"] += [{"replicas": n, **lv} for lv in _levels(args, url, levels)]
     print_table(
         "bench serve --replicas — streamed chat completions on Ray Serve, Poisson arrivals",
@@ -104,7 +104,9 @@ def run_replicas_bench(args: argparse.Namespace) -> int:
         routing: dict[str, Any] = {}
         for policy in ("prefix", "random"):
             flags = _replica_flags(max(counts), policy, 16)
-            with launch_server(args.model, flags, timeout=RAY_START_S) as url:
+            with launch_server(
+                args.model, flags, timeout=RAY_START_S, revision=args.revision
+            ) as url:
                 asyncio.run(agent_loop(url, 2, args.seed + 99, args.agent_max_tokens))  # warm-up
                 runs = asyncio.run(
                     _conversations(

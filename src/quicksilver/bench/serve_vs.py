@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from ..assets import resolve_model
+from ..cli_util import add_revision_arg
 from ..figures import save_figure
 from ..models.checkpoint import load_tokenizer
 from ..suite.render import prompt_text
@@ -61,7 +62,7 @@ def same(a: Completion, b: Completion) -> bool:
 
 def run_vs_llama_cpp(args: argparse.Namespace) -> int:
     levels = [int(x) for x in (args.concurrency or "1,8,32").split(",") if x]
-    tok = load_tokenizer(resolve_model(args.model))
+    tok = load_tokenizer(resolve_model(args.model, revision=args.revision))
     base = suite_prompts(tok, args.prompts, args.seed)
     report: dict[str, Any] = {
         "bench": "serve_vs_llama_cpp",
@@ -72,7 +73,7 @@ def run_vs_llama_cpp(args: argparse.Namespace) -> int:
         "hardware": hardware(),
         "levels": [],
     }
-    with launch_peers(max(levels), llama=True, model=args.model) as peers:
+    with launch_peers(max(levels), llama=True, model=args.model, revision=args.revision) as peers:
         for p in peers:  # first requests (connections, the servers' own warm-up) are not timed
             asyncio.run(run_level(p, base[:4], 2, 8))
         alone: dict[str, list[Completion]] = {}
@@ -220,7 +221,7 @@ def agents_summary(done: list[Completion], prompt_tokens: int, n: int) -> dict[s
 
 
 def run_agents(args: argparse.Namespace) -> int:
-    tok = load_tokenizer(resolve_model(args.model))
+    tok = load_tokenizer(resolve_model(args.model, revision=args.revision))
     eps = episodes(tok, args.episodes, args.seed)
     ramp = [int(x) for x in args.agents.split(",") if x]
     report: dict[str, Any] = {
@@ -233,7 +234,10 @@ def run_agents(args: argparse.Namespace) -> int:
         "hardware": hardware(),
         "servers": {},
     }
-    with launch_peers(max(ramp), llama=not args.no_llama_cpp, model=args.model) as peers:
+    peers_at = launch_peers(
+        max(ramp), llama=not args.no_llama_cpp, model=args.model, revision=args.revision
+    )
+    with peers_at as peers:
         for p in peers:
             asyncio.run(agents_level(p, eps, 1, 1, 8))  # connections and first shapes, not timed
         live = {p.label: p for p in peers}
@@ -323,6 +327,7 @@ def _plot_agents(report: dict[str, Any], out: Path) -> None:
 
 def add_agents_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--model", help="checkpoint to serve (default: the embedded model and its twin)")
+    add_revision_arg(p)
     p.add_argument("--agents", default="1,2,4,8,16,32", help="the ramp of concurrent agents")
     p.add_argument("--episodes", type=int, default=16, help="distinct tool_loop conversations")
     p.add_argument("--per-agent", type=int, default=2, dest="per_agent", help="episodes per agent")

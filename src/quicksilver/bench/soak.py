@@ -31,6 +31,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from ..cli_util import add_revision_arg
 from .common import emit_json, hardware, print_table
 from .serve import launch_server, percentile
 
@@ -255,7 +256,9 @@ def run_soak_bench(args: argparse.Namespace) -> int:
     if args.mock:
         extra += ["--mock-step-delay", str(args.mock_step_delay)]
     with contextlib.ExitStack() as stack:
-        url = args.url or stack.enter_context(launch_server(args.model, extra, pids=pids))
+        url = args.url or stack.enter_context(
+            launch_server(args.model, extra, pids=pids, revision=args.revision)
+        )
         pid = pids[0] if pids else args.pid
         warm = argparse.Namespace(**{**vars(args), "minutes": min(0.25, args.minutes / 4)})
         asyncio.run(soak(url, warm, Soak()))  # warm-up: caches and allocator settle first
@@ -330,6 +333,7 @@ def run_soak_bench(args: argparse.Namespace) -> int:
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--model", help="checkpoint to serve (default: the embedded model)")
+    add_revision_arg(p)
     p.add_argument("--mock", action="store_true", help="serve the mock engine (no weights)")
     p.add_argument("--mock-step-delay", type=float, default=0.02, dest="mock_step_delay")
     p.add_argument("--url", help="soak an already running server instead of starting one")

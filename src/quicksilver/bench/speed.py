@@ -235,7 +235,8 @@ def run_speed_bench(args: argparse.Namespace) -> int:
     torch.manual_seed(0)
     lcfg = dataclass_from_args(LoadConfig, args)
     pipe = load(model_path, lcfg)
-    ar = load(ar_path, lcfg, dtype=getattr(args, "ar_dtype", None) or lcfg.dtype)
+    ar_dtype = getattr(args, "ar_dtype", None) or lcfg.dtype
+    ar = load(ar_path, lcfg, dtype=ar_dtype, revision=None)  # --revision: --model's
     if ar.config.attention != "causal":
         raise QuicksilverError(f"{ar_path} is not a causal (AR) model")
     given = getattr(args, "verify_model", None)

@@ -19,6 +19,7 @@ from typing import Any
 import torch
 
 from ..assets import resolve_model
+from ..cli_util import add_revision_arg
 from ..errors import QuicksilverError
 from ..models.cpu_backends import BACKEND_CHOICES, attach_backend
 from ..models.kvcache import KVCache
@@ -55,7 +56,7 @@ def _time_step(model: Transformer, context: int, T: int, repeats: int, draft: in
 @torch.no_grad()
 def run_steps_bench(args: argparse.Namespace) -> int:
     ar = load(resolve_model(args.ar_model, ar=True)).model
-    dlm = load(resolve_model(args.model, which="diffusion model")).model
+    dlm = load(resolve_model(args.model, which="diffusion model", revision=args.revision)).model
     backends = [b for b in args.backends.split(",") if b]
     threads = [int(t) for t in args.threads.split(",") if t]
     longest = max(*SHAPES.values(), *(1 + 2 * k for k in VERIFY.values()))
@@ -105,6 +106,7 @@ def run_steps_bench(args: argparse.Namespace) -> int:
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--model", help="diffusion checkpoint (default: the embedded diffusion model)")
     p.add_argument("--ar-model", dest="ar_model", help="AR checkpoint (default: the AR twin)")
+    add_revision_arg(p)
     p.add_argument(
         "--backends",
         default="torch,onnx,openvino",

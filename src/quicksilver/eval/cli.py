@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from ..assets import resolve_model
-from ..cli_util import add_dataclass_args, add_load_args, dataclass_from_args
+from ..cli_util import MODEL_HELP, add_dataclass_args, add_load_args, dataclass_from_args
 from ..errors import ConfigError
 from ..pipeline import LoadConfig, load
 from ..sampling.config import SamplerConfig
@@ -27,7 +27,7 @@ DEFAULT_TASKS = "path_star,sudoku4,countdown3,multiply,tool_call,chat,fim"
 
 def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     e = sub.add_parser("eval", help="held-out accuracy, NFE, TPF and tok/s on the task suite")
-    e.add_argument("--model", help="checkpoint directory (default: the embedded model)")
+    e.add_argument("--model", help=MODEL_HELP + " (default: the embedded model)")
     e.add_argument(
         "--tasks", default=DEFAULT_TASKS, help=f"comma-separated tasks (default: {DEFAULT_TASKS})"
     )
@@ -189,7 +189,8 @@ def handle(args: argparse.Namespace) -> int:
         if args.limit is not None and args.limit <= 0:
             raise ConfigError("--limit must be positive")
         args.batch_size = args.batch_size or 1
-        pipe = load(resolve_model(args.model), dataclass_from_args(LoadConfig, args))
+        path = resolve_model(args.model, revision=args.revision)
+        pipe = load(path, dataclass_from_args(LoadConfig, args))
         names = set(SamplerConfig.__dataclass_fields__)
         over = {k: v for k, v in vars(args).items() if k in names and v is not None}
         return run_gsm8k(pipe, args, **over)
@@ -200,7 +201,7 @@ def handle(args: argparse.Namespace) -> int:
     if args.limit <= 0:
         raise ConfigError("--limit must be positive")
     lcfg = dataclass_from_args(LoadConfig, args)
-    pipe = load(resolve_model(args.model), lcfg)
+    pipe = load(resolve_model(args.model, revision=args.revision), lcfg)
     names = set(SamplerConfig.__dataclass_fields__)
     base = SamplerConfig(**{k: v for k, v in vars(args).items() if k in names and v is not None})
     if not args.sweep:
@@ -235,7 +236,7 @@ def handle(args: argparse.Namespace) -> int:
             rep["compare"] = run(load(other, lcfg))
         if args.tool_choice and "tool_call" in rep["tasks"]:
             rep["tasks"]["tool_call"]["served"] = served_tool_calls(
-                resolve_model(args.model),
+                resolve_model(args.model, revision=args.revision),
                 args.tool_choice,
                 args.limit,
                 args.seed,

@@ -41,7 +41,7 @@ class ServerConfig(LoadConfig):
     backend: str = (
         "auto"  # served rows and batches on the machine's fastest step (LoadConfig: torch)
     )
-    model: str | None = None  # checkpoint directory (default: the embedded model)
+    model: str | None = None  # checkpoint directory or Hub id (default: the embedded model)
     served_model_name: str | None = (
         None  # the id clients send as `model` (default: quicksilver or the dir name)
     )
@@ -92,7 +92,7 @@ class ServerConfig(LoadConfig):
 
 
 SERVER_HELP = LOAD_HELP | {
-    "model": "checkpoint directory (default: the embedded model)",
+    "model": "checkpoint directory or Hub id org/name[@revision] (default: the embedded model)",
     "served_model_name": "model id clients send and /v1/models lists",
     "api_key": f"require 'Authorization: Bearer KEY' on every route but /health (env {API_KEY_ENV})",
     "ar_twin": "with the embedded model, also serve its autoregressive twin (model id quicksilver-ar)",

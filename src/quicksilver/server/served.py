@@ -18,6 +18,7 @@ from ..assets import embedded_model_path, resolve_model
 from ..engine import Engine, EngineConfig
 from ..errors import ConfigError, QuicksilverError
 from ..models.checkpoint import load_tokenizer
+from ..models.hub import parse_hub_id
 from ..models.integrity import verify_checksums
 from ..pipeline import Pipeline, load
 from ..tokenizer import Tokenizer
@@ -29,14 +30,14 @@ from .serving.generation import ServedModel
 
 
 def build_served_model(cfg: ServerConfig, mock_step_delay: float = 0.0) -> ServedModel:
-    """The model to serve (nothing is read from the network, ever), its engine on a thread or, with
-    ``--engine process``, in a process of its own."""
+    """The model to serve (the network only to fetch a Hub id the cache lacks), its engine on a
+    thread or, with ``--engine process``, in a process of its own."""
     if cfg.mock:
         client, facts = engine_client(cfg, partial(mock_engine, cfg, mock_step_delay))
         tok = Tokenizer.byte_level()  # the mock engine's own
         name = cfg.served_model_name or "quicksilver-mock"
     else:
-        path = resolve_model(cfg.model)
+        path = resolve_model(cfg.model, revision=cfg.revision)
         if not (path / "config.json").is_file():
             raise QuicksilverError(f"{path}: no such checkpoint (config.json missing)")
         client, facts = engine_client(cfg, partial(model_engine, cfg))
@@ -51,10 +52,16 @@ def build_served_model(cfg: ServerConfig, mock_step_delay: float = 0.0) -> Serve
 
 def served_name(cfg: ServerConfig) -> str:
     """The id clients send as ``model``: ``--served-model-name``, else quicksilver for the embedded
-    model, else the checkpoint directory's name."""
-    path = resolve_model(cfg.model)
-    default = "quicksilver" if path == embedded_model_path() else Path(path).name
-    return cfg.served_model_name or default
+    model, else the Hub id (``org/name``, no revision) or the checkpoint directory's name."""
+    path = resolve_model(cfg.model, revision=cfg.revision)
+    if cfg.served_model_name:
+        return cfg.served_model_name
+    if path == embedded_model_path():
+        return "quicksilver"
+    if cfg.model is not None and not Path(cfg.model).exists():
+        repo_id, _ = parse_hub_id(cfg.model, cfg.revision)
+        return repo_id or path.name
+    return path.name
 
 
 def served_pipeline(cfg: ServerConfig, pipe: Pipeline, engine: Engine) -> ServedModel:
@@ -116,7 +123,7 @@ def pipeline_facts(pipe: Pipeline) -> dict[str, Any]:
 def load_pipeline(cfg: ServerConfig, device: str | None = None) -> Pipeline:
     """The checkpoint ``cfg`` names, loaded as its ``LoadConfig`` fields say, on ``device``
     (default: ``cfg.device``)."""
-    path = resolve_model(cfg.model)
+    path = resolve_model(cfg.model, revision=cfg.revision)
     if not (path / "config.json").is_file():
         raise QuicksilverError(f"{path}: no such checkpoint (config.json missing)")
     if cfg.verify_checksum:
