@@ -435,3 +435,20 @@ def test_every_bench_plot_has_legible_tick_labels(
             "shapes.png",
         ]
     )
+
+
+def test_live_tools_scoring_needs_one_right_call() -> None:
+    from types import SimpleNamespace as NS
+
+    from quicksilver.bench.live_tools import LIVE, calls_of, live_right
+
+    table = LIVE[0]
+    good = {"name": "reserve_table", "arguments": {"party_size": 2, "time": "7pm"}}
+    assert live_right(table, [good])
+    assert not live_right(table, [good, good])  # one call, not two
+    assert not live_right(table, [{**good, "name": "get_weather"}])
+    assert not live_right(table, [{**good, "arguments": {"party_size": "2", "time": "7"}}])
+    assert not live_right(table, [{**good, "arguments": None}])
+    msg = NS(tool_calls=[NS(function=NS(name="reserve_table", arguments="{bad"))])
+    assert calls_of(msg) == [{"name": "reserve_table", "arguments": None}]
+    assert all(c.name in {t["function"]["name"] for t in c.tools} for c in LIVE)

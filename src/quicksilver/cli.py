@@ -14,6 +14,8 @@ from .bench.decode import add_arguments as decode_bench_args
 from .bench.decode import run_decode_bench
 from .bench.gpu_families import add_arguments as families_bench_args
 from .bench.gpu_families import run as run_families_bench
+from .bench.live_tools import add_arguments as tools_bench_args
+from .bench.live_tools import run as run_tools_bench
 from .bench.serve import add_arguments as serve_bench_args
 from .bench.serve import run_serve_bench
 from .bench.serve_replicas import run_replicas_bench
@@ -213,6 +215,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
         "steps": run_steps_bench,
         "families": run_families_bench,
         "agents": run_agents,
+        "tools": run_tools_bench,
     }
     if args.bench not in runs:
         raise QuicksilverError(f"unknown benchmark {args.bench!r}")
@@ -336,6 +339,10 @@ BENCHES = {
         "(random weights; float32, bfloat16, int8)",
     ),
     "steps": (steps_bench_args, "ms per step of each CPU backend (torch, onnx, openvino)"),
+    "tools": (
+        tools_bench_args,
+        "tools never seen, through the live API: 4 fixed prompts and tool_open's held-out set",
+    ),
     "families": (
         families_bench_args,
         "GPU speed of LLaDA-8B / Dream-7B shapes (random weights)",
