@@ -452,3 +452,21 @@ def test_live_tools_scoring_needs_one_right_call() -> None:
     msg = NS(tool_calls=[NS(function=NS(name="reserve_table", arguments="{bad"))])
     assert calls_of(msg) == [{"name": "reserve_table", "arguments": None}]
     assert all(c.name in {t["function"]["name"] for t in c.tools} for c in LIVE)
+
+
+def test_serve_bench_edit_routes_send_the_user_message_alone() -> None:
+    from quicksilver.bench.serve import ROUTES, chat_bodies
+
+    for route in ("apply", "edit"):
+        bodies = chat_bodies(4, 0, 64, route)
+        assert len(bodies) == 4
+        for b in bodies:
+            assert [m["role"] for m in b["messages"]] == ["user"]
+            assert "<|" in b["messages"][0]["content"]  # the route's tagged sections
+    assert ROUTES["apply"][0] == "/v1/apply/completions"
+
+
+def test_llama_server_ngram_flags_are_its_own() -> None:
+    from quicksilver.bench.llama_cpp import NGRAM_FLAGS
+
+    assert NGRAM_FLAGS[:2] == ("--spec-type", "ngram-simple")

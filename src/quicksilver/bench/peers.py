@@ -20,7 +20,7 @@ import shutil
 import subprocess
 import tempfile
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -88,9 +88,10 @@ def launch_llama_server(
     dtype: str = "bf16",
     ctx_per_slot: int = 1024,
     timeout: float = 120.0,
+    extra: Sequence[str] = (),
 ) -> Iterator[str]:
     """``llama-server`` on a causal checkpoint's GGUF (default: the AR twin's, bf16), one
-    thread, ``slots`` parallel sequences."""
+    thread, ``slots`` parallel sequences, ``extra`` flags (its speculative decoding, say)."""
     ar = ar or embedded_ar_model_path()
     if ar is None:
         raise QuicksilverError("this build ships no AR twin to export for llama.cpp")
@@ -100,7 +101,7 @@ def launch_llama_server(
         port = free_port()
         cmd = [str(llama_server_binary()), "-m", str(gguf), "--host", "127.0.0.1"]
         cmd += ["--port", str(port), "-t", "1", "-tb", "1", "-np", str(slots)]
-        cmd += ["-c", str(ctx_per_slot * slots), "--no-webui", "--log-disable"]
+        cmd += ["-c", str(ctx_per_slot * slots), "--no-webui", "--log-disable", *extra]
         proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         url = f"http://127.0.0.1:{port}"
         with healthy(proc, url, timeout, "llama-server"):

@@ -133,8 +133,25 @@ class Result:
     error: str = ""
 
 
-async def stream_chat(client: Any, url: str, body: dict[str, Any], api_key: str | None) -> Result:
-    """One streamed chat completion, timed chunk by chunk."""
+# ``--route``: the path requests go to, and the held-out tasks their bodies come from
+ROUTES = {
+    "chat": (
+        "/v1/chat/completions",
+        ("path_star", "sudoku4", "countdown3", "multiply", "tool_call", "chat"),
+    ),
+    "apply": ("/v1/apply/completions", ("apply_edit",)),
+    "edit": ("/v1/edit/completions", ("next_edit",)),
+}
+
+
+async def stream_chat(
+    client: Any,
+    url: str,
+    body: dict[str, Any],
+    api_key: str | None,
+    path: str = "/v1/chat/completions",
+) -> Result:
+    """One streamed completion of a chat-shaped route (``path``), timed chunk by chunk."""
     headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
     body = {**body, "stream": True, "stream_options": {"include_usage": True}}
     t0 = time.perf_counter()
@@ -142,9 +159,7 @@ async def stream_chat(client: Any, url: str, body: dict[str, Any], api_key: str 
     res = Result(ok=False)
     calls: dict[int, dict[str, Any]] = {}
     try:
-        async with client.stream(
-            "POST", url + "/v1/chat/completions", json=body, headers=headers
-        ) as r:
+        async with client.stream("POST", url + path, json=body, headers=headers) as r:
             if r.status_code != 200:
                 res.error = f"HTTP {r.status_code}: {(await r.aread())[:200]!r}"
                 return res
@@ -196,6 +211,7 @@ async def run_level(
     time_limit: float,
     api_key: str | None,
     seed: int,
+    path: str = "/v1/chat/completions",
 ) -> tuple[list[Result], float]:
     import httpx
 
@@ -209,7 +225,7 @@ async def run_level(
             async with sem:
                 if time.perf_counter() > deadline:
                     return
-                results.append(await stream_chat(client, url, body, api_key))
+                results.append(await stream_chat(client, url, body, api_key, path))
 
         t0 = time.perf_counter()
         tasks = []
@@ -244,15 +260,19 @@ def level_summary(results: list[Result], wall: float, concurrency: int) -> dict[
     }
 
 
-def chat_bodies(n: int, seed: int, max_tokens: int) -> list[dict[str, Any]]:
-    """Requests from the held-out task suite (so the server does real work), cycled to ``n``."""
-
+def chat_bodies(n: int, seed: int, max_tokens: int, route: str = "chat") -> list[dict[str, Any]]:
+    """Requests from the held-out task suite (so the server does real work), cycled to ``n``; on
+    the edit routes the user message alone (their system prompt is the server's)."""
+    tasks = ROUTES[route][1]
     items = [
         it
-        for name in ("path_star", "sudoku4", "countdown3", "multiply", "tool_call", "chat")
-        for it in get_task(name).test_items(max(2, n // 6 + 1), seed)
+        for name in tasks
+        for it in get_task(name).test_items(max(2, n // len(tasks) + 1), seed)
         if it.is_chat
     ]
+    if route != "chat":
+        for it in items:
+            it.messages = [m for m in it.messages or [] if m["role"] != "system"]
     random.Random(seed).shuffle(items)
     bodies = []
     for it in (items * (n // max(len(items), 1) + 1))[:n]:
@@ -356,9 +376,11 @@ async def agent_loop(
 def run_serve_bench(args: argparse.Namespace) -> int:
     levels = [int(x) for x in (args.concurrency or "1,4,16,64").split(",") if x]
     rate = float(args.rate)
+    path = ROUTES[args.route][0]
     extra = [f"--max-batch={max(levels)}"] if not args.url else []
     report: dict[str, Any] = {
         "bench": "serve",
+        "route": path,
         "levels": [],
         "arrival_rate_per_s": args.rate,
         "max_tokens": args.max_tokens,
@@ -373,16 +395,16 @@ def run_serve_bench(args: argparse.Namespace) -> int:
     with ctx as url:
         for c in levels:
             n = min(args.max_requests, max(args.min_requests, 2 * c))
-            bodies = chat_bodies(n, args.seed + c, args.max_tokens)
+            bodies = chat_bodies(n, args.seed + c, args.max_tokens, args.route)
             results, wall = asyncio.run(
-                run_level(url, bodies, c, rate, args.time_limit, args.api_key, args.seed)
+                run_level(url, bodies, c, rate, args.time_limit, args.api_key, args.seed, path)
             )
             report["levels"].append(level_summary(results, wall, c))
     base = report["levels"][0]["aggregate_tok_s"] if report["levels"] else float("nan")
     for lv in report["levels"]:
         lv["speedup_vs_concurrency_1"] = lv["aggregate_tok_s"] / base if base else float("nan")
     print_table(
-        "bench serve — streamed chat completions, Poisson arrivals",
+        f"bench serve — streamed completions on {path}, Poisson arrivals",
         [
             "concurrency",
             "requests",
@@ -413,7 +435,7 @@ def run_serve_bench(args: argparse.Namespace) -> int:
             for lv in report["levels"]
         ],
     )
-    if args.agent_turns and not args.url:
+    if args.agent_turns and not args.url and args.route == "chat":
         loop: dict[str, list[float]] = {}
         loop_errors: list[str] = []
         for label, flags in (("prefix_cache", []), ("no_prefix_cache", ["--prefix-cache-mb=0"])):
@@ -512,6 +534,13 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         "--time-limit", type=float, default=300.0, dest="time_limit", help="seconds per level"
     )
     p.add_argument("--max-tokens", type=int, default=96, dest="max_tokens")
+    p.add_argument(
+        "--route",
+        choices=sorted(ROUTES),
+        default="chat",
+        help="chat: /v1/chat/completions on the suite's chat tasks (default); apply: "
+        "/v1/apply/completions on apply_edit; edit: /v1/edit/completions on next_edit",
+    )
     p.add_argument(
         "--agent-turns", type=int, default=5, dest="agent_turns", help="0 skips the agent loop"
     )

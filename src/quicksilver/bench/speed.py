@@ -14,8 +14,10 @@ baseline's) describes what ``quicksilver serve`` decodes with, named by ``headli
 the embedded causal model, or (d) when no drafting model runs; (d)'s and ``verify``'s own ratios
 sit in their entries under ``methods``. With ``--vs-llama-cpp`` the AR twin also
 runs in llama.cpp (bench/llama_cpp.py) on the same token ids — through its Python binding and, once
-``make llama-server`` has built it, its own C++ server — and the top level gains
-``ratio_vs_llama_cpp`` and ``ratio_vs_llama_server``.
+``make llama-server`` has built it, its own C++ server, plain and with its own prompt-lookup
+speculation (``llama_server_ngram``: bench/llama_cpp.py ``NGRAM_FLAGS``) — and the top level gains
+``ratio_vs_llama_cpp``, ``ratio_vs_llama_server``, ``ratio_vs_llama_server_ngram`` and
+``ratio_vs_llama_cpp_best`` (against the fastest of them).
 ``--backend`` picks the step runtime of both models (default auto: ONNX Runtime on a CPU, see
 models/cpu_backends.py) and ``--window`` the default's decode window; both are in ``settings``.
 ``--interleave`` runs each item's repeats round-robin over the methods (A B C A B C, the order turning
@@ -57,7 +59,13 @@ from ..sampling.caches import resolve_window
 from ..suite.render import prompt_text
 from ..suite.tasks import get_task, split_reply
 from .common import bar_plot, emit_json, hardware, median, print_table
-from .llama_cpp import LlamaCppRunner, LlamaServerRunner, binding_installed
+from .llama_cpp import (
+    NGRAM_FLAGS,
+    LlamaCppRunner,
+    LlamaServerRunner,
+    binding_installed,
+    server_has_ngram,
+)
 from .peers import llama_server_built
 from .verify import identity, k_plot, verify_configs, verify_pipeline
 
@@ -212,10 +220,21 @@ def ratios(summary: dict[str, dict[str, Any]], m: str) -> dict[str, float]:
         "ratio_vs_reference": v["tok_s"] / (summary.get("reference", nan)["tok_s"] or math.nan),
         "accuracy_vs_one_per_step": v["accuracy"] - summary.get(ONE_PER_STEP[m], v)["accuracy"],
     }
-    for key in ("llama_cpp", "llama_server"):
-        if f"{key}_ar" in summary:
-            out[f"ratio_vs_{key}"] = v["tok_s"] / summary[f"{key}_ar"]["tok_s"]
+    peers = [summary[m]["tok_s"] for m in LLAMA_METHODS.values() if m in summary]
+    for key, method in LLAMA_METHODS.items():
+        if method in summary:
+            out[f"ratio_vs_{key}"] = v["tok_s"] / summary[method]["tok_s"]
+    if peers:  # against whichever of llama.cpp's ways ran fastest
+        out["ratio_vs_llama_cpp_best"] = v["tok_s"] / max(peers)
     return out
+
+
+# llama.cpp's methods by the ratio key each gives
+LLAMA_METHODS = {
+    "llama_cpp": "llama_cpp_ar",
+    "llama_server": "llama_server_ar",
+    "llama_server_ngram": "llama_server_ngram",
+}
 
 
 def verify_method(
@@ -272,7 +291,7 @@ def run_speed_bench(args: argparse.Namespace) -> int:
     if vpipe is not None:
         for name, vcfg in verify_configs(getattr(args, "draft", None), sweep).items():
             methods[name] = verify_method(vpipe, vcfg)
-    llama, server = None, None
+    llama, server, ngram = None, None, None
     if getattr(args, "vs_llama_cpp", False):
         if binding_installed() or not llama_server_built():
             llama = LlamaCppRunner(
@@ -282,6 +301,11 @@ def run_speed_bench(args: argparse.Namespace) -> int:
         if llama_server_built():  # llama.cpp's own C++ loop, beside or instead of the binding
             server = LlamaServerRunner(ar_path, args.llama_cpp_dtype)
             methods["llama_server_ar"] = lambda p, a, ids, n: Run(*server.run(ids, n, a.stop_ids))
+            if server_has_ngram(server.binary):  # and its own prompt-lookup speculation
+                ngram = LlamaServerRunner(ar_path, args.llama_cpp_dtype, NGRAM_FLAGS)
+                methods["llama_server_ngram"] = lambda p, a, ids, n: Run(
+                    *ngram.run(ids, n, a.stop_ids)
+                )
     stats = {m: MethodStats() for m in methods}
     warm = items[0]
     for fn in methods.values():  # warm-up
@@ -366,6 +390,10 @@ def run_speed_bench(args: argparse.Namespace) -> int:
         server.close()
         extra["ratio_vs_llama_server"] = d["ratio_vs_llama_server"]
         extra["llama_server"] = server.info()
+    if ngram is not None:
+        ngram.close()
+        extra["ratio_vs_llama_server_ngram"] = d["ratio_vs_llama_server_ngram"]
+        extra["llama_server_ngram"] = ngram.info()
     if vpipe is not None:
         v = summary["verify"]
         k = vpipe.config.draft_length if args.draft is None else args.draft
@@ -382,9 +410,9 @@ def run_speed_bench(args: argparse.Namespace) -> int:
             "backend": vpipe.runtime,
             "k_plot": str(k_plot(out, summary, k, summary["ar_kv_cache"]) or ""),
         }
-        for key, peer in (("llama_cpp", llama), ("llama_server", server)):
-            if peer is not None:
-                extra["verify"][f"ratio_vs_{key}"] = v["tok_s"] / summary[f"{key}_ar"]["tok_s"]
+        for key in [*LLAMA_METHODS, "llama_cpp_best"]:
+            if f"ratio_vs_{key}" in v:
+                extra["verify"][f"ratio_vs_{key}"] = v[f"ratio_vs_{key}"]
     emit_json(
         {
             "bench": "speed",
