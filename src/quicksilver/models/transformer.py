@@ -57,9 +57,21 @@ class Rotary(nn.Module):
     cos_table: torch.Tensor
     sin_table: torch.Tensor
 
-    def __init__(self, head_dim: int, theta: float, max_len: int = 4096) -> None:
+    def __init__(
+        self,
+        head_dim: int,
+        theta: float,
+        max_len: int = 4096,
+        inv_freq: torch.Tensor | None = None,
+    ) -> None:
+        """``inv_freq`` (head_dim / 2,): explicit inverse frequencies (e.g. Gemma-4's proportional
+        RoPE, whose tail frequencies are zero) instead of ``theta ** (-2i / head_dim)``."""
         super().__init__()
-        inv = 1.0 / (theta ** (torch.arange(0, head_dim, 2, dtype=torch.float32) / head_dim))
+        inv = (
+            1.0 / (theta ** (torch.arange(0, head_dim, 2, dtype=torch.float32) / head_dim))
+            if inv_freq is None
+            else inv_freq.to(torch.float32)
+        )  # (hd/2,)
         self.register_buffer("inv_freq", inv, persistent=False)
         self.max_len = max_len
         self._build(min(max_len, 4096))  # grows on demand
