@@ -40,8 +40,29 @@ class SharedExpertShim(torch.nn.Module):
         self.moe, self.shared = moe, shared
 
     def forward(self, h: torch.Tensor) -> torch.Tensor:
-        routed, _ = self.moe(h)
+        out = self.moe(h)  # transformers 4.x: (output, router logits); 5.x: the output alone
+        routed = out[0] if isinstance(out, tuple) else out
         return routed + self.shared(h)
+
+
+def fit_experts(ref: torch.nn.Module, state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """Per-expert ``experts.{e}.{gate,up,down}_proj.weight`` packed into the 3-D ``gate_up_proj``
+    (E, 2F, C) and ``down_proj`` (E, C, F) that transformers >= 5 stores, when ``ref`` has them
+    (transformers 4.x keeps one linear per expert and gets ``state`` unchanged)."""
+    fused = {
+        k[: -len("gate_up_proj")] for k in ref.state_dict() if k.endswith("experts.gate_up_proj")
+    }
+    if not fused:
+        return state
+    out = {k: v for k, v in state.items() if not any(k.startswith(p) for p in fused)}
+    for p in fused:
+        n = len({k[len(p) :].split(".")[0] for k in state if k.startswith(p)})
+        w = lambda e, proj, p=p: state[f"{p}{e}.{proj}.weight"]  # noqa: E731
+        out[p + "gate_up_proj"] = torch.stack(
+            [torch.cat((w(e, "gate_proj"), w(e, "up_proj"))) for e in range(n)]
+        )  # (E, 2F, C)
+        out[p + "down_proj"] = torch.stack([w(e, "down_proj") for e in range(n)])  # (E, C, F)
+    return out
 
 
 def qwen3_moe(cj: dict, dense_ffn: int, norm_topk: bool) -> torch.nn.Module:
@@ -78,7 +99,9 @@ def test_llada_moe_matches_qwen3_moe_with_shared_expert_shim(tmp_path: Path) -> 
     state = read_safetensors(tmp_path)
     ref = qwen3_moe(cj, cj["dense_intermediate_size"], norm_topk=False)
     shared = {k: v for k, v in state.items() if ".shared_expert." in k}
-    ref.load_state_dict({k: v for k, v in state.items() if k not in shared}, strict=True)
+    ref.load_state_dict(
+        fit_experts(ref, {k: v for k, v in state.items() if k not in shared}), strict=True
+    )
     for i, layer in enumerate(ref.model.layers):
         if cj["moe_layer_freq"][i]:
             mlp = transformers.models.qwen3_moe.modeling_qwen3_moe.Qwen3MoeMLP(
@@ -153,7 +176,9 @@ def test_llada2_matches_glm4_moe_block_causal(tmp_path: Path) -> None:
         attn_implementation="eager",
     )
     ref = transformers.Glm4MoeForCausalLM(cfg)
-    ref.load_state_dict(llada2_to_glm(read_safetensors(tmp_path), cj), strict=True)
+    ref.load_state_dict(
+        fit_experts(ref, llada2_to_glm(read_safetensors(tmp_path), cj)), strict=True
+    )
     ref.eval()
     check_block_causal(ref, tmp_path, cj, "LLaDA2 vs GLM-4-MoE")
 
@@ -162,7 +187,7 @@ def test_sdar_moe_matches_qwen3_moe_block_causal(tmp_path: Path) -> None:
     write_tiny("sdar_moe", tmp_path, layers=3)
     cj = json.loads((tmp_path / "config.json").read_text())
     ref = qwen3_moe(cj, cj["intermediate_size"], norm_topk=True)
-    ref.load_state_dict(read_safetensors(tmp_path), strict=True)
+    ref.load_state_dict(fit_experts(ref, read_safetensors(tmp_path)), strict=True)
     ref.eval()
     ids = ids_for(cj["vocab_size"])
     B = ids.shape[0]
