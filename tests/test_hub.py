@@ -15,9 +15,9 @@ from typing import Any
 import pytest
 
 import quicksilver
+from quicksilver import hub
 from quicksilver.errors import ConfigError
-from quicksilver.models import hub
-from quicksilver.models.hub import CHECKPOINT_FILES, resolve_model
+from quicksilver.hub import CHECKPOINT_FILES, resolve_model
 
 MAIN = "a" * 40  # commit of refs/main
 V1 = "b" * 40  # commit of refs/v1 (a branch)

@@ -23,6 +23,7 @@ RANK = {
     "template_guard": 1,
     "tokenizer": 2,
     "assets": 2,
+    "hub": 1,
     "models": 3,
     "sampling": 4,
     "engine": 5,

@@ -11,7 +11,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from .errors import QuicksilverError
-from .models.hub import resolve_model as resolve_hub_model
+from .hub import resolve_model as resolve_hub_model
 
 ASSETS = Path(__file__).parent / "assets"
 EMBEDDED_MODEL = ASSETS / "model"
@@ -65,7 +65,7 @@ def resolve_model(
     revision: str | None = None,
 ) -> Path:
     """A --model argument (a directory, or a Hub id ``org/name[@revision]`` at ``revision``:
-    ``models/hub.py``), or the shipped model (``ar``: its AR twin; ``which``: a key of
+    ``hub.py``), or the shipped model (``ar``: its AR twin; ``which``: a key of
     ``EMBEDDED``) when none is given; a one-line QuicksilverError if this build ships none."""
     if path:
         return resolve_hub_model(path, revision)

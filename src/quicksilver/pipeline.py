@@ -11,11 +11,11 @@ from typing import Any
 import torch
 
 from .errors import CheckpointError, ConfigError
+from .hub import resolve_model
 from .models.checkpoint import DTYPES, dtype_name, load_checkpoint
 from .models.config import ModelConfig
 from .models.cpu_backends import BACKEND_CHOICES, attach_backend
 from .models.families import generation_defaults
-from .models.hub import resolve_model
 from .models.packing import LAYOUTS, resolve_layout
 from .models.quantize import QUANTIZE_CHOICES, quantize_model
 from .models.transformer import Transformer
@@ -234,7 +234,7 @@ LOAD_CHOICES: dict[str, Sequence[str]] = {
 
 
 def load(path: str | Path, config: LoadConfig | None = None, **options: Any) -> Pipeline:
-    """Load a checkpoint directory, or a Hub id ``org/name[@revision]`` (``models/hub.py``: the
+    """Load a checkpoint directory, or a Hub id ``org/name[@revision]`` (``hub.py``: the
     Hub cache first, a download only where the network is allowed), as ``config`` says, with
     ``options`` (``LoadConfig`` fields; ``dtype`` may be a ``torch.dtype``) on top. See
     ``LOAD_HELP`` for each option."""

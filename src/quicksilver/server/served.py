@@ -17,8 +17,8 @@ import torch
 from ..assets import embedded_model_path, resolve_model
 from ..engine import Engine, EngineConfig
 from ..errors import ConfigError, QuicksilverError
+from ..hub import parse_hub_id
 from ..models.checkpoint import load_tokenizer
-from ..models.hub import parse_hub_id
 from ..models.integrity import verify_checksums
 from ..pipeline import Pipeline, load
 from ..tokenizer import Tokenizer

@@ -24,7 +24,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from ..errors import ConfigError
+from .errors import ConfigError
 
 # The files a checkpoint directory is read from (models/checkpoint.py, the families' tokenizers,
 # the sampler defaults, the integrity file); `*` also matches inside subfolders.
