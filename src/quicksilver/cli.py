@@ -63,6 +63,9 @@ SAMPLER_HELP = {
     "(default: 8 on a CPU, the whole block on a GPU)",
     "revise_threshold": "re-mask committed tokens whose confidence falls below this (revision; off if unset)",
     "max_revisions": "how often one position may be re-masked",
+    "editing_threshold": "rewrite a committed token of the current block where the model's top token "
+    "differs with probability above this (LLaDA2.1 editing; 0: wherever it differs; off if unset)",
+    "max_post_steps": "editing: most extra passes over a filled block while they still edit",
     "stop_at_eos": "stop once a stop token and everything before it are committed",
 }
 

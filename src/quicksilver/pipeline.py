@@ -54,6 +54,7 @@ class Pipeline:
         path: str | Path | None = None,
         cache: str = "auto",
         refresh_every: int = 0,
+        decoding_mode: str | None = None,
     ) -> None:
         self.model = model
         self.tokenizer = tokenizer
@@ -75,10 +76,14 @@ class Pipeline:
             refresh_every=refresh_every,
         )
 
-        # The family's published decoding settings (+ the checkpoint's sampler_config.json): the
-        # base that every request's options are applied on (CLI flags, API fields).
+        # The family's published decoding settings, in its decoding mode (+ the checkpoint's
+        # sampler_config.json): the base that every request's options are applied on (CLI flags,
+        # API fields).
         self.generation_defaults: dict[str, Any] = generation_defaults(
-            self.config.architecture, self.path, [f.name for f in fields(SamplerConfig)]
+            self.config.architecture,
+            self.path,
+            [f.name for f in fields(SamplerConfig)],
+            decoding_mode,
         )
         if isinstance(self.decoder, VerifyDecoder):  # lossless by default: the model's AR output
             self.generation_defaults.setdefault("policy", "verify")
@@ -198,6 +203,7 @@ class LoadConfig:
     attention_layout: str = "auto"
     cuda_graphs: bool = False
     revision: str | None = None
+    decoding_mode: str | None = None
 
     def load_options(self) -> dict[str, Any]:
         """The fields as ``load``'s keyword options."""
@@ -223,6 +229,8 @@ LOAD_HELP = {
     "auto (batched on a GPU)",
     "cuda_graphs": "static bucketed shapes + torch.compile(mode='reduce-overhead') (GPU)",
     "revision": "branch, tag or commit of a Hub id --model (same as org/name@REVISION)",
+    "decoding_mode": "the family's named decoding settings (LLaDA2.1: quality, its default, or "
+    "speed); default: the family's published ones",
 }
 LOAD_CHOICES: dict[str, Sequence[str]] = {
     "dtype": DTYPE_CHOICES,
@@ -260,4 +268,11 @@ def load(path: str | Path, config: LoadConfig | None = None, **options: Any) -> 
     elif cfg.compile:
         model.compile_blocks()
     attach_backend(model, cfg.backend)
-    return Pipeline(model, tok, path, cache=cfg.cache, refresh_every=cfg.refresh_every)
+    return Pipeline(
+        model,
+        tok,
+        path,
+        cache=cfg.cache,
+        refresh_every=cfg.refresh_every,
+        decoding_mode=cfg.decoding_mode,
+    )

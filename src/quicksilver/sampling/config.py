@@ -31,6 +31,11 @@ class SamplerConfig:
     copy_drafts: bool = True
     revise_threshold: float | None = None  # re-mask committed tokens whose confidence falls below
     max_revisions: int = 1  # per position: bounds revision so decoding always terminates
+    # editing (LLaDA2.1's token-to-token step): a committed token of the block being decoded is
+    # rewritten to the model's top token where that differs and its probability exceeds this
+    # (0.0: wherever it differs); None: off. See state.Row.advance for when a block ends.
+    editing_threshold: float | None = None
+    max_post_steps: int = 16  # editing: extra passes over a filled block while they still edit
     stop_at_eos: bool = (
         True  # honest length: stop once a stop token and all before it are committed
     )
@@ -63,6 +68,12 @@ class SamplerConfig:
             raise ConfigError(f"top_p must be in (0, 1], got {self.top_p}")
         if self.revise_threshold is not None and not (0.0 < self.revise_threshold < 1.0):
             raise ConfigError(f"revise_threshold must be in (0, 1), got {self.revise_threshold}")
+        if self.editing_threshold is not None and not (0.0 <= self.editing_threshold < 1.0):
+            raise ConfigError(f"editing_threshold must be in [0, 1), got {self.editing_threshold}")
+        if not isinstance(self.max_post_steps, int) or not 0 <= self.max_post_steps <= 64:
+            raise ConfigError(
+                f"max_post_steps must be an integer in [0, 64], got {self.max_post_steps}"
+            )
         if not (0 <= self.max_revisions <= 8):
             raise ConfigError(f"max_revisions must be in [0, 8], got {self.max_revisions}")
         if max_context is not None:

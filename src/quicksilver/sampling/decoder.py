@@ -1,8 +1,8 @@
 """The fast parallel-refinement decoder: only the loop.
 
 One step: gather every live row's window (``caches``) -> one forward pass over all of them ->
-pure batched selection on the device (``select``, with the revision hook) -> write the commits into
-the device canvases -> one device-to-host transfer of the step's events -> host bookkeeping per row
+pure batched selection on the device (``select``, with the revision and editing hooks) -> write
+the commits and edits into the device canvases -> one device-to-host transfer of the step's events -> host bookkeeping per row
 (``state``: stops, blocks, finish). Constrained rows (structured output) add their own reads
 (``hooks.commit_constrained``); nothing else in a step reads the device.
 
@@ -24,14 +24,23 @@ from ..models.kvcache import KVCache
 from ..models.transformer import Transformer
 from .caches import CACHE_CHOICES, resolve_cache_mode, resolve_window
 from .config import SamplerConfig
-from .hooks import Constraint, apply_stop, commit_constrained, remask, revision_inputs
+from .hooks import (
+    Constraint,
+    apply_stop,
+    commit_constrained,
+    editing_inputs,
+    remask,
+    revision_inputs,
+    rewrite,
+)
 from .noise import request_generator
 from .policies import POLICIES
 from .row_decoder import RowDecoder
 from .select import choose, draw_noise, draw_tokens, forbid, pad_windows, policy_scores
 from .state import DecodeResult, Row, RowEvent
 
-NOTHING, REMASKED = -1, -2  # event codes besides committed tokens
+NOTHING, REMASKED = -1, -2  # event codes besides committed tokens; an edit to token t: EDITED - t
+EDITED = -3
 
 __all__ = ["Constraint", "DecodeResult", "Decoder", "Row", "RowEvent", "refine"]
 
@@ -43,8 +52,15 @@ def _pad(parts: list[torch.Tensor], value: float | bool) -> torch.Tensor:
     return torch.nn.utils.rnn.pad_sequence(parts, batch_first=True, padding_value=value)
 
 
-def _write(row: Row, take: torch.Tensor, x0: torch.Tensor, bad: torch.Tensor | None) -> None:
-    """Commit ``take`` and re-mask ``bad`` (window vectors (n,)) on the row's device canvas."""
+def _write(
+    row: Row,
+    take: torch.Tensor,
+    x0: torch.Tensor,
+    bad: torch.Tensor | None,
+    edit: torch.Tensor | None,
+) -> None:
+    """Commit ``take``, re-mask ``bad`` and rewrite ``edit`` (window vectors (n,)) on the row's
+    device canvas."""
     lo, hi = row.block_span()
     canvas, committed = row.canvas[lo:hi], row.committed[lo:hi]  # views (n,)
     if bad is not None:
@@ -53,7 +69,7 @@ def _write(row: Row, take: torch.Tensor, x0: torch.Tensor, bad: torch.Tensor | N
         if row.revising:
             row.revisions[lo:hi] += bad
     if row.constraint is None:  # a constrained row's commits are asked one by one, later
-        canvas.copy_(torch.where(take, x0, canvas))
+        canvas.copy_(torch.where(take if edit is None else take | edit, x0, canvas))
         committed |= take
 
 
@@ -61,23 +77,26 @@ def _host_update(
     row: Row, step: int, k: int, codes: list[int], order: torch.Tensor, logits: torch.Tensor
 ) -> RowEvent:
     """Mirror one row's step on the host from its window's event codes (token: committed, -1:
-    nothing, -2: re-masked); stops, blocks, finish."""
+    nothing, -2: re-masked, EDITED - token: rewritten); stops, blocks, finish."""
     lo = row.block_span()[0]
     remasked = [lo + j for j, c in enumerate(codes) if c == REMASKED]
-    if k == 0:  # a check pass over a filled block (revision)
-        row.record([], remasked)
+    edited = [(lo + j, EDITED - c) for j, c in enumerate(codes) if c <= EDITED]
+    if k == 0:  # a pass over a filled block: revision's check, editing's post pass
+        row.record([], remasked, edited)
         if not remasked:
             row.verified_block = row.block
-        row.advance()
-        return row.event(step, [], remasked)
-    if row.constraint is None:
-        committed = [(lo + j, c) for j, c in enumerate(codes) if c >= 0]
+        committed = apply_stop(row, edited)
     else:
-        committed = commit_constrained(row, order, [c >= 0 for c in codes], codes, logits)
-    row.record(committed, remasked)
-    committed = apply_stop(row, committed)
+        if row.constraint is None:
+            committed = [(lo + j, c) for j, c in enumerate(codes) if c >= 0]
+        else:
+            committed = commit_constrained(row, order, [c >= 0 for c in codes], codes, logits)
+        row.record(committed, remasked, edited)
+        committed = apply_stop(row, committed + edited)
     row.advance()
-    return row.event(step, committed, remasked)
+    ev = row.event(step, committed, remasked)
+    ev.edited = [p for p, _ in edited if p < row.end]
+    return ev
 
 
 @dataclass
@@ -88,9 +107,11 @@ class Windows:
     logits: torch.Tensor  # (R, W, V) float32, forbidden tokens at -inf
     masked: torch.Tensor  # (R, W) bool
     k: list[int]  # per row: positions the policy must commit (0: a check pass)
-    cur: torch.Tensor | None  # (R, W) tokens on the canvas; None: no row revises
+    cur: torch.Tensor | None  # (R, W) tokens on the canvas; None: no row revises or edits
     eligible: torch.Tensor | None  # (R, W) bool: may be re-masked by revision
     bound: list[float]  # per row: revision's confidence bound (0: no revision)
+    editable: torch.Tensor | None = None  # (R, W) bool: may be rewritten by editing
+    edit_bound: list[float] | None = None  # per row: editing's bound (1: no editing)
 
 
 def gather_windows(rows: Sequence[Row], logits: Sequence[torch.Tensor]) -> Windows:
@@ -102,19 +123,23 @@ def gather_windows(rows: Sequence[Row], logits: Sequence[torch.Tensor]) -> Windo
             L[i, : widths[i]] = r.constraint.mask_logits(r, r.block_span()[0], L[i, : widths[i]])
     masked = ~_pad([r.committed[slice(*r.block_span())] for r in rows], True)  # (R, W)
     w = Windows(widths, L, masked, [r.commit_count() for r in rows], None, None, [])
-    if any(r.revising for r in rows):
+    if any(r.revising or r.editing for r in rows):
         cur = [r.canvas[slice(*r.block_span())] for r in rows]  # (n_i,) each
         revision = [revision_inputs(r, c) for r, c in zip(rows, cur)]
         w.cur, w.eligible = _pad(cur, rows[0].mask_id), _pad([e for e, _ in revision], False)
         w.bound = [b for _, b in revision]
+        if any(r.editing for r in rows):
+            editing = [editing_inputs(r, c) for r, c in zip(rows, cur)]
+            w.editable = _pad([e for e, _ in editing], False)
+            w.edit_bound = [b for _, b in editing]
     return w
 
 
 def select_commits(
     rows: Sequence[Row], w: Windows
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None, torch.Tensor]:
-    """take, x0, bad (R, W) (None: no row revises) and the order (R, W) of positions by score,
-    for every row at once."""
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None, torch.Tensor | None, torch.Tensor]:
+    """take, x0, bad (R, W) (None: no row revises), edit (R, W) (None: no row edits) and the
+    order (R, W) of positions by score, for every row at once."""
     dev = w.logits.device
     gens = [r.generator for r in rows]
     names = [r.cfg.policy for r in rows]
@@ -132,7 +157,13 @@ def select_commits(
     if w.cur is not None and w.eligible is not None:
         bound = to_device(w.bound, torch.float32, dev)  # (R,)
         bad = remask(probs, w.cur, w.masked, w.eligible, bound)
-    return take, x0, bad, order
+    edit = None
+    if w.cur is not None and w.editable is not None and w.edit_bound is not None:
+        eb = to_device(w.edit_bound, torch.float32, dev)  # (R,)
+        edit = rewrite(probs, x0, w.cur, w.editable & ~w.masked, eb)
+        if bad is not None:
+            edit &= ~bad
+    return take, x0, bad, edit, order
 
 
 @torch.no_grad()
@@ -141,12 +172,15 @@ def refine(rows: Sequence[Row], logits: Sequence[torch.Tensor], step: int) -> li
     for r in rows:
         r.begin_step()
     w = gather_windows(rows, logits)
-    take, x0, bad, order = select_commits(rows, w)
+    take, x0, bad, edit, order = select_commits(rows, w)
     for i, (r, n) in enumerate(zip(rows, w.widths)):
-        _write(r, take[i, :n], x0[i, :n], None if bad is None else bad[i, :n])
+        part = [None if t is None else t[i, :n] for t in (bad, edit)]
+        _write(r, take[i, :n], x0[i, :n], part[0], part[1])
     codes = torch.where(take, x0, NOTHING)  # (R, W)
     if bad is not None:
         codes = codes.masked_fill(bad, REMASKED)
+    if edit is not None:
+        codes = torch.where(edit, EDITED - x0, codes)
     events = codes.tolist()  # the step's one device-to-host transfer
     return [
         _host_update(r, step, w.k[i], events[i][:n], order[i, :n], w.logits[i, :n])

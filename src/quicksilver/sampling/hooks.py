@@ -3,6 +3,10 @@
 - ``revision_inputs`` / ``remask``: committed tokens whose confidence fell below the row's
   ``revise_threshold`` are re-masked (at most ``max_revisions`` times per position, never a stop
   token or a prefilled one), for every row of the batch in one expression.
+- ``editing_inputs`` / ``rewrite``: editing (LLaDA2.1's token-to-token step). A committed token
+  of the block being decoded becomes the step's drawn token where that differs and its probability
+  exceeds the row's ``editing_threshold`` (never a prefilled token, a stop token that ended the
+  canvas, or one of a constrained row, whose commits go through its constraint).
 - ``apply_stop``: honest length. Once a stop token is committed the canvas ends after it: later
   positions are dropped from the input and never returned.
 - ``Constraint`` / ``commit_constrained``: structured output. A constrained row's logits are masked
@@ -70,6 +74,36 @@ def remask(
     idx = cur.clamp_max(probs.shape[-1] - 1)[..., None]  # (R, W, 1)
     p_cur = probs.gather(-1, idx).squeeze(-1)  # (R, W)
     return eligible & ~masked & (p_cur < bound[:, None])
+
+
+# ---- editing ----------------------------------------------------------------------------------
+def editing_inputs(row: Row, cur: torch.Tensor) -> tuple[torch.Tensor, float]:
+    """Which of the window's positions (tokens ``cur`` (n,)) editing may rewrite, and its bound
+    (1.0 for a row that does not edit: no probability exceeds it)."""
+    lo, hi = row.block_span()
+    if not row.editing or row.constraint is not None:
+        return torch.zeros_like(cur, dtype=torch.bool), 1.0
+    assert row.cfg.editing_threshold is not None
+    editable = ~row.fixed[lo:hi]  # (n,)
+    if row.cfg.stop_at_eos:  # a committed stop token has ended the canvas: it stays
+        editable &= ~torch.isin(cur, row.stop_tensor)
+    return editable, float(row.cfg.editing_threshold)
+
+
+def rewrite(
+    probs: torch.Tensor,
+    x0: torch.Tensor,
+    cur: torch.Tensor,
+    editable: torch.Tensor,
+    bound: torch.Tensor,
+) -> torch.Tensor:
+    """Committed, editable positions whose drawn token differs from the canvas's and is more
+    probable than the row's bound.
+
+    probs (R, W, V), x0/cur (R, W) tokens drawn / on the canvas, editable (R, W) (committed ones
+    only), bound (R,) -> (R, W)."""
+    p_x0 = probs.gather(-1, x0[..., None]).squeeze(-1)  # (R, W)
+    return editable & (x0 != cur) & (p_x0 > bound[:, None])
 
 
 # ---- stops ------------------------------------------------------------------------------------

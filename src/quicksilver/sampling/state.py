@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import math
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
@@ -40,6 +41,9 @@ class RowEvent:
     done: bool
     finish_reason: str | None = None  # "stop" (stop token) | "length" (canvas full)
     canvas: list[int] | None = None  # canvas[:end] (mask id where masked) when record_canvas
+    edited: list[int] = field(
+        default_factory=list
+    )  # positions rewritten by editing (also in committed)
 
 
 @dataclass
@@ -50,6 +54,7 @@ class DecodeResult:
     steps: int
     revisions: int
     seconds: float = 0.0
+    edits: int = 0  # committed tokens rewritten by editing (editing_threshold)
     accepted: list[int] | None = None  # verify decoding: drafts kept, per pass that verified some
     wide_passes: int = 0  # verify decoding: passes that fed drafts with k masks behind them
     copied: int = 0  # verify decoding: output tokens that were kept copy drafts
@@ -113,7 +118,9 @@ class Row:
             steps = n  # one token per step unless told otherwise
         self.steps_per_block = None if steps is None else max(1, math.ceil(steps / self.n_blocks))
         self.block_steps = 0
-        self.nfe = self.steps = self.n_revisions = 0
+        self.post_steps = 0  # editing: passes over the current block after it filled
+        self.edited = False  # editing: whether the last pass rewrote a token
+        self.nfe = self.steps = self.n_revisions = self.n_edits = 0
         self._first_masked = 0  # no masked position before it (without revision)
         self.done = False
         self.finish_reason: str | None = None
@@ -156,6 +163,10 @@ class Row:
     def revising(self) -> bool:
         return self.cfg.revise_threshold is not None and self.cfg.max_revisions > 0
 
+    @property
+    def editing(self) -> bool:
+        return self.cfg.editing_threshold is not None
+
     def masked_in_window(self) -> int:
         lo, hi = self.block_span()
         return hi - lo - sum(self.host_committed[lo:hi])
@@ -175,14 +186,25 @@ class Row:
         self.nfe += 1
         self.steps += 1
         self.block_steps += 1
+        if self.editing and self.masked_in_window() == 0:
+            self.post_steps += 1
 
-    def record(self, committed: list[tuple[int, int]], remasked: list[int]) -> None:
-        """Mirror one step's commits and re-masks on the host."""
+    def record(
+        self,
+        committed: list[tuple[int, int]],
+        remasked: list[int],
+        edited: Sequence[tuple[int, int]] = (),
+    ) -> None:
+        """Mirror one step's commits, re-masks and edits on the host."""
         for pos in remasked:
             self.host_tokens[pos], self.host_committed[pos] = self.mask_id, False
         self.n_revisions += len(remasked)
         for pos, tok in committed:
             self.host_tokens[pos], self.host_committed[pos] = tok, True
+        for pos, tok in edited:
+            self.host_tokens[pos] = tok
+        self.n_edits += len(edited)
+        self.edited = bool(edited)
 
     def truncate(self, end: int) -> None:
         """Drop canvas positions >= end (a stop token at end - 1), on the device and the host."""
@@ -197,18 +219,38 @@ class Row:
         """Move to the first block with a masked position; finish if there is none.
 
         With revision on, a filled block gets one more pass that checks its tokens before the
-        decoder moves on (it moves on once a check re-masks nothing)."""
+        decoder moves on (it moves on once a check re-masks nothing). With editing on, a filled
+        block gets passes that may only edit (``_post_pass_due``), and a stop token with nothing
+        masked before it ends the row at once (LLaDA2.1's early stop at EOS)."""
         while True:
             lo, hi = self.block_span()
-            if lo >= self.end:
+            if lo >= self.end or (
+                self.editing
+                and self.stop_pos is not None
+                and all(self.host_committed[: self.stop_pos])
+            ):
                 self._finish()
                 return
             if not all(self.host_committed[lo:hi]):
                 return
             if self.revising and self.verified_block != self.block:
                 return
+            if self.editing and self._post_pass_due():
+                return
             self.block += 1
-            self.block_steps = 0
+            self.block_steps = self.post_steps = 0
+            self.edited = False
+
+    def _post_pass_due(self) -> bool:
+        """Editing, over a filled block: one more pass? (the block-refinement rule of LLaDA2.1 as
+        diffusers' ``BlockRefinementScheduler`` runs it). After the pass that filled the block, one
+        follows unless the unmasking used the whole step budget (``steps`` per block, else the
+        block length); after a pass that only edited, another follows while it still edited and at
+        most ``max_post_steps`` such passes have run."""
+        if self.post_steps == 0:
+            budget = self.steps_per_block or self.block_length
+            return 0 < self.block_steps < budget
+        return self.edited and self.post_steps <= self.cfg.max_post_steps
 
     def _finish(self) -> None:
         self.done = True
@@ -218,7 +260,7 @@ class Row:
     def stable(self) -> int:
         if self.done:
             return self.output_end()
-        if self.revising:
+        if self.revising or self.editing:
             return self.block_span()[0]
         while self._first_masked < self.end and self.host_committed[self._first_masked]:
             self._first_masked += 1
@@ -257,4 +299,5 @@ class Row:
             steps=self.steps,
             revisions=self.n_revisions,
             seconds=self.seconds,
+            edits=self.n_edits,
         )

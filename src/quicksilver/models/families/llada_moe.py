@@ -16,12 +16,21 @@ group-limited top-k, renormalised, times ``routed_scaling_factor``; shared exper
 block-causal in blocks of 32 (``generate(block_length=32)``), so the KV cache is exact. Decoding
 as published: threshold 0.95 within each block, at least one token per step.
 
+LLaDA2.1 (arXiv 2602.08676) is the same architecture and config; it adds token-to-token editing
+(``SamplerConfig.editing_threshold``) in two published modes: quality (threshold 0.7, editing 0.5)
+and speed (threshold 0.5, editing 0.0: rewrite wherever the top token differs), 16 post passes
+at most. Nothing in config.json tells 2.1 from 2.0, so a checkpoint decodes in quality mode when
+its name says 2.1 (``is_llada21``): the directory path (a Hub cache path holds
+``models--inclusionAI--LLaDA2.1-mini``) or config.json's ``_name_or_path``.
+
 Both: mask ``<|mask|>`` 156895, eos = pad 156892, end of turn ``<|role_end|>``.
 """
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
+from typing import Any
 
 import torch
 
@@ -189,6 +198,24 @@ def load_llada2(path: Path, cj: dict) -> tuple[ModelConfig, dict[str, torch.Tens
     return cfg, split_fused_qkv(state, cfg)
 
 
+# LLaDA2.1's published decoding modes (model card; diffusers' docs for LLaDA2Pipeline; SGLang's
+# JointThreshold, whose edit_threshold 0 is the speed mode's full editing)
+LLADA21_MODES: dict[str, dict[str, Any]] = {
+    "quality": {"threshold": 0.7, "editing_threshold": 0.5, "max_post_steps": 16},
+    "speed": {"threshold": 0.5, "editing_threshold": 0.0, "max_post_steps": 16},
+}
+LLADA21_NAME = re.compile(r"llada-?2\.1", re.IGNORECASE)
+
+
+def is_llada21(path: Path, cj: dict[str, Any]) -> bool:
+    """Whether a LLaDA2.x checkpoint is LLaDA2.1, by its name (its config is 2.0's)."""
+    return any(LLADA21_NAME.search(str(s)) for s in (path, cj.get("_name_or_path") or ""))
+
+
+def llada2_mode(path: Path, cj: dict[str, Any]) -> str | None:
+    return "quality" if is_llada21(path, cj) else None
+
+
 TOKENIZER = fast_tokenizer_loader({"mask_token": MASK_TOKEN}, [EOT_TOKEN])
 
 LLADA_MOE = register_family(
@@ -214,11 +241,15 @@ LLADA2 = register_family(
             "threshold": 0.95,
             "temperature": 0.0,
         },  # block: the model's (32)
+        modes=LLADA21_MODES,
+        default_mode=llada2_mode,
         checkpoints=(
             "inclusionAI/LLaDA2.0-mini",
             "inclusionAI/LLaDA2.0-flash",
             "inclusionAI/LLaDA2.1-mini",
+            "inclusionAI/LLaDA2.1-flash",
         ),
-        doc="block diffusion (blocks of 32), Ling-2.0 MoE (sigmoid group-limited router, shared expert)",
+        doc="block diffusion (blocks of 32), Ling-2.0 MoE (sigmoid group-limited router, shared "
+        "expert); 2.1: token editing, quality or speed mode",
     )
 )

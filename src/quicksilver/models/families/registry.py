@@ -3,7 +3,9 @@ loaders where ``models.checkpoint`` dispatches on a config's ``architectures``."
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 from ..checkpoint import LOADERS, TOKENIZER_LOADERS, Loader, TokenizerLoader
@@ -16,6 +18,10 @@ class Family:
     load: Loader
     tokenizer: TokenizerLoader | None = None
     defaults: dict[str, Any] = field(default_factory=dict)  # SamplerConfig fields
+    # named decoding modes, SamplerConfig fields over `defaults` (LLaDA2.1: "quality", "speed")
+    modes: dict[str, dict[str, Any]] = field(default_factory=dict)
+    # the mode a checkpoint directory decodes in unless one is asked for (None: `defaults` alone)
+    default_mode: Callable[[Path, dict[str, Any]], str | None] | None = None
     checkpoints: tuple[str, ...] = ()  # published checkpoints of this family (docs, `info`)
     doc: str = ""
 
