@@ -17,6 +17,8 @@ Routing runs in fp32; the expert loop visits only experts that received tokens.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
@@ -25,16 +27,22 @@ from .config import MoEConfig
 
 
 class ExpertMLP(nn.Module):
-    """SwiGLU: down(silu(gate(x)) * up(x))."""
+    """A gated MLP: down(act(gate(x)) * up(x)); SwiGLU by default (``act`` = silu)."""
 
-    def __init__(self, d_model: int, hidden: int) -> None:
+    def __init__(
+        self,
+        d_model: int,
+        hidden: int,
+        act: Callable[[torch.Tensor], torch.Tensor] = F.silu,
+    ) -> None:
         super().__init__()
+        self.act = act
         self.gate_proj = nn.Linear(d_model, hidden, bias=False)
         self.up_proj = nn.Linear(d_model, hidden, bias=False)
         self.down_proj = nn.Linear(hidden, d_model, bias=False)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))  # (N, C)
+        return self.down_proj(self.act(self.gate_proj(x)) * self.up_proj(x))  # (..., C)
 
 
 class Router(nn.Module):

@@ -41,6 +41,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from ...errors import ConfigError
+from ..moe import ExpertMLP
 from ..transformer import RMSNorm, Rotary, apply_rotary
 
 SLIDING, FULL = "sliding_attention", "full_attention"
@@ -134,19 +135,6 @@ def rms(x: torch.Tensor, eps: float) -> torch.Tensor:
 
 def gelu_tanh(x: torch.Tensor) -> torch.Tensor:
     return F.gelu(x, approximate="tanh")
-
-
-class GatedMLP(nn.Module):
-    """down(gelu_tanh(gate(x)) * up(x))."""
-
-    def __init__(self, d_model: int, hidden: int) -> None:
-        super().__init__()
-        self.gate_proj = nn.Linear(d_model, hidden, bias=False)
-        self.up_proj = nn.Linear(d_model, hidden, bias=False)
-        self.down_proj = nn.Linear(hidden, d_model, bias=False)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.down_proj(gelu_tanh(self.gate_proj(x)) * self.up_proj(x))  # (..., C)
 
 
 class GemmaAttention(nn.Module):
@@ -256,7 +244,7 @@ class GemmaLayer(nn.Module):
         C, eps = cfg.d_model, cfg.norm_eps
         self.sliding = cfg.layer_types[layer] == SLIDING
         self.self_attn = GemmaAttention(cfg, layer)
-        self.mlp = GatedMLP(C, cfg.mlp_hidden)
+        self.mlp = ExpertMLP(C, cfg.mlp_hidden, gelu_tanh)
         self.router = GemmaRouter(cfg)
         self.experts = GemmaExperts(cfg)
         self.input_layernorm = RMSNorm(C, eps)
