@@ -144,6 +144,29 @@ def test_gpu_bench_shapes_are_the_published_models() -> None:
     assert round(counts["dream-7b"] / 1e9, 2) == 7.62  # Qwen2.5-7B
 
 
+def test_gemma_shape_is_the_published_model(capsys: pytest.CaptureFixture) -> None:
+    """DiffusionGemma-26B-A4B through the family's config mapping: ~25.2B parameters (the Gemma-4
+    26B-A4B model card; the vision tower is not built); the tiny shape runs the real loop."""
+    from quicksilver.bench import gemma_shape
+    from quicksilver.models.families.diffusion_gemma import gemma_config
+    from quicksilver.models.families.diffusion_gemma_net import DiffusionGemmaLM
+
+    cfg = gemma_config(Path("<x>"), gemma_shape.shape_config(tiny=False, layers=None))
+    with torch.device("meta"):
+        n = DiffusionGemmaLM(cfg).num_params()
+    assert 24.5e9 < n < 25.5e9
+    assert cfg.layer_types.count("full_attention") == 5 and cfg.full.n_kv_heads == 2
+    rc = gpu_families.main(
+        ["--shapes", gemma_shape.SHAPE, "--tiny", "--batch", "1", "2", "--iters", "1"]
+        + ["--canvases", "1", "--device", "cpu"]
+    )
+    out = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert rc == 0 and out["results"][0]["layers"] == 2
+    for row in out["results"][0]["rows"]:
+        assert row["loop_tokens"] == 256 and row["loop_tok_s_per_request"] > 0
+        assert row["decode_fwd_per_s"] > 0 and row["projected_tok_s_per_request"] > 0
+
+
 @pytest.mark.slow  # the eval command in its own process on a family model: ~11 s (make test-slow, CI)
 def test_eval_cli_runs_gsm8k(llada: quicksilver.Pipeline, tmp_path: Path) -> None:
     """`quicksilver eval --benchmark gsm8k --data FILE` is wired to the harness and ends with JSON."""

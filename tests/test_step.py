@@ -248,7 +248,8 @@ def test_the_prepared_gpu_run_works_on_the_cpu_with_tiny_shapes(tmp_path) -> Non
     first, last = proc.stdout.splitlines()[0], proc.stdout.splitlines()[-1]
     assert "quicksilver gpu_run on CPU" in first  # the device is named
     summary = json.loads(last)
-    assert [s["stage"] for s in summary["stages"]] == ["llada-8b", "dream-7b", "speed"]
+    stages = ["llada-8b", "dream-7b", "diffusiongemma-26b-a4b", "speed"]
+    assert [s["stage"] for s in summary["stages"]] == stages
     decode = summary["stages"][0]["result"]["results"][0]["decode"]
     assert {(r["batch"], r["tokens_per_step"]) for r in decode} == {
         (b, k) for b in (1, 4) for k in (1, 2, 5, 8)

@@ -1,4 +1,5 @@
-"""GPU speed of the open diffusion LM shapes: LLaDA-8B and Dream-7B with RANDOM bf16 weights.
+"""GPU speed of the open diffusion LM shapes: LLaDA-8B, Dream-7B and DiffusionGemma-26B-A4B
+(``bench/gemma_shape.py``) with RANDOM bf16 weights.
 
 ``quicksilver bench families`` / ``python -m quicksilver.bench.gpu_families``. For each shape (built
 from the published config.json through the family loaders' config mapping, so the network is the
@@ -45,6 +46,8 @@ from ..models.families.llada import llada_config
 from ..models.packing import resolve_layout
 from ..models.transformer import KVCache, Rotary, Transformer
 from ..sampling import Decoder, SamplerConfig
+from .gemma_shape import SHAPE as GEMMA_SHAPE
+from .gemma_shape import bench_gemma
 from .syncs import SyncCounter
 
 # Published config.json files (GSAI-ML/LLaDA-8B-Instruct and Dream-org/Dream-v0-Instruct-7B on the Hugging Face Hub), the fields that shape the network.
@@ -317,7 +320,22 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         help="toy shapes (CPU, seconds): checks the script, not the speed",
     )
     p.add_argument(
-        "--shapes", nargs="+", default=["llada-8b", "dream-7b"], choices=["llada-8b", "dream-7b"]
+        "--shapes",
+        nargs="+",
+        default=["llada-8b", "dream-7b"],
+        choices=["llada-8b", "dream-7b", GEMMA_SHAPE],
+    )
+    p.add_argument(
+        "--layers",
+        type=int,
+        default=None,
+        help=f"{GEMMA_SHAPE}: keep the first N layers at the real widths (the CPU slice)",
+    )
+    p.add_argument(
+        "--canvases",
+        type=int,
+        default=2,
+        help=f"{GEMMA_SHAPE}: canvases of the timed generation loop",
     )
     p.add_argument("--batch", nargs="+", type=int, default=[1, 8])
     p.add_argument(
@@ -388,7 +406,12 @@ def run(args: argparse.Namespace) -> int:
         f"on {device.type} ({hw}), {dtype}",
         file=sys.stderr,
     )
-    results = [bench_shape(s, args, device, dtype) for s in args.shapes]
+    results = [
+        bench_gemma(args, device, dtype)
+        if s == GEMMA_SHAPE
+        else bench_shape(s, args, device, dtype)
+        for s in args.shapes
+    ]
     summary = {
         "bench": "families",
         "weights": "random",

@@ -6,6 +6,8 @@ left of the budget as its timeout (a stage that runs over is cut and recorded, t
 1. ``bench families`` at the LLaDA-8B shape, then at the Dream-7B shape (random bf16 weights):
    forward passes per second, then the real decoder at batch 1 and 16, forced 1/2/5/8 tokens per
    step, CUDA graphs off and on (a failed graph capture is recorded, the eager rows stand);
+   then DiffusionGemma-26B-A4B (~52 GB of random bf16 weights: an H200) at batch 1 and 16 with the
+   published canvas of 256 and 16 denoising steps (bench/gemma_shape.py);
 2. with ``--idlm DIR`` only (a local I-DLM checkpoint, models/families/idlm.py): greedy verify
    decoding of one chat prompt at draft 0 (plain AR, the baseline) and at the model's draft length
    on the same loaded weights: tok/s, NFE, TPF and whether the two outputs agree. Without the flag
@@ -32,6 +34,7 @@ import torch
 
 from ..pipeline import load
 from ..sampling.verify import VerifyDecoder
+from .gemma_shape import SHAPE as GEMMA_SHAPE
 
 
 def device_name() -> str:
@@ -54,6 +57,9 @@ def stages(args: argparse.Namespace, out: Path) -> list[tuple[str, list[str]]]:
         cmd += ["--out", str(out / f"{shape}.json")]
         cmd += ["--tiny", "--block", "8"] if args.tiny else ["--dtype", "bfloat16", "--cuda-graphs"]
         families.append((shape, cmd))
+    gemma = [*py, "quicksilver.bench.gpu_families", "--shapes", GEMMA_SHAPE, "--batch"]
+    gemma += ["1", "2", "--tiny"] if args.tiny else ["1", "16", "--dtype", "bfloat16"]
+    families.append((GEMMA_SHAPE, gemma + ["--out", str(out / f"{GEMMA_SHAPE}.json")]))
     speed = [*py, "quicksilver.cli", "bench", "speed", "--skip-reference"]
     speed += ["--limit", "1", "--repeats", "1", "--tasks", "multiply"] if args.tiny else []
     speed += [] if args.tiny else ["--limit", "4", "--repeats", "3"]
