@@ -187,13 +187,23 @@ STAGES: list[Stage] = [*_twin_stages(), *_draft_stages(), *_diffusion_stages()]
 # shipped stage's final weights)
 NEXT: list[Stage] = [
     Stage(
+        "draft-copy",
+        "v3.8 on a stream mostly of apply_edit, next_edit and tool_open at lr 5e-4 (v4, copying)",
+        "small-ar-draft-copy",
+    ),
+    Stage(
+        "ar-twin-copy",
+        "the shipped twin continued on the copy stage's stream, the same examples step for step",
+        "small-ar-twin-copy",
+    ),
+    Stage(
         "draft-edit",
-        "v3.8 taught apply_edit, next_edit and tool_open beside the v2 mixture (v4)",
+        "the copy stage's model on the v2 mixture plus the edit tasks at lr 2e-4 (v4)",
         "small-ar-draft-edit",
     ),
     Stage(
         "ar-twin-edit",
-        "the shipped twin continued on v4's stream, the same examples step for step",
+        "the twin of the copy stage continued on v4's second stream",
         "small-ar-twin-edit",
     ),
 ]
