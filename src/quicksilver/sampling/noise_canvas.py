@@ -31,6 +31,8 @@ the same random draws, tests/test_diffusion_gemma_generate.py):
   one uniform ``(B, C)`` renoise draw. A test can substitute any ``CanvasNoise`` (pre-drawn tensors).
 - Rows share one length (no padding of prompts); batched rows draw their noise together, so a
   row's tokens depend on the batch's draws (as in transformers).
+- ``denoise`` is one step of 2. on a pass's logits, shared with the engine's per-request decoder
+  (``noise_decoder.py``), which steps one row at a time so that its tokens never depend on a batch.
 """
 
 from __future__ import annotations
@@ -209,6 +211,53 @@ class StabilityConfidence:
         return stable & confident
 
 
+@dataclass
+class Denoised:
+    """One denoising step over canvases (B, C): what ``denoise`` returns."""
+
+    logits: torch.Tensor  # (B, C, V) processed (temperature-scaled): the next self-conditioning
+    argmax: torch.Tensor  # (B, C) the argmax canvas
+    sampled: torch.Tensor  # (B, C) the draw at every position (the argmax when greedy)
+    entropy: torch.Tensor  # (B, C) of the processed logits (0 where ``certain``)
+    accept: torch.Tensor  # (B, C) bool: entropy-bound acceptance
+    fresh: torch.Tensor  # (B, C) uniform ids: what a position not kept is renoised with
+
+    @property
+    def canvas(self) -> torch.Tensor:
+        """The next canvas: accepted positions keep their draw, the rest are renoised (B, C)."""
+        return torch.where(self.accept, self.sampled, self.fresh)
+
+
+def denoise(
+    logits: torch.Tensor,
+    temperature: torch.Tensor | float | None,
+    entropy_bound: float,
+    noise: CanvasNoise,
+    greedy: bool = False,
+    certain: torch.Tensor | None = None,
+) -> Denoised:
+    """One step on a decoder pass's logits (B, C, V): divide by ``temperature``, draw every position
+    (``noise.categorical``; the argmax when ``greedy``, which skips that draw), accept by entropy
+    bound, draw the renoise ids (``noise.uniform``). ``certain`` (B, C) marks positions whose token
+    is already fixed: their entropy counts as 0 in the acceptance (the caller keeps their token)."""
+    if temperature is not None:
+        logits = logits / temperature
+    B, C, V = logits.shape
+    dev = logits.device
+    argmax = logits.argmax(-1)  # (B, C)
+    if greedy:
+        sampled = argmax
+    else:
+        probs = logits.softmax(-1, dtype=torch.float32)  # (B, C, V)
+        sampled = noise.categorical(probs.view(-1, V)).view(B, C).to(dev)  # (B, C)
+    ent = entropy(logits)  # (B, C)
+    if certain is not None:
+        ent = ent.masked_fill(certain, 0.0)
+    accept = entropy_bound_accept(ent, entropy_bound)  # (B, C)
+    fresh = noise.uniform((B, C), V).to(dev)  # (B, C)
+    return Denoised(logits, argmax, sampled, ent, accept, fresh)
+
+
 StepHook = Callable[[int, int, torch.Tensor], None]  # (canvas index, step, argmax canvas (B, C))
 
 
@@ -257,16 +306,10 @@ def generate(
         )
         for step in range(config.max_denoising_steps, 0, -1):
             passes += ~(stopped | finished)
-            logits = net.decode(canvas, cache, sc)  # (B, C, V)
-            temp = config.temperature(step)
-            if temp is not None:
-                logits = logits / temp
-            probs = logits.softmax(-1, dtype=torch.float32)  # (B, C, V)
-            sampled = noise.categorical(probs.view(-1, V)).view(B, C).to(dev)  # (B, C)
-            argmax = logits.argmax(-1)  # (B, C)
-            accept = entropy_bound_accept(entropy(logits), config.entropy_bound)  # (B, C)
-            fresh = noise.uniform((B, C), V).to(dev)  # (B, C)
-            nxt = torch.where(accept, sampled, fresh)  # accepted positions keep the sample
+            d = denoise(
+                net.decode(canvas, cache, sc), config.temperature(step), config.entropy_bound, noise
+            )
+            nxt, argmax, logits = d.canvas, d.argmax, d.logits  # (B, C), (B, C), (B, C, V)
             if stopper is not None:
                 if stopped.any():  # stopped rows keep what they had
                     argmax = torch.where(stopped[:, None], best, argmax)
