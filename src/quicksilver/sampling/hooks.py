@@ -16,6 +16,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import TYPE_CHECKING, Protocol
 
 import torch
@@ -42,6 +43,15 @@ class Constraint(Protocol):
     def mask_logits(self, row: CanvasRow, lo: int, logits: torch.Tensor) -> torch.Tensor: ...
 
     def allow(self, row: CanvasRow, pos: int, token: int) -> bool: ...
+
+
+class ConstrainedRow(CanvasRow, Protocol):
+    """What ``commit_constrained`` reads of a row: its canvas, its constraint, and the canvas
+    positions [lo, hi) its step decides (a ``Row``'s block, a noise canvas)."""
+
+    constraint: Constraint | None
+
+    def block_span(self) -> tuple[int, int]: ...
 
 
 # ---- revision ---------------------------------------------------------------------------------
@@ -121,10 +131,10 @@ def apply_stop(row: Row, committed: list[tuple[int, int]]) -> list[tuple[int, in
 
 # ---- constraints ------------------------------------------------------------------------------
 def commit_constrained(
-    row: Row,
+    row: ConstrainedRow,
     order: torch.Tensor,
-    take: list[int],
-    tokens: list[int],
+    take: Sequence[bool],
+    tokens: Sequence[int],
     logits: torch.Tensor,
 ) -> list[tuple[int, int]]:
     """Commit the chosen window positions (take/tokens of length n) in score order (order (n,)),

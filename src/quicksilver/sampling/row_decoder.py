@@ -3,8 +3,9 @@
 A decoder makes a row per request (``new_row``) and advances a batch of its rows by one forward
 pass (``step``); everything else — checking a request against the model, running rows to the end
 (``drive``, ``generate``), handing caches back — is written once here. ``Decoder`` (diffusion
-canvases), ``VerifyDecoder`` (causal drafting and verifying) and the mock engine's scripted
-decoder each write only their row type and their step.
+canvases), ``VerifyDecoder`` (causal drafting and verifying), ``NoiseCanvasDecoder``
+(DiffusionGemma's canvases of uniform noise) and the mock engine's scripted decoder each write only
+their row type and their step.
 
 ``RowLike`` is what the engine, the prefix cache and the live views read of any row.
 """
@@ -21,7 +22,6 @@ from .hooks import Constraint
 from .state import DecodeResult, RowEvent
 
 if TYPE_CHECKING:
-    from ..models.config import ModelConfig
     from ..models.kvcache import KVCache
 
 
@@ -60,11 +60,22 @@ class RowLike(Protocol):
     def result(self) -> DecodeResult: ...
 
 
+class ModelShape(Protocol):
+    """What the shared checks and the engine read of a model's config (``ModelConfig``, or a
+    family's own, e.g. DiffusionGemma's, whose block is its canvas)."""
+
+    @property
+    def max_seq_len(self) -> int: ...
+
+    @property
+    def block_size(self) -> int: ...
+
+
 class HasConfig(Protocol):
     """What the shared checks read of a model."""
 
     @property
-    def config(self) -> ModelConfig: ...
+    def config(self) -> ModelShape: ...
 
 
 R = TypeVar("R", bound=RowLike)

@@ -97,6 +97,11 @@ class GemmaTextConfig:
     def __post_init__(self) -> None:
         self.validate()
 
+    @property
+    def block_size(self) -> int:
+        """The block of block diffusion: one canvas (what the engine reads of any model)."""
+        return self.canvas_length
+
     def shape(self, layer: int) -> AttentionShape:
         return self.sliding if self.layer_types[layer] == SLIDING else self.full
 
