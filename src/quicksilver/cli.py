@@ -40,9 +40,10 @@ from .errors import QuicksilverError
 from .eval.cli import add_parser as add_eval_parser
 from .eval.cli import handle as handle_eval
 from .live import show
+from .models.families.diffusion_gemma_net import DiffusionGemmaLM
 from .models.gguf_export import export_gguf
 from .models.init import init_model
-from .pipeline import LOAD_HELP, LoadConfig, load
+from .pipeline import LOAD_HELP, LoadConfig, Pipeline, load
 from .sampling import SamplerConfig
 from .server.config import LOAD_HIDDEN, SERVER_CHOICES, SERVER_HELP, SERVER_HIDDEN, ServerConfig
 from .server.entry import serve
@@ -113,7 +114,7 @@ def cmd_generate(args: argparse.Namespace) -> int:
         res = show(
             pipe.stream(prompt, chat=chat, **opts),
             pipe.tokenizer,
-            pipe.config.mask_token_id,
+            pipe.mask_id,
             delay=args.show_delay,
         )
     else:
@@ -169,28 +170,44 @@ def cmd_export(args: argparse.Namespace) -> int:
     return 0
 
 
+def network_shape(pipe: Pipeline) -> dict[str, Any]:
+    """``info``'s shape fields: the generic transformer's config, or DiffusionGemma's (its block is
+    its canvas; its full-attention layers have their own KV heads, the sliding ones' are shown)."""
+    net = pipe.network
+    block: int | None
+    if isinstance(net, DiffusionGemmaLM):
+        g = net.config
+        kv, block, shift, mask = g.sliding.n_kv_heads, g.canvas_length, False, None
+        dims = (g.d_model, g.n_layers, g.n_heads)
+    else:
+        c = pipe.config
+        kv, shift, mask = c.n_kv_heads, c.logit_shift, c.mask_token_id
+        block = c.block_size if c.attention == "block_causal" else None
+        dims = (c.d_model, c.n_layers, c.n_heads)
+    return {
+        "attention": pipe.attention,
+        "block_size": block,
+        **dict(zip(("d_model", "n_layers", "n_heads"), dims)),
+        "n_kv_heads": kv,
+        "vocab_size": net.config.vocab_size,
+        "max_seq_len": pipe.max_context,
+        "logit_shift": shift,
+        "mask_token_id": mask,
+    }
+
+
 @command("info")
 def cmd_info(args: argparse.Namespace) -> int:
     path = resolve_model(args.path, revision=args.revision)
     pipe = load(path)
-    tok, cfg = pipe.tokenizer, pipe.config
     size = sum(f.stat().st_size for f in path.iterdir() if f.is_file())
     info = {
         "path": str(path),
-        "architecture": cfg.architecture,
-        "parameters": pipe.model.num_params(),
-        "attention": cfg.attention,
-        "block_size": cfg.block_size if cfg.attention == "block_causal" else None,
-        "d_model": cfg.d_model,
-        "n_layers": cfg.n_layers,
-        "n_heads": cfg.n_heads,
-        "n_kv_heads": cfg.n_kv_heads,
-        "vocab_size": cfg.vocab_size,
-        "max_seq_len": cfg.max_seq_len,
-        "logit_shift": cfg.logit_shift,
-        "mask_token_id": cfg.mask_token_id,
+        "architecture": pipe.network.config.architecture,
+        "parameters": pipe.network.num_params(),
+        **network_shape(pipe),
         "stop_token_ids": pipe.stop_ids,
-        "chat_template": tok.chat_template is not None,
+        "chat_template": pipe.tokenizer.chat_template is not None,
         "bytes_on_disk": size,
     }
     if args.json:

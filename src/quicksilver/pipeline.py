@@ -1,4 +1,12 @@
-"""``quicksilver.load(path)``: a loaded model with its tokenizer and a one-call ``generate``."""
+"""``quicksilver.load(path)``: a loaded model with its tokenizer and a one-call ``generate``.
+
+The network is the generic ``Transformer`` (mask-diffusion and causal families: ``Decoder`` or
+``VerifyDecoder``, ``sampling/verify.decoder_for``) or a family's own (DiffusionGemma's
+``DiffusionGemmaLM``: ``NoiseCanvasDecoder``, its settings from the checkpoint's
+``generation_config.json``). The load options that only the generic transformer has (other
+backends, int8, compile, CUDA graphs, the attention layout, other caches, decoding modes) are
+one-line errors for the others rather than silently ignored.
+"""
 
 from __future__ import annotations
 
@@ -12,20 +20,33 @@ import torch
 
 from .errors import CheckpointError, ConfigError
 from .hub import resolve_model
-from .models.checkpoint import DTYPES, dtype_name, load_checkpoint
+from .models.checkpoint import (
+    DTYPES,
+    NETWORK_LOADERS,
+    Network,
+    architecture,
+    dtype_name,
+    load_checkpoint,
+    load_family_network,
+)
 from .models.config import ModelConfig
 from .models.cpu_backends import BACKEND_CHOICES, attach_backend
 from .models.families import generation_defaults
+from .models.families.diffusion_gemma_net import DiffusionGemmaLM
 from .models.packing import LAYOUTS, resolve_layout
 from .models.quantize import QUANTIZE_CHOICES, quantize_model
 from .models.transformer import Transformer
 from .sampling import SamplerConfig
 from .sampling.caches import CACHE_CHOICES
+from .sampling.decoder import Decoder
+from .sampling.noise_canvas import NoiseCanvasConfig
+from .sampling.noise_decoder import NoiseCanvasDecoder
 from .sampling.state import RowEvent
 from .sampling.verify import VerifyDecoder, decoder_for
 from .tokenizer import Tokenizer
 
 Messages = list[dict[str, Any]]
+NO_MASK = -1  # Pipeline.mask_id of a network whose canvases have no mask token
 
 
 @dataclass
@@ -49,25 +70,46 @@ class Pipeline:
 
     def __init__(
         self,
-        model: Transformer,
+        model: Network,
         tokenizer: Tokenizer,
         path: str | Path | None = None,
         cache: str = "auto",
         refresh_every: int = 0,
         decoding_mode: str | None = None,
     ) -> None:
-        self.model = model
+        self.network = model
         self.tokenizer = tokenizer
-        self.config: ModelConfig = model.config
         self.path = Path(path) if path is not None else None
-        mask_id = self.config.mask_token_id
-        if tokenizer.mask_id is not None and tokenizer.mask_id != mask_id:
+        # The family's published decoding settings, in its decoding mode (+ the checkpoint's
+        # sampler_config.json): the base that every request's options are applied on (CLI flags,
+        # API fields).
+        self.generation_defaults: dict[str, Any] = generation_defaults(
+            model.config.architecture,
+            self.path,
+            [f.name for f in fields(SamplerConfig)],
+            decoding_mode,
+        )
+        self.decoder: Decoder | VerifyDecoder | NoiseCanvasDecoder
+        if isinstance(model, Transformer):
+            self.decoder = self._transformer_decoder(model, cache, refresh_every)
+        elif isinstance(model, DiffusionGemmaLM):
+            self.decoder = self._noise_decoder(model)
+        else:
+            raise ConfigError(f"no decoder runs a {type(model).__name__}")
+        if isinstance(self.decoder, VerifyDecoder):  # lossless by default: the model's AR output
+            self.generation_defaults.setdefault("policy", "verify")
+
+    def _transformer_decoder(
+        self, model: Transformer, cache: str, refresh_every: int
+    ) -> Decoder | VerifyDecoder:
+        tokenizer, cfg = self.tokenizer, model.config
+        if tokenizer.mask_id is not None and tokenizer.mask_id != cfg.mask_token_id:
             raise CheckpointError(
-                f"tokenizer mask id {tokenizer.mask_id} differs from config {mask_id}"
+                f"tokenizer mask id {tokenizer.mask_id} differs from config {cfg.mask_token_id}"
             )
-        self.stop_ids = sorted(set(self.config.eos_token_ids) | set(tokenizer.stop_ids))
-        pad = tokenizer.pad_id if tokenizer.pad_id is not None else self.config.eos_token_ids[0]
-        self.decoder = decoder_for(
+        self.stop_ids = sorted(set(cfg.eos_token_ids) | set(tokenizer.stop_ids))
+        pad = tokenizer.pad_id if tokenizer.pad_id is not None else cfg.eos_token_ids[0]
+        return decoder_for(
             model,
             self.stop_ids,
             pad_id=pad,
@@ -76,30 +118,71 @@ class Pipeline:
             refresh_every=refresh_every,
         )
 
-        # The family's published decoding settings, in its decoding mode (+ the checkpoint's
-        # sampler_config.json): the base that every request's options are applied on (CLI flags,
-        # API fields).
-        self.generation_defaults: dict[str, Any] = generation_defaults(
-            self.config.architecture,
-            self.path,
-            [f.name for f in fields(SamplerConfig)],
-            decoding_mode,
+    def _noise_decoder(self, model: DiffusionGemmaLM) -> NoiseCanvasDecoder:
+        """DiffusionGemma: its settings from ``generation_config.json``, its stop tokens from that,
+        config.json and the tokenizer."""
+        base = (
+            NoiseCanvasConfig()
+            if self.path is None
+            else NoiseCanvasConfig.from_checkpoint(self.path)
         )
-        if isinstance(self.decoder, VerifyDecoder):  # lossless by default: the model's AR output
-            self.generation_defaults.setdefault("policy", "verify")
+        cfg = model.config
+        stops = set(cfg.eos_token_ids) | set(self.tokenizer.stop_ids) | set(base.eos_token_ids)
+        self.stop_ids = sorted(stops)
+        pads = (base.pad_token_id, cfg.pad_token_id, self.tokenizer.pad_id, 0)
+        self.generation_defaults.setdefault("max_new_tokens", base.max_new_tokens)
+        return NoiseCanvasDecoder(
+            model, base, self.stop_ids, next(p for p in pads if p is not None)
+        )
+
+    @property
+    def model(self) -> Transformer:
+        """``network`` as the generic transformer, which benchmarks, distillation, tensor
+        parallelism and export drive; a one-line ConfigError for a network of a family's own."""
+        if not isinstance(self.network, Transformer):
+            raise ConfigError(
+                f"{self.network.config.architecture} runs a network of its own; this needs the "
+                "generic transformer"
+            )
+        return self.network
+
+    @property
+    def config(self) -> ModelConfig:
+        """The generic transformer's ``ModelConfig`` (``model``'s; the same one-line error)."""
+        return self.model.config
+
+    @property
+    def max_context(self) -> int:
+        return self.network.config.max_seq_len
+
+    @property
+    def attention(self) -> str:
+        """The attention pattern decoding runs under: a DiffusionGemma canvas attends both ways
+        within itself and causally to what precedes it (block-causal, one canvas a block)."""
+        net = self.network
+        return net.config.attention if isinstance(net, Transformer) else "block_causal"
+
+    @property
+    def mask_id(self) -> int:
+        """The mask token (where a live view draws an undecided position); -1 for a canvas of noise,
+        which has none."""
+        net = self.network
+        return net.config.mask_token_id if isinstance(net, Transformer) else NO_MASK
 
     @property
     def runtime(self) -> str:
         """What runs every row's passes (``--backend`` resolved): torch, onnx, openvino or
         openvino-bf16. Passes no exported bucket holds run in torch."""
-        step = self.model.step_backend
+        net = self.network
+        step = net.step_backend if isinstance(net, Transformer) else None
         return step.name if step is not None else "torch"
 
     def warm_up(self) -> int:
         """Compile the exported step's shapes ahead of the first requests (``ExportedStep.warm``);
         returns how many (0 on torch, which compiles nothing)."""
-        step = self.model.step_backend
-        return 0 if step is None else step.warm(self.config.max_seq_len)
+        net = self.network
+        step = net.step_backend if isinstance(net, Transformer) else None
+        return 0 if step is None else step.warm(self.max_context)
 
     def encode_prompt(
         self, prompt: str | Messages, chat: bool | None = None, **template_kwargs: Any
@@ -241,6 +324,29 @@ LOAD_CHOICES: dict[str, Sequence[str]] = {
 }
 
 
+# LoadConfig fields the generic transformer alone has, with the value that leaves them off (backend
+# auto resolves to torch for a network of a family's own)
+TRANSFORMER_ONLY: dict[str, tuple[Any, ...]] = {
+    "quantize": ("none",),
+    "backend": ("torch", "auto"),
+    "cache": ("auto",),
+    "refresh_every": (0,),
+    "compile": (False,),
+    "cuda_graphs": (False,),
+    "attention_layout": ("auto",),
+}
+
+
+def check_own_network_options(cfg: LoadConfig) -> None:
+    """One-line ConfigErrors for the options a network of a family's own does not have."""
+    for name, off in TRANSFORMER_ONLY.items():
+        if getattr(cfg, name) not in off:
+            raise ConfigError(
+                f"{name} {getattr(cfg, name)!r} applies to the generic transformer only; "
+                "DiffusionGemma runs its own network in torch, with its own KV cache"
+            )
+
+
 def load(path: str | Path, config: LoadConfig | None = None, **options: Any) -> Pipeline:
     """Load a checkpoint directory, or a Hub id ``org/name[@revision]`` (``hub.py``: the
     Hub cache first, a download only where the network is allowed), as ``config`` says, with
@@ -258,6 +364,10 @@ def load(path: str | Path, config: LoadConfig | None = None, **options: Any) -> 
         if getattr(cfg, name) not in allowed:
             raise ConfigError(f"{name} must be one of {tuple(allowed)}, got {getattr(cfg, name)!r}")
     path = resolve_model(path, cfg.revision)
+    if architecture(path) in NETWORK_LOADERS:
+        check_own_network_options(cfg)
+        net, tokenizer = load_family_network(path, DTYPES.get(cfg.dtype), cfg.device)
+        return Pipeline(net, tokenizer, path, decoding_mode=cfg.decoding_mode)
     model, tok = load_checkpoint(path, DTYPES.get(cfg.dtype), cfg.device)
     quantize_model(model, cfg.quantize)
     model.set_attention_layout(

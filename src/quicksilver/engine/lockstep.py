@@ -15,8 +15,7 @@ from typing import Any
 
 import torch.distributed as dist
 
-from ..sampling.decoder import Decoder
-from ..sampling.verify import VerifyDecoder
+from ..sampling.row_decoder import RowDecoder
 from .engine import Engine, EngineConfig
 
 STOP = None  # what rank 0 broadcasts when it shuts down
@@ -25,9 +24,7 @@ STOP = None  # what rank 0 broadcasts when it shuts down
 class LockstepEngine(Engine):
     """Rank 0's engine: each step's commands go to every rank before the step runs."""
 
-    def __init__(
-        self, decoder: Decoder | VerifyDecoder, config: EngineConfig | None, group: Any
-    ) -> None:
+    def __init__(self, decoder: RowDecoder[Any], config: EngineConfig | None, group: Any) -> None:
         super().__init__(decoder, config)
         self.group = group
 

@@ -1,7 +1,8 @@
 """Checkpoint directories: HF-style ``config.json`` + ``model.safetensors`` + tokenizer files.
 
 Loading dispatches on ``config.json``'s ``architectures`` through a registry of loaders (our own
-format here; the open diffusion LMs register theirs). Nothing is ever downloaded. Weight files are
+format here; the open diffusion LMs register theirs): ``load_checkpoint`` builds the generic
+``Transformer``, ``load_network`` the families whose network is their own (DiffusionGemma). Nothing is ever downloaded. Weight files are
 checked before use (``integrity.py``: header against size, no NaN/inf); ``save`` writes
 ``model.sha256``.
 """
@@ -9,8 +10,9 @@ checked before use (``integrity.py``: header against size, no NaN/inf); ``save``
 from __future__ import annotations
 
 import json
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Protocol
 
 import torch
 from safetensors import SafetensorError
@@ -22,9 +24,44 @@ from .config import NATIVE_ARCHITECTURE, ModelConfig
 from .integrity import check_finite, check_safetensors, write_checksums
 from .transformer import Rotary, Transformer
 
+
+class NetworkConfig(Protocol):
+    """What the layers above read of any network's config (``ModelConfig``, or a family's own)."""
+
+    @property
+    def architecture(self) -> str: ...
+
+    @property
+    def vocab_size(self) -> int: ...
+
+    @property
+    def max_seq_len(self) -> int: ...
+
+    @property
+    def eos_token_ids(self) -> list[int]: ...
+
+
+class Network(Protocol):
+    """A loaded network: the generic ``Transformer``, or a family's own (``DiffusionGemmaLM``)."""
+
+    @property
+    def config(self) -> NetworkConfig: ...
+
+    def num_params(self) -> int: ...
+
+    def parameters(self, recurse: bool = True) -> Iterator[torch.nn.Parameter]: ...
+
+    def eval(self) -> torch.nn.Module: ...
+
+
 # architecture name -> function(path, config.json dict) -> (ModelConfig, state dict in our names)
 Loader = Callable[[Path, dict], tuple[ModelConfig, dict[str, torch.Tensor]]]
 LOADERS: dict[str, Loader] = {}
+# architecture name -> function(path, dtype, device) -> a family's own network, for the families
+# that are not the generic transformer (DiffusionGemma): ``quicksilver.load`` runs these,
+# ``load_checkpoint`` refuses them
+NetworkLoader = Callable[[Path, torch.dtype, torch.device], Network]
+NETWORK_LOADERS: dict[str, NetworkLoader] = {}
 # architecture name -> function(path, config.json dict) -> Tokenizer (default: Tokenizer.from_dir)
 TokenizerLoader = Callable[[Path, dict], Tokenizer]
 TOKENIZER_LOADERS: dict[str, TokenizerLoader] = {}
@@ -189,20 +226,50 @@ def load_tokenizer(path: str | Path) -> Tokenizer:
     return tok_loader(path, cj) if tok_loader is not None else Tokenizer.from_dir(path)
 
 
+def architecture(path: str | Path) -> str:
+    """The checkpoint's ``config.json`` ``architectures[0]`` (what loading dispatches on)."""
+    path = Path(path)
+    archs = read_config_json(path).get("architectures")
+    if not isinstance(archs, list) or not archs or not isinstance(archs[0], str):
+        raise CheckpointError(f"{path}/config.json: no 'architectures' list")
+    return archs[0]
+
+
+def load_family_network(
+    path: str | Path, dtype: torch.dtype | None = None, device: str | torch.device | None = None
+) -> tuple[Network, Tokenizer]:
+    """A family's own network (``NETWORK_LOADERS``) and its tokenizer, in ``dtype`` (default:
+    bfloat16 on a GPU, float32 on the CPU) on ``device`` (default: a GPU if there is one)."""
+    path = Path(path)
+    arch = architecture(path)
+    if arch not in NETWORK_LOADERS:
+        raise CheckpointError(f"{path}: {arch!r} is not a family with a network of its own")
+    dev = torch.device(device) if device is not None else default_device()
+    tokenizer = load_tokenizer(path)
+    net = NETWORK_LOADERS[arch](path, dtype or default_dtype(0, dev), dev)
+    if tokenizer.vocab_size > net.config.vocab_size:
+        raise CheckpointError(
+            f"{path}: tokenizer has {tokenizer.vocab_size} tokens, model only {net.config.vocab_size}"
+        )
+    return net, tokenizer
+
+
 def load_checkpoint(
     path: str | Path, dtype: torch.dtype | None = None, device: str | torch.device | None = None
 ) -> tuple[Transformer, Tokenizer]:
     """Model and tokenizer of a checkpoint directory, in ``dtype`` (default: ``default_dtype``)."""
     path = Path(path)
-    cj = read_config_json(path)
-    archs = cj.get("architectures")
-    if not isinstance(archs, list) or not archs:
-        raise CheckpointError(f"{path}/config.json: no 'architectures' list")
-    loader = LOADERS.get(archs[0])
-    if loader is None:
+    arch = architecture(path)
+    if arch in NETWORK_LOADERS:
         raise CheckpointError(
-            f"{path}: unsupported architecture {archs[0]!r} (known: {sorted(LOADERS)})"
+            f"{path}: {arch} runs a network of its own, not the generic transformer "
+            "(quicksilver.load, generate, serve and info load it)"
         )
+    loader = LOADERS.get(arch)
+    if loader is None:
+        known = sorted([*LOADERS, *NETWORK_LOADERS])
+        raise CheckpointError(f"{path}: unsupported architecture {arch!r} (known: {known})")
+    cj = read_config_json(path)
     tokenizer = load_tokenizer(path)
     cfg, state = loader(path, cj)
     if tokenizer.vocab_size > cfg.vocab_size:

@@ -111,10 +111,10 @@ def model_engine(cfg: ServerConfig) -> tuple[Engine, dict[str, Any]]:
 def pipeline_facts(pipe: Pipeline) -> dict[str, Any]:
     """``ServedModel``'s fields that come from the loaded model."""
     return {
-        "max_context": pipe.config.max_seq_len,
-        "attention": pipe.config.attention,
+        "max_context": pipe.max_context,
+        "attention": pipe.attention,
         "stop_ids": list(pipe.stop_ids),
-        "mask_id": pipe.config.mask_token_id,
+        "mask_id": pipe.mask_id,
         "defaults": dict(pipe.generation_defaults),
         "runtime": pipe.runtime,
     }
@@ -131,7 +131,7 @@ def load_pipeline(cfg: ServerConfig, device: str | None = None) -> Pipeline:
     if cfg.threads:
         torch.set_num_threads(cfg.threads)
     pipe = load(path, cfg, device=device or cfg.device)
-    pipe.model.eval()
+    pipe.network.eval()
     if cfg.warmup:
         pipe.warm_up()
     return pipe

@@ -53,10 +53,8 @@ def twin_engine(path: Path, cfg: ServerConfig) -> tuple[Engine, dict[str, Any]]:
         path, cfg
     )  # the same load options (runtime among them) as the model it is raced against
     if not isinstance(pipe.decoder, VerifyDecoder):
-        raise ConfigError(
-            f"{path}: the AR twin must be a causal model, not {pipe.config.attention}"
-        )
-    pipe.model.eval()
+        raise ConfigError(f"{path}: the AR twin must be a causal model, not {pipe.attention}")
+    pipe.network.eval()
     if cfg.warmup:
         pipe.warm_up()
     ecfg = EngineConfig(max_batch=cfg.max_batch, max_waiting=cfg.max_waiting, prefix_cache_mb=0)

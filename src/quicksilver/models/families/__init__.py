@@ -22,7 +22,14 @@ from typing import Any
 
 from ...errors import CheckpointError, ConfigError
 from ..checkpoint import read_json_object
-from . import dream, idlm, llada, llada_moe, qwen_block  # noqa: F401  (registers the families)
+from . import (  # noqa: F401  (registers the families)
+    diffusion_gemma,
+    dream,
+    idlm,
+    llada,
+    llada_moe,
+    qwen_block,
+)
 from .registry import BY_ARCHITECTURE, FAMILIES, Family, family_of, register_family
 
 SAMPLER_CONFIG_FILE = "sampler_config.json"

@@ -17,9 +17,17 @@ The vision tower (``model.encoder.vision_tower.*``, ``model.encoder.embed_vision
 this is the text path. Untied checkpoints (``tie_word_embeddings: false``, separate encoder
 weights) are refused.
 
-``load_network(path)`` -> ``DiffusionGemmaLM`` (families/diffusion_gemma_net.py). The family is not
-registered for ``load_checkpoint`` yet: its canvas of uniform noise needs the decoding loop that
-comes next, so ``quicksilver generate`` still answers "unsupported architecture".
+``load_network(path)`` -> ``DiffusionGemmaLM`` (families/diffusion_gemma_net.py), registered as the
+family's own network (``models.checkpoint.NETWORK_LOADERS``: ``quicksilver.load`` decodes it with
+``sampling/noise_decoder.py``). Its decoding settings are the checkpoint's ``generation_config.json``
+(``sampling/noise_canvas.NoiseCanvasConfig``); the family default is temperature 1, the published
+schedule.
+
+Tokenizer: ``tokenizer.json`` and ``tokenizer_config.json``; the chat template from
+``tokenizer_config.json``, ``chat_template.jinja`` or a processor's ``chat_template.json``, whichever
+the checkpoint has (never made up here: DiffusionGemma is a chat model, and a checkpoint without a
+template is refused); ``<end_of_turn>`` stops where the vocabulary has it, beside the EOS ids of
+``config.json`` and ``generation_config.json``.
 """
 
 from __future__ import annotations
@@ -31,8 +39,9 @@ from typing import Any
 import torch
 
 from ...errors import CheckpointError, ConfigError
-from ..checkpoint import read_config_json, read_safetensors
-from .common import Fields
+from ...tokenizer import Tokenizer
+from ..checkpoint import read_config_json, read_json_object, read_safetensors
+from .common import Fields, with_roles
 from .diffusion_gemma_net import (
     FULL,
     SLIDING,
@@ -41,8 +50,10 @@ from .diffusion_gemma_net import (
     GemmaTextConfig,
     expected_names,
 )
+from .registry import Family, register_family
 
 ARCHITECTURE = "DiffusionGemmaForBlockDiffusion"
+END_OF_TURN = "<end_of_turn>"
 DECODER, ENCODER = "model.decoder.", "model.encoder.language_model."
 VISION = ("model.encoder.vision_tower.", "model.encoder.embed_vision.")
 ENCODER_SCALAR = re.compile(r"layers\.(\d+)\.layer_scalar")
@@ -244,3 +255,37 @@ def load_network(
     net.load_state_dict({k: v.to(device=dev, dtype=target) for k, v in state.items()}, assign=True)
     net.reset_rope(dev)
     return net.eval()
+
+
+def load_tokenizer(path: Path, cj: dict[str, Any]) -> Tokenizer:
+    """The checkpoint's tokenizer with its own chat template (see the module docstring)."""
+    tok = Tokenizer.from_dir(path)
+    processor = path / "chat_template.json"
+    if tok.chat_template is None and processor.is_file():
+        template = read_json_object(processor).get("chat_template")
+        if not isinstance(template, str):
+            raise CheckpointError(f"{processor}: no 'chat_template' string")
+        try:
+            tok.set_chat_template(template)
+        except ConfigError as e:
+            raise CheckpointError(f"{processor}: {e}") from None
+    if tok.chat_template is None:
+        raise CheckpointError(
+            f"{path}: no chat template (tokenizer_config.json 'chat_template', chat_template.jinja "
+            "or chat_template.json); DiffusionGemma is a chat model and needs its own"
+        )
+    return with_roles(tok, {}, [END_OF_TURN])
+
+
+DIFFUSION_GEMMA = register_family(
+    Family(
+        name="diffusion_gemma",
+        architectures=(ARCHITECTURE,),
+        network=load_network,
+        tokenizer=load_tokenizer,
+        defaults={"temperature": 1.0},  # the checkpoint's schedule as published
+        checkpoints=("google/diffusiongemma-26B-A4B-it",),
+        doc="Gemma-4 MoE, causal encoder + bidirectional decoder passes over canvases of uniform "
+        "noise (renoising, entropy-bound acceptance, self-conditioning)",
+    )
+)

@@ -1,5 +1,6 @@
 """The registry of families: each family module registers its ``Family`` here, which also puts its
-loaders where ``models.checkpoint`` dispatches on a config's ``architectures``."""
+loaders where ``models.checkpoint`` dispatches on a config's ``architectures``: ``load`` for the
+families the generic transformer runs, ``network`` for those with a network of their own."""
 
 from __future__ import annotations
 
@@ -8,14 +9,22 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from ..checkpoint import LOADERS, TOKENIZER_LOADERS, Loader, TokenizerLoader
+from ..checkpoint import (
+    LOADERS,
+    NETWORK_LOADERS,
+    TOKENIZER_LOADERS,
+    Loader,
+    NetworkLoader,
+    TokenizerLoader,
+)
 
 
 @dataclass(frozen=True)
 class Family:
     name: str
     architectures: tuple[str, ...]
-    load: Loader
+    load: Loader | None = None  # config + weights for the generic transformer ...
+    network: NetworkLoader | None = None  # ... or the family's own network
     tokenizer: TokenizerLoader | None = None
     defaults: dict[str, Any] = field(default_factory=dict)  # SamplerConfig fields
     # named decoding modes, SamplerConfig fields over `defaults` (LLaDA2.1: "quality", "speed")
@@ -34,7 +43,10 @@ def register_family(fam: Family) -> Family:
     FAMILIES[fam.name] = fam
     for arch in fam.architectures:
         BY_ARCHITECTURE[arch] = fam
-        LOADERS[arch] = fam.load
+        if fam.load is not None:
+            LOADERS[arch] = fam.load
+        if fam.network is not None:
+            NETWORK_LOADERS[arch] = fam.network
         if fam.tokenizer is not None:
             TOKENIZER_LOADERS[arch] = fam.tokenizer
     return fam
