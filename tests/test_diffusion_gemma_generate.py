@@ -17,7 +17,7 @@ every pass). Tokens from our network under our loop are not compared end to end:
 agree to ~1e-5, not bit for bit, and on random tiny weights the soft-capped logits saturate near
 the cap, so argmax/sampling near-ties flip within a few steps and the trajectories part.
 
-Needs transformers >= 5.11; skips otherwise (see the parity test's docstring for the venv).
+Needs transformers >= 5.11 (the dev extra pins >= 5.23); skips otherwise.
 """
 
 from __future__ import annotations

@@ -38,9 +38,11 @@ def test_dream_tokenizer_from_vocab_and_merges_matches_transformers_qwen2(
     d = tiny["dream"]
     assert not (d / "tokenizer.json").exists()  # Dream ships only vocab.json + merges.txt
     ours = bpe_tokenizer_from_vocab(d)
+    files = {"vocab_file": str(d / "vocab.json"), "merges_file": str(d / "merges.txt")}
+    if int(transformers.__version__.split(".")[0]) >= 5:  # 5.x takes them as vocab= / merges=
+        files = {"vocab": files["vocab_file"], "merges": files["merges_file"]}
     ref = transformers.Qwen2Tokenizer(
-        vocab_file=str(d / "vocab.json"),
-        merges_file=str(d / "merges.txt"),
+        **files,
         errors="replace",
         unk_token=None,
         bos_token=None,

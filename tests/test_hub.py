@@ -118,6 +118,22 @@ def hub_snapshot_download() -> Any:
     return huggingface_hub.snapshot_download
 
 
+def not_found(cls: type[Exception]) -> Exception:
+    """The Hub's 404 error as huggingface_hub raises it (from 1.0 on it needs the HTTP response,
+    of the client its ``errors`` module is built on)."""
+    msg = "404 Client Error: Repository Not Found for url"
+    try:
+        return cls(msg)
+    except TypeError:
+        import sys
+
+        from huggingface_hub import errors
+
+        http = sys.modules[errors.Response.__module__.split(".")[0]]  # type: ignore[attr-defined]
+        request = http.Request("GET", "https://huggingface.co/api/models/org/gone")
+        return cls(msg, response=errors.Response(404, request=request))  # type: ignore[attr-defined]
+
+
 def test_the_network_only_where_allowed(cache: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """Online, a cache miss downloads the checkpoint's files (stubbed: no request leaves) and a
     cached, complete snapshot is used without a request."""
@@ -133,7 +149,7 @@ def test_the_network_only_where_allowed(cache: Path, monkeypatch: pytest.MonkeyP
             return str(real(repo_id, **kw))
         asked.append({"repo_id": repo_id, **kw})
         if repo_id == "org/gone":
-            raise RepositoryNotFoundError("404 Client Error: Repository Not Found for url")
+            raise not_found(RepositoryNotFoundError)
         files = {"config.json": snap(cache, "org/tiny", MAIN).joinpath("config.json").read_bytes()}
         files["model.safetensors"] = (
             snap(cache, "org/tiny", MAIN) / "model.safetensors"

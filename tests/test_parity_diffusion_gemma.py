@@ -12,11 +12,8 @@ included (the encoder's layer scalars differ from the decoder's), so none of the
 unnoticed. DiffusionGemma's layers always run a dense MLP beside the experts; the "dense" case is
 one expert that every token takes (top-1 of 1).
 
-Needs transformers >= 5.11 (``models/diffusion_gemma``); the shared venv pins transformers < 5,
-so there this file skips. To run it: a second venv with transformers 5.x
-(``.venv/bin/python -m venv .venv-tf5 && .venv-tf5/bin/pip install torch==2.13.0
-transformers==5.23.0 safetensors pytest tokenizers jinja2 ...``), then
-``PYTHONPATH=src .venv-tf5/bin/python -m pytest tests/test_parity_diffusion_gemma.py -q``.
+Needs transformers >= 5.11 (``models/diffusion_gemma``; the dev extra pins >= 5.23); skips
+where an older one is installed.
 """
 
 from __future__ import annotations
