@@ -100,3 +100,20 @@ def test_tool_open_covers_every_object_and_slot() -> None:
     for obj, (actions, slots) in OBJECTS.items():
         assert slots.split() and all(s in SLOTS for s in slots.split()), obj
         assert actions.split(), obj
+
+
+def test_copy_drills_ask_for_the_original_unchanged_within_their_budget() -> None:
+    """copy_text / copy_short: the apply route with an update snippet that is only a marker; the
+    answer is the original exactly, random text within the task's character budget."""
+    rng = random.Random(3)
+    for name, budget in (("copy_text", 260), ("copy_short", 60)):
+        task = get_task(name)
+        for split in ("train", "test"):
+            for _ in range(40):
+                item = task.sample(rng, split)
+                user = item.messages[-1]["content"]
+                original = user.split("<|original_code|>\n")[1].split("\n<|/original_code|>")[0]
+                snippet = user.split("<|update_snippet|>\n")[1].split("\n<|/update_snippet|>")[0]
+                assert original == item.answer and len(item.answer) <= budget
+                assert snippet.endswith("... existing code ...") and "\n" not in snippet
+                assert task.verify(item, item.answer) and not task.verify(item, item.answer[:-1])
