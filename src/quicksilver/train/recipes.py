@@ -258,27 +258,48 @@ V3_SD = then(
 )
 
 # v4 (in training, train/reproduce.py NEXT): v3.8 taught to apply and predict edits and to call
-# tools it has never seen. Two stages, because copying a 300-token file is a skill the v2 mixture
-# never asked for (the shipped models score 0 of 16 and ~11 nats a token on apply_edit's answers),
-# and at lr 1e-4 with edits a quarter of the examples it had not formed after 1,200 steps (held-out
-# 1.7 nats a token; docs/LOG.md): first the copy stage, edits most of the examples at lr 5e-4 (a
-# probe on apply_edit alone at 6e-4 went from 9.7 to 0.74 nats in 300 steps of 8), the v2 tasks
-# kept in the stream so they are not forgotten; then the v2 mixture plus the edit tasks at 2e-4.
-V4_COPY_MIX = V2_MIX + ",apply_edit:4,next_edit:3,tool_open:2"
+# tools it has never seen. Copying a 300-token file is a skill the v2 mixture never asked for, and
+# edit data alone does not grow it (docs/LOG.md, 2026-12-06): the shipped models score 0 of 16 and
+# ~11 nats a token on apply_edit's answers, and 1,500 steps on a stream mostly of edits at lr 5e-4
+# left teacher-forced accuracy at ~0.7 with no copying. A drill does: on copy_short alone (random
+# text, only copying predicts it) the copy loss drops from 2.3 to 0.05 nats between steps 450 and
+# 800 at lr 1e-3, and then copy_text (long files) is learned in ~30 steps. So: the drill (short,
+# then long), then the edit tasks beside the v2 mixture at lr 5e-4 (the copy stage), then the
+# first run's mixture at 2e-4.
+V4_COPY_MIX = V2_MIX + ",apply_edit:4,next_edit:3,tool_open:2,copy_text:1"
 V4_MIX = V2_MIX + ",apply_edit:1.5,next_edit:1.2,tool_open:1"
 V4_EVAL = "apply_edit,next_edit,tool_open,tool_call,countdown3"
-V4_COPY = then(
+V4_DRILL = then(
     V3_SD,
+    "small-ar-draft-drill",
+    24,
+    tasks="copy_short:1",
+    distill_data="",
+    steps=1000,
+    lr=1e-3,
+    warmup=20,
+    eval_every=1000,
+    eval_tasks="copy_short,copy_text",
+    eval_limit=16,
+)
+V4_DRILL_LONG = then(
+    V4_DRILL,
+    "small-ar-draft-drill-long",
+    25,
+    tasks="copy_short:1,copy_text:2",
+    batch_size=16,
+    steps=200,
+)
+V4_COPY = then(
+    V4_DRILL_LONG,
     "small-ar-draft-copy",
     22,
     tasks=V4_COPY_MIX,
-    distill_data="",
     batch_size=16,
     steps=1500,
     lr=5e-4,
     eval_every=750,
     eval_tasks=V4_EVAL,
-    eval_limit=16,
 )
 V4_EDIT = then(V4_COPY, "small-ar-draft-edit", 23, tasks=V4_MIX, batch_size=32, steps=1200, lr=2e-4)
 
@@ -297,7 +318,11 @@ def twin_of(joint: TrainConfig, out: str, init_from: str) -> TrainConfig:
 
 
 # their AR twins: the shipped twin continued on the same streams
-V4_COPY_TWIN = twin_of(V4_COPY, "runs/small-ar-twin-copy", "runs/small-ar-v2-twin6k/final")
+V4_DRILL_TWIN = twin_of(V4_DRILL, "runs/small-ar-twin-drill", "runs/small-ar-v2-twin6k/final")
+V4_DRILL_LONG_TWIN = twin_of(
+    V4_DRILL_LONG, "runs/small-ar-twin-drill-long", "runs/small-ar-twin-drill/final"
+)
+V4_COPY_TWIN = twin_of(V4_COPY, "runs/small-ar-twin-copy", "runs/small-ar-twin-drill-long/final")
 V4_TWIN = twin_of(V4_EDIT, "runs/small-ar-twin-edit", "runs/small-ar-twin-copy/final")
 
 RECIPES: dict[str, TrainConfig] = {
@@ -312,7 +337,8 @@ RECIPES: dict[str, TrainConfig] = {
     **{
         c.out.removeprefix("runs/"): c
         for c in (V3_DRAFT, V3_MORE, V3_MORE2, V3_MORE3, V3_MORE4, V3_MORE5, V3_MORE6)
-        + (V3_MORE7, V3_MORE8, V3_K8, V3_SD, V4_COPY, V4_EDIT, V4_COPY_TWIN, V4_TWIN)
+        + (V3_MORE7, V3_MORE8, V3_K8, V3_SD, V4_DRILL, V4_DRILL_LONG, V4_COPY, V4_EDIT)
+        + (V4_DRILL_TWIN, V4_DRILL_LONG_TWIN, V4_COPY_TWIN, V4_TWIN)
     },
     # a tiny run for tests and smoke checks (seconds)
     "tiny": TrainConfig(

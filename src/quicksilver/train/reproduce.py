@@ -187,13 +187,29 @@ STAGES: list[Stage] = [*_twin_stages(), *_draft_stages(), *_diffusion_stages()]
 # shipped stage's final weights)
 NEXT: list[Stage] = [
     Stage(
+        "draft-drill",
+        "v3.8 drilled to copy: copy_short alone at lr 1e-3 (v4; the copy circuit forms here)",
+        "small-ar-draft-drill",
+    ),
+    Stage(
+        "ar-twin-drill",
+        "the shipped twin on the drill's stream, the same examples step for step",
+        "small-ar-twin-drill",
+    ),
+    Stage(
+        "draft-drill-long",
+        "the drill on long files too (copy_short and copy_text)",
+        "small-ar-draft-drill-long",
+    ),
+    Stage("ar-twin-drill-long", "the twin on the same stream", "small-ar-twin-drill-long"),
+    Stage(
         "draft-copy",
-        "v3.8 on a stream mostly of apply_edit, next_edit and tool_open at lr 5e-4 (v4, copying)",
+        "the drilled model on a stream mostly of apply_edit, next_edit and tool_open at lr 5e-4",
         "small-ar-draft-copy",
     ),
     Stage(
         "ar-twin-copy",
-        "the shipped twin continued on the copy stage's stream, the same examples step for step",
+        "the drilled twin on the copy stage's stream, the same examples step for step",
         "small-ar-twin-copy",
     ),
     Stage(
