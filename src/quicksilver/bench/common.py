@@ -6,7 +6,8 @@ import json
 import math
 import platform
 import statistics
-from collections.abc import Sequence
+import time
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -17,6 +18,24 @@ from ..figures import save_figure
 
 def median(xs: Sequence[float]) -> float:
     return float(statistics.median(xs)) if xs else float("nan")
+
+
+def sync(device: torch.device) -> None:
+    """Wait for the device's queued work, so a clock read after it times the work."""
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def calls_per_second(fn: Callable[[], Any], device: torch.device, iters: int, warmup: int) -> float:
+    """How many calls of ``fn`` the device completes a second (after ``warmup`` untimed calls)."""
+    for _ in range(warmup):
+        fn()
+    sync(device)
+    t0 = time.perf_counter()
+    for _ in range(iters):
+        fn()
+    sync(device)
+    return iters / (time.perf_counter() - t0)
 
 
 SPEED_FLAGS = ("avx2", "avx512f", "avx512_bf16", "avx512_vnni", "amx_bf16", "amx_int8", "amx_tile")

@@ -42,6 +42,7 @@ import torch
 from ..models.families.diffusion_gemma import ARCHITECTURE, gemma_config
 from ..models.families.diffusion_gemma_net import FULL, DiffusionGemmaLM, GemmaKVCache
 from ..sampling.noise_canvas import NoiseCanvasConfig, generate
+from .common import calls_per_second, sync
 
 SHAPE = "diffusiongemma-26b-a4b"
 TEXT_26B_A4B: dict[str, Any] = {
@@ -123,22 +124,6 @@ def random_network(
     return net.to(dtype).eval()
 
 
-def _sync(device: torch.device) -> None:
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-
-
-def _timed(fn: Any, device: torch.device, iters: int) -> float:
-    """Seconds per call of ``fn`` (one warm-up call first)."""
-    fn()
-    _sync(device)
-    t0 = time.perf_counter()
-    for _ in range(iters):
-        fn()
-    _sync(device)
-    return (time.perf_counter() - t0) / iters
-
-
 def _prompt_cache(
     net: DiffusionGemmaLM, batch: int, context: int, device: torch.device
 ) -> GemmaKVCache:
@@ -158,7 +143,7 @@ def bench_row(
     gen = torch.Generator().manual_seed(7)
     canvas = torch.randint(0, V, (batch, C), generator=gen).to(device)  # (B, C)
     sc = net.decode(canvas, cache)  # (B, C, V): the self-conditioning of the timed passes
-    t_dec = _timed(lambda: net.decode(canvas, cache, sc), device, args.iters)
+    t_dec = 1 / calls_per_second(lambda: net.decode(canvas, cache, sc), device, args.iters, 1)
     length = cache.length
 
     def encode_canvas() -> None:
@@ -167,7 +152,7 @@ def bench_row(
             cache.k[i], cache.v[i] = cache.k[i][:, :, :length], cache.v[i][:, :, :length]
         cache.length = length
 
-    t_enc = _timed(encode_canvas, device, max(1, args.iters // 2))
+    t_enc = 1 / calls_per_second(encode_canvas, device, max(1, args.iters // 2), 1)
     loop_cfg = NoiseCanvasConfig(
         max_new_tokens=C * args.canvases,
         max_denoising_steps=STEPS,
@@ -176,10 +161,10 @@ def bench_row(
     )
     prompt = torch.randint(3, V, (batch, args.context), generator=gen).to(device)  # (B, P)
     g = torch.Generator(device=device).manual_seed(0)
-    _sync(device)
+    sync(device)
     t0 = time.perf_counter()
     res = generate(net, prompt, loop_cfg, g)
-    _sync(device)
+    sync(device)
     loop_s = time.perf_counter() - t0
     new = res.new_tokens.shape[1]
     projected = C / (STEPS * t_dec + t_enc)

@@ -46,6 +46,7 @@ from ..models.families.llada import llada_config
 from ..models.packing import resolve_layout
 from ..models.transformer import KVCache, Rotary, Transformer
 from ..sampling import Decoder, SamplerConfig
+from .common import calls_per_second, sync
 from .gemma_shape import SHAPE as GEMMA_SHAPE
 from .gemma_shape import bench_gemma
 from .syncs import SyncCounter
@@ -147,11 +148,6 @@ def random_model(
     return model.to(dtype).eval()
 
 
-def _sync(device: torch.device) -> None:
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-
-
 @contextlib.contextmanager
 def sync_debug(device: torch.device) -> Iterator[list[warnings.WarningMessage]]:
     """CUDA's own check (``torch.cuda.set_sync_debug_mode("warn")``) over a block: the warnings
@@ -165,17 +161,6 @@ def sync_debug(device: torch.device) -> Iterator[list[warnings.WarningMessage]]:
         finally:
             if device.type == "cuda":
                 torch.cuda.set_sync_debug_mode("default")
-
-
-def _rate(fn: Any, device: torch.device, iters: int, warmup: int) -> float:
-    for _ in range(warmup):
-        fn()
-    _sync(device)
-    t0 = time.perf_counter()
-    for _ in range(iters):
-        fn()
-    _sync(device)
-    return iters / (time.perf_counter() - t0)
 
 
 def _peak_bytes(device: torch.device) -> int:
@@ -208,9 +193,11 @@ def bench_shape(
         )  # (B, 32)
         cache = KVCache()
         model(ctx, cache=cache, append=True)  # prefill the context once
-        block_rate = _rate(partial(model, blk, cache=cache), device, args.iters, args.warmup)
+        block_rate = calls_per_second(
+            partial(model, blk, cache=cache), device, args.iters, args.warmup
+        )
         whole = torch.cat((ctx, blk), dim=1)  # (B, P + 32)
-        full_rate = _rate(partial(model, whole), device, max(1, args.iters // 2), 1)
+        full_rate = calls_per_second(partial(model, whole), device, max(1, args.iters // 2), 1)
         row = {
             "batch": batch,
             "context": args.context,
@@ -281,10 +268,10 @@ def bench_decode(
                 stop_at_eos=False,
             )
             dec.generate(prompts, sc)  # warm-up (and graph capture)
-            _sync(device)
+            sync(device)
             t0 = time.perf_counter()
             res = dec.generate(prompts, sc)
-            _sync(device)
+            sync(device)
             dt = time.perf_counter() - t0
             fresh = [dec.new_row(p, sc) for p in prompts]
             with SyncCounter() as syncs, sync_debug(device) as flagged:

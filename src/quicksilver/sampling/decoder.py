@@ -35,7 +35,7 @@ from .hooks import (
 )
 from .noise import request_generator
 from .policies import POLICIES
-from .row_decoder import RowDecoder
+from .row_decoder import RowDecoder, row_stops
 from .select import choose, draw_noise, draw_tokens, forbid, pad_windows, policy_scores
 from .state import DecodeResult, Row, RowEvent
 
@@ -257,7 +257,7 @@ class Decoder(RowDecoder[Row]):
             bl, mode = min(bl, w), "window"
         prompt = torch.tensor(list(prompt_ids), dtype=torch.long, device=self.device)
         sfx = torch.tensor(list(suffix), dtype=torch.long, device=self.device) if suffix else None
-        stops = self.stop_ids | frozenset(int(t) for t in extra_stops or ())
+        stops = row_stops(self.stop_ids, extra_stops)  # stop_at_eos is read by the hooks
         return Row(
             prompt=prompt,
             cfg=cfg,

@@ -63,7 +63,7 @@ from .hooks import Constraint, commit_constrained
 from .noise import request_generator
 from .noise_canvas import Denoised, GeneratorNoise, NoiseCanvasConfig, StabilityConfidence, denoise
 from .policies import POLICIES
-from .row_decoder import RowDecoder
+from .row_decoder import RowDecoder, row_stops
 from .state import DecodeResult, RowEvent
 
 
@@ -330,9 +330,7 @@ class NoiseCanvasDecoder(RowDecoder[NoiseRow]):
             max_denoising_steps=cfg.steps or self.base.max_denoising_steps,
         )
         seed = cfg.seed if cfg.seed is not None or cfg.temperature > 0 else 0
-        stops = (self.stop_ids if cfg.stop_at_eos else frozenset()) | frozenset(
-            int(t) for t in extra_stops or ()
-        )
+        stops = row_stops(self.stop_ids, extra_stops, cfg.stop_at_eos)
         mcfg = self.model.config
         return NoiseRow(
             prompt_ids=list(prompt_ids),

@@ -25,6 +25,13 @@ if TYPE_CHECKING:
     from ..models.kvcache import KVCache
 
 
+def row_stops(
+    stop_ids: frozenset[int], extra_stops: Sequence[int] | None, at_eos: bool = True
+) -> frozenset[int]:
+    """The token ids that end a row: the model's stops (when ``at_eos``) and the request's own."""
+    return (stop_ids if at_eos else frozenset()) | frozenset(int(t) for t in extra_stops or ())
+
+
 class RowLike(Protocol):
     """One request being decoded, as the engine sees it."""
 

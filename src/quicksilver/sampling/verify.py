@@ -56,7 +56,7 @@ from .decoder import Decoder
 from .hooks import Constraint
 from .noise import filtered, request_generator, sample_with_distribution
 from .policies import POLICIES
-from .row_decoder import RowDecoder
+from .row_decoder import RowDecoder, row_stops
 from .select import forbid_host, greedy_ids, top_probabilities
 from .state import DecodeResult, RowEvent
 
@@ -440,9 +440,7 @@ class VerifyDecoder(RowDecoder[VerifyRow]):
         gen = None
         if cfg.temperature > 0:
             gen = request_generator(cfg.seed, self.device)
-        stops = (self.stop_ids if cfg.stop_at_eos else frozenset()) | frozenset(
-            int(t) for t in extra_stops or ()
-        )
+        stops = row_stops(self.stop_ids, extra_stops, cfg.stop_at_eos)
         return VerifyRow(
             prompt_ids=list(prompt_ids),
             cfg=cfg,

@@ -24,7 +24,7 @@ from ..engine import Engine, EngineConfig
 from ..sampling import SamplerConfig
 from ..sampling.decoder import Constraint, Row, RowEvent, refine
 from ..sampling.policies import POLICIES
-from ..sampling.row_decoder import RowDecoder
+from ..sampling.row_decoder import RowDecoder, row_stops
 from ..tokenizer import Tokenizer
 
 Script = Callable[[str], str]  # prompt text (special tokens kept) -> reply text
@@ -148,7 +148,7 @@ class ScriptedDecoder(RowDecoder[ScriptedRow]):
         text = self.tok.decode(prompt_ids, skip_special_tokens=False)
         if suffix:
             text += "<|fim_middle|>"
-        stops = self.stop_ids | frozenset(extra_stops or ())
+        stops = row_stops(self.stop_ids, extra_stops)
         stop = self.end_id if "<|im_start|>" in text else (self.tok.eos_id or self.end_id)
         return ScriptedRow(
             prompt=torch.tensor(list(prompt_ids), dtype=torch.long),
