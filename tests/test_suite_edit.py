@@ -103,10 +103,11 @@ def test_tool_open_covers_every_object_and_slot() -> None:
 
 
 def test_copy_drills_ask_for_the_original_unchanged_within_their_budget() -> None:
-    """copy_text / copy_short: the apply route with an update snippet that is only a marker; the
-    answer is the original exactly, random text within the task's character budget."""
+    """copy_text / copy_short / copy_code: the apply route with an update snippet that is only a
+    marker; the answer is the original exactly (random text within the task's character budget,
+    or a generated two-function file)."""
     rng = random.Random(3)
-    for name, budget in (("copy_text", 260), ("copy_short", 60)):
+    for name, budget in (("copy_text", 260), ("copy_short", 60), ("copy_code", 1000)):
         task = get_task(name)
         for split in ("train", "test"):
             for _ in range(40):

@@ -7,7 +7,7 @@ from .apply_edit import ApplyEdit
 from .arith import Countdown, Multiply
 from .base import Item, Task, split_reply
 from .chat import Chat
-from .copy_text import CopyText
+from .copy_text import CopyCode, CopyText
 from .fim import Fim
 from .next_edit import NextEdit
 from .path_star import PathStar
@@ -32,6 +32,7 @@ TASKS: dict[str, Task] = {
         NextEdit(),
         CopyText("copy_text", 260),
         CopyText("copy_short", 60),
+        CopyCode(),
     )
 }
 

@@ -8,7 +8,13 @@ original does. The answer is the original, unchanged. On the shipped tokenizer (
 tokens) a file is at most ``max_chars`` characters, about as many tokens: ``copy_text`` up to
 260, ``copy_short`` up to 60 (short copies first: the pointer forms on short distances).
 
-Split rule: the file's first identifier hashed into 10% is test-only. Verifier: apply_edit's
+``copy_code`` is the same drill over apply_edit's generated code files (two functions, a
+language's keywords and names repeated): there the last token or two recur across the file
+(``return``, ``print("``), so copying needs the pointer to track its place rather than match the
+last token alone — the errors a model that copies random text still makes on code.
+
+Split rule: the file's first identifier (copy_code: first function name) hashed into 10% is
+test-only. Verifier: apply_edit's
 (exact match after its normalisation).
 """
 
@@ -18,8 +24,9 @@ import random
 import string
 
 from ..edit_format import APPLY_SYSTEM, apply_message
-from .apply_edit import normalize
+from .apply_edit import MAX_ANSWER, normalize, split_key
 from .base import Item, Task, in_split
+from .codegen import LANGS, Layout, est_tokens, gen_program, render
 
 PUNCT = "=+-*/(),.:;{}[]<>"
 COMMENTS = ("#", "//", "--")
@@ -53,6 +60,15 @@ def random_file(rng: random.Random, max_chars: int) -> list[str]:
     return lines
 
 
+def copy_item(name: str, original: str, marker: str) -> Item:
+    """The apply route asking for ``original`` unchanged: the update snippet is only ``marker``."""
+    messages = [
+        {"role": "system", "content": APPLY_SYSTEM},
+        {"role": "user", "content": apply_message(original, f"{marker} ... existing code ...")},
+    ]
+    return Item(name, messages, answer=original, data={"expected": original})
+
+
 class CopyText(Task):
     def __init__(self, name: str, max_chars: int) -> None:
         self.name, self.max_chars = name, max_chars
@@ -71,13 +87,30 @@ class CopyText(Task):
             lines = random_file(rng, self.max_chars)
             if len(lines) >= 2 and lines[0].strip() and in_split((self.name, lines[0]), split):
                 break
-        original = "\n".join(lines).lstrip()
-        snippet = f"{w.choice(COMMENTS)} ... existing code ..."
-        messages = [
-            {"role": "system", "content": APPLY_SYSTEM},
-            {"role": "user", "content": apply_message(original, snippet)},
-        ]
-        return Item(self.name, messages, answer=original, data={"expected": original})
+        return copy_item(self.name, "\n".join(lines).lstrip(), w.choice(COMMENTS))
 
     def verify(self, item: Item, reply: str) -> bool:
         return normalize(reply) == normalize(item.data["expected"])
+
+
+class CopyCode(CopyText):
+    def __init__(self) -> None:
+        self.name, self.max_answer_tokens = "copy_code", MAX_ANSWER + 17
+
+    def sample(
+        self,
+        rng: random.Random,
+        split: str,
+        phrasing: str = "templated",
+        wording: random.Random | None = None,
+    ) -> Item:
+        """A generated file of two functions in one of apply_edit's languages and indentations."""
+        while True:
+            lang = rng.choice(sorted(LANGS))
+            prog = gen_program(rng, lang, n_funcs=2)
+            if not in_split((self.name, split_key(prog)), split):
+                continue
+            lines = render(prog, Layout(rng.choice(LANGS[lang].indents)))
+            original = "\n".join(lines)
+            if 8 <= len(lines) <= 24 and est_tokens(lang, original) <= MAX_ANSWER:
+                return copy_item(self.name, original, LANGS[lang].comment)
