@@ -213,13 +213,21 @@ NEXT: list[Stage] = [
         "small-ar-twin-copy",
     ),
     Stage(
+        "draft-code",
+        "the copy stage's stream plus copy_code (code files to copy unchanged) at lr 3e-4",
+        "small-ar-draft-code",
+    ),
+    Stage("ar-twin-code", "the twin on the same stream", "small-ar-twin-code"),
+    Stage("draft-code2", "600 more steps of the same mixture", "small-ar-draft-code2"),
+    Stage("ar-twin-code2", "the twin on the same stream", "small-ar-twin-code2"),
+    Stage(
         "draft-edit",
-        "the copy stage's model on the v2 mixture plus the edit tasks at lr 2e-4 (v4)",
+        "the code stage's model on the v2 mixture plus the edit tasks at lr 2e-4 (v4)",
         "small-ar-draft-edit",
     ),
     Stage(
         "ar-twin-edit",
-        "the twin of the copy stage continued on v4's second stream",
+        "the twin of the code stage continued on v4's last stream",
         "small-ar-twin-edit",
     ),
 ]
