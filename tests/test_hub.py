@@ -91,6 +91,7 @@ def test_local_paths_win(tiny_ckpt: Path, tmp_path: Path, monkeypatch: pytest.Mo
         ("org/ti ny@v1", None, "neither a local directory nor a Hub id"),
         ("a/b/c", "main", "neither a local directory nor a Hub id"),
         ("org/nothere", None, "not in the Hub cache"),
+        ("runs/typo", None, "no directory 'runs/typo' here, and as a Hub id: runs/typo: not in"),
         ("org/tiny@v9", None, "not in the Hub cache"),
         ("org/broken", None, "incomplete (missing model.safetensors)"),
     ],

@@ -60,7 +60,10 @@ def resolve_model(
     repo_id, rev = parse_hub_id(text, revision)
     if repo_id is None:
         return Path(text)
-    return snapshot(repo_id, rev, (*CHECKPOINT_FILES, *also))
+    try:
+        return snapshot(repo_id, rev, (*CHECKPOINT_FILES, *also))
+    except ConfigError as e:  # a mistyped local path has a Hub id's shape too: say both
+        raise ConfigError(f"no directory {text!r} here, and as a Hub id: {e}") from None
 
 
 def parse_hub_id(name: str, revision: str | None = None) -> tuple[str | None, str | None]:
