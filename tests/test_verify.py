@@ -391,6 +391,21 @@ def test_copy_drafts_are_lossless_and_keep_long_runs() -> None:
         assert ar_generate(model, p, 48, []).tokens == dec.generate([p], on)[0].tokens
 
 
+def test_a_copy_extends_the_drafts_it_repeats() -> None:
+    """A copy is fed past the pass-rate estimate only when it repeats every draft held (or none
+    are held), on a long match, for a row that keeps its copies."""
+    from quicksilver.sampling.copy_drafts import EXTEND_MIN_MATCH, agreement, extends
+
+    assert agreement([1, 2, 3], [1, 2]) == 2 and agreement([1, 2], [1, 5]) == 1
+    assert agreement([], [1]) == 0
+    long = EXTEND_MIN_MATCH
+    assert extends([1, 2, 3, 4], [1, 2], long, 0.6) and extends([1, 2, 3], [], long, 0.6)
+    assert not extends([1, 2, 3, 4], [1, 5], long, 0.9)  # the drafts say otherwise
+    assert not extends([1, 2], [1, 2, 3], long, 0.9)  # shorter than the drafts
+    assert not extends([1, 2, 3], [1, 2], long - 1, 0.9)  # a short match
+    assert not extends([1, 2, 3], [1, 2], long, 0.4)  # this row's copies are mostly rejected
+
+
 def test_copied_runs_are_kept_by_a_model_that_copies(monkeypatch: pytest.MonkeyPatch) -> None:
     """Logits that always predict the token that followed the current one earlier in the row (a
     copying model): copy drafts are all kept, tokens per pass far above the mask drafts'."""

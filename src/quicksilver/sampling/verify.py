@@ -51,7 +51,7 @@ from ..models.pass_plan import PassPlanner
 from ..models.segment import Segment
 from ..models.transformer import Transformer
 from .config import SamplerConfig
-from .copy_drafts import NgramIndex, acceptance, expected_kept, mean_kept
+from .copy_drafts import NgramIndex, acceptance, agreement, expected_kept, extends, mean_kept
 from .decoder import Decoder
 from .hooks import Constraint
 from .noise import filtered, request_generator, sample_with_distribution
@@ -136,8 +136,9 @@ class VerifyRow:
 
     def _copy_drafts(self, planner: PassPlanner) -> None:
         """Draft by copying from the context instead, where its last tokens recur and the copy
-        promises more tokens per position of cost than the drafts held (at the row's measured
-        acceptance of copied tokens)."""
+        either continues every draft held on a long match (copy_drafts.extends) or promises more
+        tokens per position of cost than they do (at the row's measured acceptance of copied
+        tokens beyond the drafts it repeats)."""
         self.copied = 0
         if self.index is None:
             return
@@ -148,9 +149,13 @@ class VerifyRow:
             return
         at = len(self.host_tokens)
         copy = [self.prefill.get(at + j, t) for j, t in enumerate(copy)]
-        conf = [acceptance(self.copy_kept, self.copy_tried, match)] * len(copy)
+        rate = acceptance(self.copy_kept, self.copy_tried, match)
+        same = agreement(copy, self.drafts)  # drafted alike: as likely kept as the drafts
+        conf = self.conf[:same] + [rate] * (len(copy) - same)
         width = planner.policy.copy_width
-        if self._pass_rate(planner, conf, width) > self._pass_rate(planner, self.conf, None):
+        if extends(copy, self.drafts, match, rate) or self._pass_rate(
+            planner, conf, width
+        ) > self._pass_rate(planner, self.conf, None):
             self.drafts, self.conf, self.q, self.copied = copy, conf, None, len(copy)
 
     def uncached(self) -> int:
