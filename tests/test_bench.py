@@ -467,3 +467,13 @@ def test_serve_bench_edit_routes_send_the_user_message_alone() -> None:
             assert [m["role"] for m in b["messages"]] == ["user"]
             assert "<|" in b["messages"][0]["content"]  # the route's tagged sections
     assert ROUTES["apply"][0] == "/v1/apply/completions"
+
+
+def test_edit_routes_default_to_their_answer_budget() -> None:
+    """bench serve --route apply|edit lets a whole file be written unless --max-tokens says less."""
+    from quicksilver.bench.serve import route_max_tokens
+    from quicksilver.suite.tasks import get_task
+
+    assert route_max_tokens("chat") == 96
+    assert route_max_tokens("apply") == get_task("apply_edit").max_answer_tokens + 8
+    assert route_max_tokens("edit") == get_task("next_edit").max_answer_tokens + 8

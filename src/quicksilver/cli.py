@@ -17,7 +17,7 @@ from .bench.gpu_families import run as run_families_bench
 from .bench.live_tools import add_arguments as tools_bench_args
 from .bench.live_tools import run as run_tools_bench
 from .bench.serve import add_arguments as serve_bench_args
-from .bench.serve import run_serve_bench
+from .bench.serve import route_max_tokens, run_serve_bench
 from .bench.serve_replicas import run_replicas_bench
 from .bench.serve_vs import add_agents_arguments, run_agents, run_vs_llama_cpp
 from .bench.shapes import add_arguments as shapes_bench_args
@@ -223,6 +223,8 @@ def cmd_bench(args: argparse.Namespace) -> int:
     if args.bench == "decode":
         path = resolve_model(args.model, which="diffusion model", revision=args.revision)
         return run_decode_bench(path, args)
+    if args.bench == "serve" and args.max_tokens is None:
+        args.max_tokens = route_max_tokens(args.route)
     if args.bench == "serve" and args.replicas:
         return run_replicas_bench(args)
     if args.bench == "serve" and args.vs_llama_cpp:

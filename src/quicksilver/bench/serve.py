@@ -260,6 +260,14 @@ def level_summary(results: list[Result], wall: float, concurrency: int) -> dict[
     }
 
 
+def route_max_tokens(route: str) -> int:
+    """Each request's max_tokens by default: 96 on chat, the tasks' answer budget on the edit
+    routes (a merged file is a few hundred tokens)."""
+    if route == "chat":
+        return 96
+    return max(get_task(t).max_answer_tokens for t in ROUTES[route][1]) + 8
+
+
 def chat_bodies(n: int, seed: int, max_tokens: int, route: str = "chat") -> list[dict[str, Any]]:
     """Requests from the held-out task suite (so the server does real work), cycled to ``n``; on
     the edit routes the user message alone (their system prompt is the server's)."""
@@ -533,7 +541,14 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--time-limit", type=float, default=300.0, dest="time_limit", help="seconds per level"
     )
-    p.add_argument("--max-tokens", type=int, default=96, dest="max_tokens")
+    p.add_argument(
+        "--max-tokens",
+        type=int,
+        default=None,
+        dest="max_tokens",
+        help="max_tokens of each request (default: 96 on chat; on apply and edit the task's "
+        "answer budget, so that a whole file is written)",
+    )
     p.add_argument(
         "--route",
         choices=sorted(ROUTES),
