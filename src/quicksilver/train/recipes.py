@@ -318,7 +318,14 @@ V4_CODE = then(
 )
 V4_CODE_MORE = then(V4_CODE, "small-ar-draft-code2", 33, steps=600, eval_every=600)
 V4_EDIT = then(
-    V4_CODE_MORE, "small-ar-draft-edit", 23, tasks=V4_MIX, batch_size=32, steps=1200, lr=2e-4
+    V4_CODE_MORE,
+    "small-ar-draft-edit",
+    23,
+    tasks=V4_MIX,
+    batch_size=32,
+    steps=1200,
+    lr=2e-4,
+    eval_tasks=V4_EVAL,
 )
 
 
