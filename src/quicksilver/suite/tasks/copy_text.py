@@ -14,8 +14,7 @@ language's keywords and names repeated): there the last token or two recur acros
 last token alone — the errors a model that copies random text still makes on code.
 
 Split rule: the file's first identifier (copy_code: first function name) hashed into 10% is
-test-only. Verifier: apply_edit's
-(exact match after its normalisation).
+test-only. Verifier: apply_edit's (exact match after its normalisation).
 """
 
 from __future__ import annotations
