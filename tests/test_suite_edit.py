@@ -7,13 +7,18 @@ import json
 import random
 import re
 
+from quicksilver.assets import resolve_model
+from quicksilver.models.checkpoint import load_tokenizer
 from quicksilver.suite.edit_format import CURSOR
+from quicksilver.suite.render import render
 from quicksilver.suite.tasks import get_task
+from quicksilver.suite.tasks.codegen import HELD_LISTS, HELD_WORDS, LISTS, TYPES, WORDS
 from quicksilver.suite.tasks.tool_open import LIVE_OBJECTS, OBJECTS, SLOTS, object_split
 
 NEXT = get_task("next_edit")
 OPEN = get_task("tool_open")
 APPLY = get_task("apply_edit")
+NAMES = ("apply_edit", "next_edit", "copy_code")  # the tasks with a made-up-name variant
 
 
 def _region(item) -> str:
@@ -118,3 +123,32 @@ def test_copy_drills_ask_for_the_original_unchanged_within_their_budget() -> Non
                 assert original == item.answer and len(item.answer) <= budget
                 assert snippet.endswith("... existing code ...") and "\n" not in snippet
                 assert task.verify(item, item.answer) and not task.verify(item, item.answer[:-1])
+
+
+def test_edit_tasks_fit_their_budgets_in_the_shipped_tokenizer() -> None:
+    """Answer <= max_answer_tokens and prompt + answer <= 1,000 (the recipes' max_len), counted by
+    the shipped tokenizer, for the edit tasks and their made-up-name variants (made-up names cost
+    more tokens than the lexicon's); apply_edit's prompt <= 600 as its docstring says."""
+    tok = load_tokenizer(resolve_model(None))
+    rng = random.Random(5)
+    for name in NAMES + tuple(f"{n}_made_up" for n in NAMES):
+        task = get_task(name)
+        for split, phrasing in (("train", "templated"), ("test", "held-out")):
+            for _ in range(60):
+                prompt, answer = render(task.sample(rng, split, phrasing), tok)
+                assert len(answer) <= task.max_answer_tokens, name
+                assert len(prompt) <= (600 if "apply" in name else 1000 - len(answer)), name
+
+
+def test_made_up_variants_name_nothing_from_the_lexicon() -> None:
+    """``*_made_up`` items: every identifier is a made-up word, so none of the lexicon's (training
+    or held-out) appears as a name; the verifier is the base task's."""
+    lexicon = set(WORDS + HELD_WORDS + LISTS + HELD_LISTS + TYPES)
+    rng = random.Random(6)
+    for name in NAMES:
+        task = get_task(f"{name}_made_up")
+        for split in ("train", "test"):
+            item = task.sample(rng, split)
+            names = set(re.findall(r"[A-Za-z]+", item.answer.replace("_", " ")))
+            assert not {n.lower() for n in names} & lexicon, (name, names & lexicon)
+            assert task.verify(item, item.answer) and not task.verify(item, item.answer + "x")

@@ -317,8 +317,22 @@ V4_CODE = then(
     eval_tasks="apply_edit,copy_code,next_edit",
 )
 V4_CODE_MORE = then(V4_CODE, "small-ar-draft-code2", 33, steps=600, eval_every=600)
-V4_EDIT = then(
+# the code2 model copies the training lexicon's names but not others: held-out apply_edit items
+# whose only new feature is the held-out words make ~11 wrong tokens a file teacher-forced, those
+# with a new indentation or gap 1-2 (docs/LOG.md, 2026-12-06, fourth sitting); the same tasks over
+# made-up names (``*_made_up``) leave the name to the pointer alone
+V4_NAMES_MIX = V4_CODE_MIX + ",apply_edit_made_up:3,next_edit_made_up:2,copy_code_made_up:3"
+V4_NAMES = then(
     V4_CODE_MORE,
+    "small-ar-draft-names",
+    35,
+    tasks=V4_NAMES_MIX,
+    steps=600,
+    eval_every=300,
+    eval_tasks="apply_edit,apply_edit_made_up,copy_code_made_up,next_edit",
+)
+V4_EDIT = then(
+    V4_NAMES,
     "small-ar-draft-edit",
     23,
     tasks=V4_MIX,
@@ -352,7 +366,8 @@ V4_CODE_TWIN = twin_of(V4_CODE, "runs/small-ar-twin-code", "runs/small-ar-twin-c
 V4_CODE_MORE_TWIN = twin_of(
     V4_CODE_MORE, "runs/small-ar-twin-code2", "runs/small-ar-twin-code/final"
 )
-V4_TWIN = twin_of(V4_EDIT, "runs/small-ar-twin-edit", "runs/small-ar-twin-code2/final")
+V4_NAMES_TWIN = twin_of(V4_NAMES, "runs/small-ar-twin-names", "runs/small-ar-twin-code2/final")
+V4_TWIN = twin_of(V4_EDIT, "runs/small-ar-twin-edit", "runs/small-ar-twin-names/final")
 
 RECIPES: dict[str, TrainConfig] = {
     # block-causal diffusion from scratch, ~3.0M parameters (the CLI's default recipe)
@@ -376,6 +391,7 @@ RECIPES: dict[str, TrainConfig] = {
             V4_COPY,
             V4_CODE,
             V4_CODE_MORE,
+            V4_NAMES,
             V4_EDIT,
         )
         + (
@@ -384,6 +400,7 @@ RECIPES: dict[str, TrainConfig] = {
             V4_COPY_TWIN,
             V4_CODE_TWIN,
             V4_CODE_MORE_TWIN,
+            V4_NAMES_TWIN,
             V4_TWIN,
         )
     },

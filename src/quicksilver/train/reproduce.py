@@ -221,13 +221,19 @@ NEXT: list[Stage] = [
     Stage("draft-code2", "600 more steps of the same mixture", "small-ar-draft-code2"),
     Stage("ar-twin-code2", "the twin on the same stream", "small-ar-twin-code2"),
     Stage(
+        "draft-names",
+        "the code stage's stream plus the edit and copy tasks over made-up names",
+        "small-ar-draft-names",
+    ),
+    Stage("ar-twin-names", "the twin on the same stream", "small-ar-twin-names"),
+    Stage(
         "draft-edit",
-        "the code stage's model on the v2 mixture plus the edit tasks at lr 2e-4 (v4)",
+        "the names stage's model on the v2 mixture plus the edit tasks at lr 2e-4 (v4)",
         "small-ar-draft-edit",
     ),
     Stage(
         "ar-twin-edit",
-        "the twin of the code stage continued on v4's last stream",
+        "the twin of the names stage continued on v4's last stream",
         "small-ar-twin-edit",
     ),
 ]

@@ -33,6 +33,9 @@ TASKS: dict[str, Task] = {
         CopyText("copy_text", 260),
         CopyText("copy_short", 60),
         CopyCode(),
+        ApplyEdit("apply_edit_made_up", made_up=True),
+        NextEdit("next_edit_made_up", made_up=True),
+        CopyCode("copy_code_made_up", made_up=True),
     )
 }
 

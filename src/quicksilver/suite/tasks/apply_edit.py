@@ -13,7 +13,9 @@ training mixes the canonical marker ``... existing code ...`` with train-only va
 training indentations; the ``templated`` test split uses the canonical marker and each language's
 canonical indentation; ``held-out`` uses markers never trained on and at least one layout never
 trained on (an indentation width, two blank lines between blocks, identifiers from a held-out slice
-of the lexicon). Budgets (the shipped tokenizer, ~1.5 characters a token on code): prompt <= 600
+of the lexicon). ``apply_edit_made_up`` is the same task over files whose identifiers are all
+made-up words (codegen.made_up_words) in every split: a copy drill on code, since no lexicon
+predicts those names and only pointing back into the prompt does. Budgets (the shipped tokenizer, ~1.5 characters a token on code): prompt <= 600
 tokens, answer <= 350 (a test measures them).
 
 Verifier: exact match with the reference file after ``strip_wrapper``, trailing whitespace removed
@@ -23,6 +25,7 @@ indentation is not compared; a file's first line is never indented).
 
 from __future__ import annotations
 
+import dataclasses
 import random
 
 from ..edit_format import APPLY_SYSTEM, apply_message, strip_wrapper
@@ -37,6 +40,7 @@ from .codegen import (
     Program,
     est_tokens,
     gen_program,
+    made_up_words,
     render,
 )
 from .edits import KINDS, apply_edit, update_snippet
@@ -64,6 +68,7 @@ MARKERS = Phrasings(
 )
 MAX_ANSWER = 335  # estimated tokens of the merged file
 MAX_CODE = 480  # estimated tokens of original + snippet (<= 600 with the system prompt and tags)
+MADE_UP_COST = 1.1  # made-up names run up to ~7% more tokens than est_tokens says
 
 
 def normalize(text: str) -> str:
@@ -73,9 +78,25 @@ def normalize(text: str) -> str:
 
 
 def choose_layout(
+    rng: random.Random,
+    lang: str,
+    split: str,
+    phrasing: str,
+    words: set[str],
+    made_up: bool = False,
+) -> tuple[Layout, list[str]]:
+    """A layout and the names of its held-out features (none outside ``held-out``); ``made_up``
+    swaps every identifier word for a made-up one (codegen.made_up_words) in every split."""
+    layout, feats = split_layout(rng, lang, split, phrasing, words)
+    if not made_up:
+        return layout, feats
+    swapped = dataclasses.replace(layout, words=made_up_words(rng, words))
+    return swapped, [f for f in feats if f != "words"]
+
+
+def split_layout(
     rng: random.Random, lang: str, split: str, phrasing: str, words: set[str]
 ) -> tuple[Layout, list[str]]:
-    """A layout and the names of its held-out features (none outside ``held-out``)."""
     spec = LANGS[lang]
     if split == "train":
         return Layout(rng.choice(spec.indents)), []
@@ -99,9 +120,11 @@ def split_key(prog: Program) -> tuple[str, ...]:
 
 
 class ApplyEdit(Task):
-    name = "apply_edit"
     strata = KINDS
     max_answer_tokens = 352
+
+    def __init__(self, name: str = "apply_edit", made_up: bool = False) -> None:
+        self.name, self.made_up = name, made_up
 
     def sample(
         self,
@@ -127,11 +150,16 @@ class ApplyEdit(Task):
                 continue
             marker_text = MARKERS.choose(w, split, phrasing)
             marker = f"{LANGS[lang].comment} {marker_text}"
-            layout, feats = choose_layout(w, lang, split, phrasing, prog.words() | new.words())
+            words = prog.words() | new.words()
+            layout, feats = choose_layout(w, lang, split, phrasing, words, self.made_up)
             a, b = render(prog, layout), render(new, layout)
             snippet = update_snippet(a, b, marker, context=1)
             original, answer = "\n".join(a), "\n".join(b)
             if snippet is None or est_tokens(lang, "\n".join(a0) + snippet) > MAX_CODE:
+                continue
+            if self.made_up and MADE_UP_COST * est_tokens(lang, answer) > MAX_ANSWER:
+                continue
+            if self.made_up and MADE_UP_COST * est_tokens(lang, original + snippet) > MAX_CODE:
                 continue
             break
         messages = [

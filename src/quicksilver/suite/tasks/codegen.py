@@ -44,6 +44,10 @@ HELD_WORDS += ["gauge", "notch", "tier", "pulse", "churn", "drift", "quorum", "f
 LISTS = ["items", "values", "scores", "prices", "sizes", "weights", "costs", "points"]
 HELD_LISTS = ["tallies", "readings", "samples", "entries"]
 TYPES = ["order", "user", "item", "config", "point", "account", "cart", "report", "task", "event"]
+# made-up identifier words (``made_up_words``): consonant-vowel syllables, none a lexicon word or a
+# keyword or builtin of the five languages
+CONSONANTS, VOWELS = "bdfgklmnprstvz", "aeiou"
+NOT_MADE_UP = {"defer", "goto", "super", "delete", "move", "make", "rune", "none", "data"}
 MESSAGES = ["ready", "done", "start", "loaded", "saved", "retry", "skip", "error", "ok", "empty"]
 MESSAGES += ["invalid", "missing", "updated", "timeout", "failed", "stale"]
 OPS = ["+", "-", "*"]
@@ -316,6 +320,23 @@ class Writer:
                 merged.append(list(lines))
             prev = k
         return merged
+
+
+def made_up_words(rng: random.Random, words: set[str]) -> tuple[tuple[str, str], ...]:
+    """Each of ``words`` (sorted) mapped to a distinct made-up word of 2-3 syllables, maybe closed by
+    a consonant (``dofa``, ``kelumin``): identifiers no lexicon predicts, so only copying them does."""
+    taken = set(NOT_MADE_UP) | set(VERBS + WORDS + HELD_WORDS + LISTS + HELD_LISTS + TYPES)
+    out: list[tuple[str, str]] = []
+    for word in sorted(words):
+        made = ""
+        while not made or made in taken:
+            syllables = (
+                rng.choice(CONSONANTS) + rng.choice(VOWELS) for _ in range(rng.randint(2, 3))
+            )
+            made = "".join(syllables) + (rng.choice(CONSONANTS) if rng.random() < 0.3 else "")
+        taken.add(made)
+        out.append((word, made))
+    return tuple(out)
 
 
 def est_tokens(lang: str, text: str) -> float:

@@ -12,6 +12,7 @@ tokens) a file is at most ``max_chars`` characters, about as many tokens: ``copy
 language's keywords and names repeated): there the last token or two recur across the file
 (``return``, ``print("``), so copying needs the pointer to track its place rather than match the
 last token alone — the errors a model that copies random text still makes on code.
+``copy_code_made_up`` copies such files with every identifier a made-up word.
 
 Split rule: the file's first identifier (copy_code: first function name) hashed into 10% is
 test-only. Verifier: apply_edit's (exact match after its normalisation).
@@ -23,9 +24,9 @@ import random
 import string
 
 from ..edit_format import APPLY_SYSTEM, apply_message
-from .apply_edit import MAX_ANSWER, normalize, split_key
+from .apply_edit import MADE_UP_COST, MAX_ANSWER, normalize, split_key
 from .base import Item, Task, in_split
-from .codegen import LANGS, Layout, est_tokens, gen_program, render
+from .codegen import LANGS, Layout, est_tokens, gen_program, made_up_words, render
 
 PUNCT = "=+-*/(),.:;{}[]<>"
 COMMENTS = ("#", "//", "--")
@@ -93,8 +94,8 @@ class CopyText(Task):
 
 
 class CopyCode(CopyText):
-    def __init__(self) -> None:
-        self.name, self.max_answer_tokens = "copy_code", MAX_ANSWER + 17
+    def __init__(self, name: str = "copy_code", made_up: bool = False) -> None:
+        self.name, self.max_answer_tokens, self.made_up = name, MAX_ANSWER + 17, made_up
 
     def sample(
         self,
@@ -109,7 +110,9 @@ class CopyCode(CopyText):
             prog = gen_program(rng, lang, n_funcs=2)
             if not in_split((self.name, split_key(prog)), split):
                 continue
-            lines = render(prog, Layout(rng.choice(LANGS[lang].indents)))
+            words = made_up_words(rng, prog.words()) if self.made_up else ()
+            lines = render(prog, Layout(rng.choice(LANGS[lang].indents), words=words))
             original = "\n".join(lines)
-            if 8 <= len(lines) <= 24 and est_tokens(lang, original) <= MAX_ANSWER:
+            cost = MADE_UP_COST if self.made_up else 1.0
+            if 8 <= len(lines) <= 24 and cost * est_tokens(lang, original) <= MAX_ANSWER:
                 return copy_item(self.name, original, LANGS[lang].comment)

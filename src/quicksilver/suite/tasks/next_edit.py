@@ -24,6 +24,7 @@ end dropped (evaluation strips the reply, so the first line's indentation is not
 
 Split rule: the file's first function name hashed into 10% is test-only. ``held-out`` uses layouts
 never trained on (apply_edit.choose_layout) and directory names never trained on.
+``next_edit_made_up`` is the same task with every identifier a made-up word, in every split.
 """
 
 from __future__ import annotations
@@ -184,9 +185,11 @@ def with_second_call(rng: random.Random, prog: Program) -> None:
 
 
 class NextEdit(Task):
-    name = "next_edit"
     strata = KINDS
     max_answer_tokens = 192
+
+    def __init__(self, name: str = "next_edit", made_up: bool = False) -> None:
+        self.name, self.made_up = name, made_up
 
     def sample(
         self,
@@ -212,7 +215,7 @@ class NextEdit(Task):
             if not 6 <= len(canon) <= 16:
                 continue
             wr = random.Random(w.random())  # the wording draws a fixed amount from ``w``
-            layout, feats = choose_layout(wr, lang, split, phrasing, prog.words())
+            layout, feats = choose_layout(wr, lang, split, phrasing, prog.words(), self.made_up)
             lines = render(prog, layout)
             plan = PLANS[kind](rng, prog, layout, lines)
             if plan is None:
