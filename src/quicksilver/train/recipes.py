@@ -264,8 +264,9 @@ V3_SD = then(
 # left teacher-forced accuracy at ~0.7 with no copying. A drill does: on copy_short alone (random
 # text, only copying predicts it) the copy loss drops from 2.3 to 0.05 nats between steps 450 and
 # 800 at lr 1e-3, and then copy_text (long files) is learned in ~30 steps. So: the drill (short,
-# then long), then the edit tasks beside the v2 mixture at lr 5e-4 (the copy stage), then the
-# first run's mixture at 2e-4.
+# then long), then the edit tasks beside the v2 mixture at lr 5e-4 (the copy stage), code files to
+# copy (the code stages) and made-up names (the names stage) at 3e-4, then the first run's mixture
+# (and a little of the made-up names) at 2e-4 (the edit stage).
 V4_COPY_MIX = V2_MIX + ",apply_edit:4,next_edit:3,tool_open:2,copy_text:1"
 V4_MIX = V2_MIX + ",apply_edit:1.5,next_edit:1.2,tool_open:1"
 V4_EVAL = "apply_edit,next_edit,tool_open,tool_call,countdown3"
@@ -335,11 +336,12 @@ V4_EDIT = then(
     V4_NAMES,
     "small-ar-draft-edit",
     23,
-    tasks=V4_MIX,
+    tasks=V4_MIX + ",apply_edit_made_up:0.75,copy_code_made_up:0.5",
     batch_size=32,
     steps=1200,
     lr=2e-4,
-    eval_tasks=V4_EVAL,
+    eval_every=600,
+    eval_tasks=V4_EVAL + ",multiply,fim,apply_edit_made_up",
 )
 
 

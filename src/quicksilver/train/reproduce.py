@@ -228,7 +228,8 @@ NEXT: list[Stage] = [
     Stage("ar-twin-names", "the twin on the same stream", "small-ar-twin-names"),
     Stage(
         "draft-edit",
-        "the names stage's model on the v2 mixture plus the edit tasks at lr 2e-4 (v4)",
+        "the names stage's model on the v2 mixture plus the edit tasks (a little over made-up names) "
+        "at lr 2e-4 (v4)",
         "small-ar-draft-edit",
     ),
     Stage(
