@@ -15,8 +15,8 @@ canonical indentation; ``held-out`` uses markers never trained on and at least o
 trained on (an indentation width, two blank lines between blocks, identifiers from a held-out slice
 of the lexicon). ``apply_edit_made_up`` is the same task over files whose identifiers are all
 made-up words (codegen.made_up_words) in every split: a copy drill on code, since no lexicon
-predicts those names and only pointing back into the prompt does. Budgets (the shipped tokenizer, ~1.5 characters a token on code): prompt <= 600
-tokens, answer <= 350 (a test measures them).
+predicts those names and only pointing back into the prompt does. Budgets (the shipped tokenizer,
+~1.5 characters a token on code): prompt <= 600 tokens, answer <= 350 (a test measures them).
 
 Verifier: exact match with the reference file after ``strip_wrapper``, trailing whitespace removed
 per line and blank lines at either end dropped (evaluation strips the reply, so the first line's
@@ -97,6 +97,7 @@ def choose_layout(
 def split_layout(
     rng: random.Random, lang: str, split: str, phrasing: str, words: set[str]
 ) -> tuple[Layout, list[str]]:
+    """The split's layout: a training indentation, the canonical one, or held-out features."""
     spec = LANGS[lang]
     if split == "train":
         return Layout(rng.choice(spec.indents)), []
