@@ -343,6 +343,19 @@ V4_EDIT = then(
     eval_every=600,
     eval_tasks=V4_EVAL + ",multiply,fim,apply_edit_made_up",
 )
+# the edit stage's model has the v2 tasks' formats but not their arithmetic (multiply 0.01, fim
+# 0.05 of 200; it copies digits from its context where it should compute them): a longer stage
+# with a quarter of the examples on edits (docs/LOG.md, 2026-12-06, fourth sitting)
+V4_RESTORE_MIX = V2_MIX + ",apply_edit:0.8,next_edit:0.6,tool_open:0.5"
+V4_RESTORE = then(
+    V4_EDIT,
+    "small-ar-draft-restore",
+    41,
+    tasks=V4_RESTORE_MIX + ",apply_edit_made_up:0.4,copy_code_made_up:0.2",
+    steps=1500,
+    eval_every=750,
+    eval_tasks=V4_EVAL + ",multiply,fim,sudoku4,apply_edit_made_up",
+)
 
 
 def twin_of(joint: TrainConfig, out: str, init_from: str) -> TrainConfig:
@@ -369,7 +382,8 @@ V4_CODE_MORE_TWIN = twin_of(
     V4_CODE_MORE, "runs/small-ar-twin-code2", "runs/small-ar-twin-code/final"
 )
 V4_NAMES_TWIN = twin_of(V4_NAMES, "runs/small-ar-twin-names", "runs/small-ar-twin-code2/final")
-V4_TWIN = twin_of(V4_EDIT, "runs/small-ar-twin-edit", "runs/small-ar-twin-names/final")
+V4_EDIT_TWIN = twin_of(V4_EDIT, "runs/small-ar-twin-edit", "runs/small-ar-twin-names/final")
+V4_TWIN = twin_of(V4_RESTORE, "runs/small-ar-twin-restore", "runs/small-ar-twin-edit/final")
 
 RECIPES: dict[str, TrainConfig] = {
     # block-causal diffusion from scratch, ~3.0M parameters (the CLI's default recipe)
@@ -395,6 +409,7 @@ RECIPES: dict[str, TrainConfig] = {
             V4_CODE_MORE,
             V4_NAMES,
             V4_EDIT,
+            V4_RESTORE,
         )
         + (
             V4_DRILL_TWIN,
@@ -403,6 +418,7 @@ RECIPES: dict[str, TrainConfig] = {
             V4_CODE_TWIN,
             V4_CODE_MORE_TWIN,
             V4_NAMES_TWIN,
+            V4_EDIT_TWIN,
             V4_TWIN,
         )
     },

@@ -234,8 +234,18 @@ NEXT: list[Stage] = [
     ),
     Stage(
         "ar-twin-edit",
-        "the twin of the names stage continued on v4's last stream",
+        "the twin of the names stage continued on the edit stage's stream",
         "small-ar-twin-edit",
+    ),
+    Stage(
+        "draft-restore",
+        "1,500 more steps with a quarter of the examples on edits, to bring the v2 tasks back (v4)",
+        "small-ar-draft-restore",
+    ),
+    Stage(
+        "ar-twin-restore",
+        "the twin of the edit stage continued on v4's last stream",
+        "small-ar-twin-restore",
     ),
 ]
 
