@@ -68,7 +68,6 @@ MARKERS = Phrasings(
 )
 MAX_ANSWER = 335  # estimated tokens of the merged file
 MAX_CODE = 480  # estimated tokens of original + snippet (<= 600 with the system prompt and tags)
-MADE_UP_COST = 1.1  # made-up names run up to ~7% more tokens than est_tokens says
 
 
 def normalize(text: str) -> str:
@@ -158,9 +157,10 @@ class ApplyEdit(Task):
             original, answer = "\n".join(a), "\n".join(b)
             if snippet is None or est_tokens(lang, "\n".join(a0) + snippet) > MAX_CODE:
                 continue
-            if self.made_up and MADE_UP_COST * est_tokens(lang, answer) > MAX_ANSWER:
-                continue
-            if self.made_up and MADE_UP_COST * est_tokens(lang, original + snippet) > MAX_CODE:
+            if self.made_up and (
+                est_tokens(lang, answer, True) > MAX_ANSWER
+                or est_tokens(lang, original + snippet, True) > MAX_CODE
+            ):
                 continue
             break
         messages = [

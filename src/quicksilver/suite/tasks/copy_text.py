@@ -24,7 +24,7 @@ import random
 import string
 
 from ..edit_format import APPLY_SYSTEM, apply_message
-from .apply_edit import MADE_UP_COST, MAX_ANSWER, normalize, split_key
+from .apply_edit import MAX_ANSWER, normalize, split_key
 from .base import Item, Task, in_split
 from .codegen import LANGS, Layout, est_tokens, gen_program, made_up_words, render
 
@@ -113,6 +113,5 @@ class CopyCode(CopyText):
             words = made_up_words(rng, prog.words()) if self.made_up else ()
             lines = render(prog, Layout(rng.choice(LANGS[lang].indents), words=words))
             original = "\n".join(lines)
-            cost = MADE_UP_COST if self.made_up else 1.0
-            if 8 <= len(lines) <= 24 and cost * est_tokens(lang, original) <= MAX_ANSWER:
+            if 8 <= len(lines) <= 24 and est_tokens(lang, original, self.made_up) <= MAX_ANSWER:
                 return copy_item(self.name, original, LANGS[lang].comment)
