@@ -357,6 +357,25 @@ V4_RESTORE = then(
     eval_tasks=V4_EVAL + ",multiply,fim,sudoku4,apply_edit_made_up",
 )
 
+# the drill on copy_short alone (lr 1e-3) grows the copy but wipes what ships: multiply 0.875 -> 0,
+# fim 0.69 -> 0 on 32 items, and no later stage brings arithmetic back (restore at step 750:
+# multiply 0.03); halfway between the shipped and the edit stage's weights scores 0 on every task
+# (docs/LOG.md, 2026-12-06, fifth sitting). So the drill again with the v2 mixture replayed as half
+# the examples, to learn the copy without forgetting
+V5_DRILL = then(
+    V3_SD,
+    "small-ar-draft-drill-mix",
+    51,
+    tasks=V2_MIX + ",copy_short:6.9",
+    distill_data="",
+    steps=1500,
+    lr=1e-3,
+    warmup=20,
+    eval_every=500,
+    eval_tasks="copy_short,copy_text,multiply,fim,countdown3",
+    eval_limit=16,
+)
+
 
 def twin_of(joint: TrainConfig, out: str, init_from: str) -> TrainConfig:
     """The AR twin of a joint-model run: the same stream (seed, steps, schedule), objective ar."""
@@ -410,6 +429,7 @@ RECIPES: dict[str, TrainConfig] = {
             V4_NAMES,
             V4_EDIT,
             V4_RESTORE,
+            V5_DRILL,
         )
         + (
             V4_DRILL_TWIN,

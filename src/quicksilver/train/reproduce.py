@@ -247,6 +247,12 @@ NEXT: list[Stage] = [
         "the twin of the edit stage continued on v4's last stream",
         "small-ar-twin-restore",
     ),
+    Stage(
+        "draft-drill-mix",
+        "v3.8 drilled to copy with the v2 mixture replayed as half the examples, lr 1e-3 (v5; the "
+        "drill alone wipes arithmetic)",
+        "small-ar-draft-drill-mix",
+    ),
 ]
 
 
