@@ -375,6 +375,24 @@ V5_DRILL = then(
     eval_tasks="copy_short,copy_text,multiply,fim,countdown3",
     eval_limit=16,
 )
+# then every edit and copy task of v4 at once beside the same replayed mixture (the v4 chain's five
+# stages in one), at the code stages' lr
+V5_EDIT_MIX = (
+    V2_MIX
+    + ",apply_edit:1.5,next_edit:1.2,tool_open:1,copy_text:0.5,copy_code:1"
+    + ",apply_edit_made_up:1,next_edit_made_up:0.5,copy_code_made_up:1"
+)
+V5_EDIT = then(
+    V5_DRILL,
+    "small-ar-draft-edit5",
+    52,
+    tasks=V5_EDIT_MIX,
+    batch_size=16,
+    steps=1500,
+    lr=3e-4,
+    eval_every=750,
+    eval_tasks=V4_EVAL + ",multiply,fim,copy_code",
+)
 
 
 def twin_of(joint: TrainConfig, out: str, init_from: str) -> TrainConfig:
@@ -430,6 +448,7 @@ RECIPES: dict[str, TrainConfig] = {
             V4_EDIT,
             V4_RESTORE,
             V5_DRILL,
+            V5_EDIT,
         )
         + (
             V4_DRILL_TWIN,

@@ -253,6 +253,11 @@ NEXT: list[Stage] = [
         "drill alone wipes arithmetic)",
         "small-ar-draft-drill-mix",
     ),
+    Stage(
+        "draft-edit5",
+        "the replayed drill's model on the v2 mixture plus every edit and copy task at lr 3e-4 (v5)",
+        "small-ar-draft-edit5",
+    ),
 ]
 
 
