@@ -421,6 +421,8 @@ V4_CODE_MORE_TWIN = twin_of(
 V4_NAMES_TWIN = twin_of(V4_NAMES, "runs/small-ar-twin-names", "runs/small-ar-twin-code2/final")
 V4_EDIT_TWIN = twin_of(V4_EDIT, "runs/small-ar-twin-edit", "runs/small-ar-twin-names/final")
 V4_TWIN = twin_of(V4_RESTORE, "runs/small-ar-twin-restore", "runs/small-ar-twin-edit/final")
+V5_DRILL_TWIN = twin_of(V5_DRILL, "runs/small-ar-twin-drill-mix", "runs/small-ar-v2-twin6k/final")
+V5_EDIT_TWIN = twin_of(V5_EDIT, "runs/small-ar-twin-edit5", "runs/small-ar-twin-drill-mix/final")
 
 RECIPES: dict[str, TrainConfig] = {
     # block-causal diffusion from scratch, ~3.0M parameters (the CLI's default recipe)
@@ -459,6 +461,8 @@ RECIPES: dict[str, TrainConfig] = {
             V4_NAMES_TWIN,
             V4_EDIT_TWIN,
             V4_TWIN,
+            V5_DRILL_TWIN,
+            V5_EDIT_TWIN,
         )
     },
     # a tiny run for tests and smoke checks (seconds)

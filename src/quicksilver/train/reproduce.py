@@ -258,6 +258,12 @@ NEXT: list[Stage] = [
         "the replayed drill's model on the v2 mixture plus every edit and copy task at lr 3e-4 (v5)",
         "small-ar-draft-edit5",
     ),
+    Stage(
+        "ar-twin-drill-mix",
+        "the shipped twin on the replayed drill's stream, the same examples step for step",
+        "small-ar-twin-drill-mix",
+    ),
+    Stage("ar-twin-edit5", "the twin on v5's edit stream", "small-ar-twin-edit5"),
 ]
 
 
