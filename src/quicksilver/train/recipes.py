@@ -393,6 +393,9 @@ V5_EDIT = then(
     eval_every=750,
     eval_tasks=V4_EVAL + ",multiply,fim,copy_code",
 )
+# v5's edit stage merges almost nothing after 1,500 steps (v4 needed ~4,300 past its drill): the
+# same mixture, 3,000 steps more, says whether replay only slows the edits or blocks them
+V5_EDIT_MORE = then(V5_EDIT, "small-ar-draft-edit5-more", 53, steps=3000, eval_every=1000)
 
 
 def twin_of(joint: TrainConfig, out: str, init_from: str) -> TrainConfig:
@@ -451,6 +454,7 @@ RECIPES: dict[str, TrainConfig] = {
             V4_RESTORE,
             V5_DRILL,
             V5_EDIT,
+            V5_EDIT_MORE,
         )
         + (
             V4_DRILL_TWIN,

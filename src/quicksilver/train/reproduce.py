@@ -264,6 +264,11 @@ NEXT: list[Stage] = [
         "small-ar-twin-drill-mix",
     ),
     Stage("ar-twin-edit5", "the twin on v5's edit stream", "small-ar-twin-edit5"),
+    Stage(
+        "draft-edit5-more",
+        "3,000 more steps of v5's edit mixture (does replay slow the edits or block them?)",
+        "small-ar-draft-edit5-more",
+    ),
 ]
 
 
