@@ -362,18 +362,14 @@ V4_RESTORE = then(
 # multiply 0.03); halfway between the shipped and the edit stage's weights scores 0 on every task
 # (docs/LOG.md, 2026-12-06, fifth sitting). So the drill again with the v2 mixture replayed as half
 # the examples, to learn the copy without forgetting
-V5_DRILL = then(
-    V3_SD,
-    "small-ar-draft-drill-mix",
-    51,
+V5_DRILL = dataclasses.replace(
+    V4_DRILL,
+    out="runs/small-ar-draft-drill-mix",
+    seed=51,
     tasks=V2_MIX + ",copy_short:6.9",
-    distill_data="",
     steps=1500,
-    lr=1e-3,
-    warmup=20,
     eval_every=500,
     eval_tasks="copy_short,copy_text,multiply,fim,countdown3",
-    eval_limit=16,
 )
 # then every edit and copy task of v4 at once beside the same replayed mixture (the v4 chain's five
 # stages in one), at the code stages' lr
