@@ -54,21 +54,23 @@ test-llama-cpp: $(STAMP)
 	$(BIN)/python -c "import llama_cpp" 2>/dev/null || CMAKE_ARGS="$(LLAMA_CMAKE)" CMAKE_BUILD_PARALLEL_LEVEL=2 $(BIN)/python -m pip install -q llama-cpp-python
 	$(BIN)/python -m pytest tests/test_gguf.py tests/test_bench.py -q -k "gguf or llama"
 
-# llama.cpp's own OpenAI server (C++), the peer of `bench serve --vs-llama-cpp` and `bench speed
-# --vs-llama-cpp`: built from the llama.cpp source vendored in the registry's llama-cpp-python sdist
+# llama.cpp's own programs (C++): its OpenAI server, the peer of `bench serve --vs-llama-cpp` and
+# `bench speed --vs-llama-cpp`; llama-bench, llama-quantize and llama-diffusion-cli, the peers of
+# `bench shapes --vs-llama-cpp`. Built from the llama.cpp source vendored in the registry's llama-cpp-python sdist
 # (nothing downloaded beyond the package index), ~6 minutes on 2 idle cores.
 LLAMA_SERVER := $(VENV)/llama.cpp/bin/llama-server
 LLAMA_SDIST  := llama-cpp-python==0.3.36
+LLAMA_TOOLS  := llama-server llama-bench llama-quantize llama-diffusion-cli
 $(LLAMA_SERVER): | $(STAMP)
 	rm -rf $(VENV)/llama.cpp/src && mkdir -p $(VENV)/llama.cpp/src
 	$(BIN)/python -m pip download -q --no-deps --no-binary :all: -d $(VENV)/llama.cpp/src "$(LLAMA_SDIST)"
 	tar -xzf $(VENV)/llama.cpp/src/llama_cpp_python-*.tar.gz -C $(VENV)/llama.cpp/src
 	cmake -S $(VENV)/llama.cpp/src/llama_cpp_python-*/vendor/llama.cpp -B $(VENV)/llama.cpp/build \
 	  -DCMAKE_BUILD_TYPE=Release -DGGML_NATIVE=ON -DLLAMA_CURL=OFF -DLLAMA_BUILD_SERVER=ON \
-	  -DLLAMA_BUILD_TOOLS=ON -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_BUILD_TESTS=OFF -DBUILD_SHARED_LIBS=OFF
-	cmake --build $(VENV)/llama.cpp/build --target llama-server llama-bench -j 2
+	  -DLLAMA_BUILD_TOOLS=ON -DLLAMA_BUILD_EXAMPLES=ON -DLLAMA_BUILD_TESTS=OFF -DBUILD_SHARED_LIBS=OFF
+	cmake --build $(VENV)/llama.cpp/build --target $(LLAMA_TOOLS) -j 2
 	mkdir -p $(VENV)/llama.cpp/bin
-	cp $(VENV)/llama.cpp/build/bin/llama-server $(VENV)/llama.cpp/build/bin/llama-bench $(VENV)/llama.cpp/bin/
+	cp $(addprefix $(VENV)/llama.cpp/build/bin/,$(LLAMA_TOOLS)) $(VENV)/llama.cpp/bin/
 
 llama-server: $(LLAMA_SERVER)
 

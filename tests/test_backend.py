@@ -17,7 +17,8 @@ from quicksilver.assets import (
     embedded_diffusion_model_path,
 )
 from quicksilver.errors import ConfigError
-from quicksilver.models.cpu_backends import (
+from quicksilver.models.kvcache import KVCache
+from quicksilver.runtime.cpu_backends import (
     PASS_COST,
     attach_backend,
     chunk_plan,
@@ -25,8 +26,7 @@ from quicksilver.models.cpu_backends import (
     resolve_backend,
     step_buckets,
 )
-from quicksilver.models.kvcache import KVCache
-from quicksilver.models.segment import Segment
+from quicksilver.runtime.segment import Segment
 from quicksilver.sampling import SamplerConfig
 from quicksilver.sampling.autoregressive import ar_generate
 from quicksilver.sampling.caches import resolve_window
@@ -87,7 +87,7 @@ def _teacher_forced(model, prompt: list[int], tokens: list[int]) -> torch.Tensor
 
 @pytest.mark.parametrize("name", RUNTIMES)
 def test_ar_step_equals_eager(ar_pipe, name: str) -> None:  # type: ignore[no-untyped-def]
-    model, prompt = ar_pipe.model, _prompt(ar_pipe)
+    model, prompt = ar_pipe.runtime, _prompt(ar_pipe)
     attach_backend(model, "torch")
     ref = ar_generate(model, prompt, 150, []).tokens
     ref_logits = _teacher_forced(model, prompt, ref[:80])
@@ -108,9 +108,9 @@ def test_openvino_bf16_stays_close_to_eager(ar_pipe, dlm_pipes, pipe: str) -> No
     if not native_bf16():
         pytest.skip("this CPU has no bf16 arithmetic")
     p = ar_pipe if pipe == "ar" else dlm_pipes["torch"]
-    model, prompt = p.model, _prompt(p)
+    model, prompt = p.runtime, _prompt(p)
     attach_backend(model, "torch")
-    ref = ar_generate(ar_pipe.model, prompt, 80, []).tokens  # a plausible continuation for both
+    ref = ar_generate(ar_pipe.runtime, prompt, 80, []).tokens  # a plausible continuation for both
     ref_logits = _teacher_forced(model, prompt, ref)
     try:
         assert attach_backend(model, "openvino-bf16") == "openvino-bf16"
@@ -128,7 +128,7 @@ def test_openvino_bf16_stays_close_to_eager(ar_pipe, dlm_pipes, pipe: str) -> No
 def test_bound_slot_follows_truncation_and_torch_turns(ar_pipe, name: str) -> None:  # type: ignore[no-untyped-def]
     """A slot's mask is updated in place: it must follow a cache that shrinks (truncate) and one
     that torch wrote in between, step for step equal to eager torch on a twin cache."""
-    model, prompt = ar_pipe.model, _prompt(ar_pipe)
+    model, prompt = ar_pipe.runtime, _prompt(ar_pipe)
 
     def steps(backend: str) -> tuple[torch.Tensor, int]:
         """The planned steps' logits, and how many of them the exported graph ran."""
@@ -160,7 +160,7 @@ def test_bound_slot_follows_truncation_and_torch_turns(ar_pipe, name: str) -> No
 def test_a_prefill_longer_than_384_tokens_runs_in_the_exported_graph(ar_pipe) -> None:  # type: ignore[no-untyped-def]
     """The buckets reach the model's context: a 700-token prefill runs in the exported graph (it
     ran in torch when the largest bucket was 384), its logits those of torch."""
-    model = ar_pipe.model
+    model = ar_pipe.runtime
     ids = (_prompt(ar_pipe) * 64)[:700]
     assert len(ids) == 700 < model.config.max_seq_len
 
@@ -186,7 +186,7 @@ def test_a_prompt_runs_in_block_sized_chunks_then_the_rest(ar_pipe, name: str) -
     """A 70-token prompt computes 32 + 32 + 8 positions (its unread head in passes of one model
     block, the prefix cache's unit), not the 128 of its bucket: three exported runs, the logits,
     the cache and the greedy reply after it those of eager torch."""
-    model = ar_pipe.model
+    model = ar_pipe.runtime
     prompt = (_prompt(ar_pipe) * 8)[:70]
     attach_backend(model, "torch")
     ref = ar_generate(model, prompt, 40, []).tokens
@@ -234,7 +234,7 @@ def _items(pipe, n: int = 2) -> list[list[int]]:  # type: ignore[no-untyped-def]
 def test_diffusion_step_equals_eager(dlm_pipes, name: str, window: int) -> None:  # type: ignore[no-untyped-def]
     ref, other = dlm_pipes["torch"], dlm_pipes[name]
     cfg = SamplerConfig(max_new_tokens=80, window=window)
-    spy = Spy(other.model)
+    spy = Spy(other.runtime)
     try:
         for ids in _items(ref):
             before = spy.ran
@@ -243,8 +243,8 @@ def test_diffusion_step_equals_eager(dlm_pipes, name: str, window: int) -> None:
             assert spy.ran - before == got.nfe  # every pass ran in the exported graph
             # the logits, not only the tokens: a first diffusion step of the same row
             with torch.no_grad():
-                a = ref.model.forward_segments([ref.decoder.new_row(ids, cfg).segment()])[0]
-                b = other.model.forward_segments([other.decoder.new_row(ids, cfg).segment()])[0]
+                a = ref.runtime.forward_segments([ref.decoder.new_row(ids, cfg).segment()])[0]
+                b = other.runtime.forward_segments([other.decoder.new_row(ids, cfg).segment()])[0]
             assert (a - b).abs().max().item() < ATOL
     finally:
         spy.close()
@@ -273,8 +273,8 @@ def test_window_first_step_is_exact(dlm_pipes) -> None:  # type: ignore[no-untyp
     win = dec.new_row(ids, SamplerConfig(max_new_tokens=64, window=8))
     assert win.cache_mode == "window" and win.block_length == 8
     with torch.no_grad():
-        a = dec.model.forward_segments([full.segment()])[0]  # (n, V), the block's first window
-        b = dec.model.forward_segments([win.segment()])[0]  # (w, V)
+        a = dec.runtime.forward_segments([full.segment()])[0]  # (n, V), the block's first window
+        b = dec.runtime.forward_segments([win.segment()])[0]  # (w, V)
     # the same computation; a matmul over 8 rows may take another kernel than over 32 (AMX, oneDNN)
     assert torch.allclose(a[: b.shape[0]], b, atol=1e-5, rtol=0)
 
@@ -289,25 +289,25 @@ def test_window_rows_batch_like_batch_one(dlm_pipes) -> None:  # type: ignore[no
 
 def test_backend_option_validation(ar_pipe) -> None:  # type: ignore[no-untyped-def]
     with pytest.raises(ConfigError, match="backend must be one of"):
-        resolve_backend("tensorrt", ar_pipe.model)
+        resolve_backend("tensorrt", ar_pipe.runtime)
     with pytest.raises(ConfigError, match="backend must be one of"):
         quicksilver.load(embedded_ar_model_path(), backend="fast")
-    assert resolve_backend("auto", ar_pipe.model) == (
+    assert resolve_backend("auto", ar_pipe.runtime) == (
         "openvino-bf16" if native_bf16() else "openvino"
     )
     bf16 = quicksilver.load(embedded_ar_model_path(), dtype=torch.bfloat16)
-    assert resolve_backend("auto", bf16.model) == "torch"  # the graph is float32 only
+    assert resolve_backend("auto", bf16.runtime) == "torch"  # the graph is float32 only
     with pytest.raises(ConfigError, match="does not support"):
-        attach_backend(bf16.model, "onnx")
+        attach_backend(bf16.runtime, "onnx")
 
 
 def test_openvino_bf16_needs_a_bf16_cpu(ar_pipe, monkeypatch) -> None:  # type: ignore[no-untyped-def]
-    import quicksilver.models.cpu_backends as cb
+    import quicksilver.runtime.cpu_backends as cb
 
     monkeypatch.setattr(cb, "native_bf16", lambda: False)
-    assert resolve_backend("auto", ar_pipe.model) == "openvino"
+    assert resolve_backend("auto", ar_pipe.runtime) == "openvino"
     with pytest.raises(ConfigError, match="needs a CPU with bf16"):
-        resolve_backend("openvino-bf16", ar_pipe.model)
+        resolve_backend("openvino-bf16", ar_pipe.runtime)
 
 
 def test_window_option_validation(dlm_pipes, ar_pipe) -> None:  # type: ignore[no-untyped-def]
@@ -367,7 +367,7 @@ def test_a_pooled_cache_keeps_its_bindings_and_stays_exact(ar_pipe, name: str) -
     """A finished request's cache goes back to the model's pool with the runtime buffers bound to
     it: the next request of the same shapes binds nothing new, and the stale keys/values a longer
     request left behind change no token."""
-    model = ar_pipe.model
+    model = ar_pipe.runtime
     long_prompt = _prompt(ar_pipe) * 3
     short_prompt = ar_pipe.tokenizer.encode("Write a haiku about rain.")
     attach_backend(model, "torch")
@@ -427,7 +427,7 @@ def test_kv_pool_reuses_by_shape_and_evicts_beyond_its_budget() -> None:
 def test_warm_compiles_every_shape_a_generation_then_uses(ar_pipe) -> None:  # type: ignore[no-untyped-def]
     """After ``warm``, prompts up to its prefill bound and the decode passes after them compile
     nothing new (no request pays a compile)."""
-    model = ar_pipe.model
+    model = ar_pipe.runtime
     try:
         attach_backend(model, "openvino")
         step = model.step_backend
@@ -443,7 +443,7 @@ def test_warm_compiles_every_shape_a_generation_then_uses(ar_pipe) -> None:  # t
 
 def test_rows_of_one_shape_run_back_to_back_and_keep_their_order(ar_pipe) -> None:  # type: ignore[no-untyped-def]
     """``forward_each`` groups segments by compiled shape; each result lands at its own index."""
-    model = ar_pipe.model
+    model = ar_pipe.runtime
     try:
         attach_backend(model, "openvino")
         step = model.step_backend

@@ -60,7 +60,7 @@ def _replies(engine: Engine, pipe, prompts, every: int) -> list[list[int]]:  # t
 )
 def test_greedy_replies_are_the_same_alone_and_in_any_batch(path) -> None:  # type: ignore[no-untyped-def]
     pipe = quicksilver.load(path(), backend="auto")
-    if pipe.runtime == "torch":
+    if pipe.runtime_name == "torch":
         pytest.skip("no exported CPU step here (auto resolved to torch)")
     prompts = _prompts(pipe)
     assert len({len(p) for p in prompts}) > 10  # mixed lengths

@@ -138,13 +138,13 @@ def test_early_stop_at_eos_drops_the_tail_and_never_computes_it() -> None:
         m.lm_head.weight[EOS] = m.lm_head.weight[EOS] * 0 + m.model.norm.weight.sign() * 0.5
     dec = _decoder(m)
     seen_lengths: list[int] = []
-    orig = m.forward_segments
+    orig = dec.runtime.forward_segments
 
     def spy(segs):  # type: ignore[no-untyped-def]
         seen_lengths.append(int(segs[0].ids.shape[0]))
         return orig(segs)
 
-    m.forward_segments = spy  # type: ignore[method-assign]
+    dec.runtime.forward_segments = spy  # type: ignore[method-assign]
     evs, res = _events(
         dec, PROMPTS[0], SamplerConfig(max_new_tokens=40, policy="low_confidence", steps=40)
     )
@@ -223,7 +223,7 @@ def test_suffix_needs_a_bidirectional_model_and_is_seen() -> None:
         seg.ids[-4:].tolist() == [80, 81, 82, 83] and seg.hi - seg.lo == 8
     )  # canvas between prompt and suffix
     with torch.no_grad():
-        a, b = m.forward_segments([plain.segment(), seg])
+        a, b = bi.runtime.forward_segments([plain.segment(), seg])
     assert not torch.allclose(a, b, atol=1e-4)  # the infill sees the suffix
     while not row.done:
         bi.step([row])

@@ -97,11 +97,11 @@ def test_a_failing_step_fails_its_requests_not_the_engine() -> None:
     dec = _decoder()
     e = Engine(dec)
     e.add(_req("x", [5, 6, 7, 8]))
-    orig = dec.model.forward_segments
-    dec.model.forward_segments = lambda segs: (_ for _ in ()).throw(RuntimeError("boom"))  # type: ignore
+    orig = dec.runtime.forward_segments
+    dec.runtime.forward_segments = lambda segs: (_ for _ in ()).throw(RuntimeError("boom"))  # type: ignore
     evs = e.step()
     assert evs[0].finish_reason == "error" and "boom" in (evs[0].error or "")
-    dec.model.forward_segments = orig  # type: ignore[method-assign]
+    dec.runtime.forward_segments = orig  # type: ignore[method-assign]
     e.add(_req("y", [5, 6, 7, 8]))
     assert _drain(e)["y"][-1].finish_reason == "length"
 

@@ -157,7 +157,7 @@ def test_eval_runs_single_rows_on_the_chosen_backend(
     capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     from quicksilver.assets import embedded_model_path
-    from quicksilver.models.cpu_backends import ExportedStep
+    from quicksilver.runtime.cpu_backends import ExportedStep
 
     passes = []
     step = ExportedStep.forward_segment

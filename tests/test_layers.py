@@ -4,7 +4,7 @@ through others, an import inside a function says why it is lazy (``# lazy: reaso
 statement or on the line above it), and no function in the server or the CLI runs past 80 lines.
 
 The stack, bottom up: shared leaves (errors, template guard, tokenizer, model resolution, figures) ->
-models -> sampling -> engine / pipeline -> the package root (``quicksilver.load``) -> the shared
+models -> runtime -> sampling -> engine / pipeline -> the package root (``quicksilver.load``) -> the shared
 suite and CLI flags -> server / train / bench -> eval -> cli. Imports under ``if TYPE_CHECKING:``
 are annotations only and do not count.
 """
@@ -25,6 +25,7 @@ RANK = {
     "assets": 2,
     "hub": 1,
     "models": 3,
+    "runtime": 3.5,
     "sampling": 4,
     "engine": 5,
     "pipeline": 5,

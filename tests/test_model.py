@@ -7,7 +7,7 @@ import torch
 
 from quicksilver.errors import ConfigError
 from quicksilver.models import KVCache, ModelConfig, Transformer, preset
-from quicksilver.models.segment import Segment
+from quicksilver.runtime import Runtime, Segment
 
 
 def _model(**kw) -> Transformer:  # type: ignore[no-untyped-def]
@@ -71,7 +71,7 @@ def test_gqa_shapes_and_bad_configs() -> None:
 def test_packed_segments_equal_padded_forward(attention: str, shift: bool) -> None:
     m = _model(attention=attention, block_size=4, logit_shift=shift)
     a, b = torch.randint(3, 96, (11,)), torch.randint(3, 96, (6,))
-    outs = m.forward_segments([Segment(a, 0, 0, 11), Segment(b, 0, 2, 6)])
+    outs = Runtime(m).forward_segments([Segment(a, 0, 0, 11), Segment(b, 0, 2, 6)])
     assert torch.allclose(outs[0], m(a[None])[0], atol=1e-5)
     assert torch.allclose(outs[1], m(b[None])[0, 2:6], atol=1e-5)
 
@@ -83,10 +83,10 @@ def test_block_cache_is_exact(shift: bool) -> None:
     m = _model(attention="block_causal", block_size=4, logit_shift=shift)
     x = torch.randint(3, 96, (14,))
     full = m(x[None])[0]  # (14, V)
-    cache = KVCache()
-    first = m.forward_segments([Segment(x[:8], 0, 0, 8, cache, append=8)])[0]
+    cache, rt = KVCache(), Runtime(m)
+    first = rt.forward_segments([Segment(x[:8], 0, 0, 8, cache, append=8)])[0]
     assert cache.length == 8 and torch.allclose(first, full[:8], atol=1e-5)
-    rest = m.forward_segments([Segment(x[8:], 8, 0, 6, cache, append=4)])[0]
+    rest = rt.forward_segments([Segment(x[8:], 8, 0, 6, cache, append=4)])[0]
     assert cache.length == 12 and torch.allclose(rest, full[8:], atol=1e-5)
     assert cache.nbytes() > 0
 
@@ -97,7 +97,7 @@ def test_compiled_equals_eager_at_temperature_zero() -> None:
     from quicksilver.sampling import Decoder, SamplerConfig
 
     eager = _model(attention="block_causal", block_size=8)
-    compiled = _model(attention="block_causal", block_size=8)
+    compiled = Runtime(_model(attention="block_causal", block_size=8))
     compiled.compile_blocks()
     cfg = SamplerConfig(max_new_tokens=24, policy="threshold", threshold=0.3, stop_at_eos=False)
     a = Decoder(eager, 2, [1], vocab_limit=96).generate([list(range(10, 30))], cfg)[0]

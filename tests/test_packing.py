@@ -9,19 +9,18 @@ import torch.nn.functional as F
 from quicksilver.errors import ConfigError
 from quicksilver.models import Transformer, preset
 from quicksilver.models.kvcache import KVCache
-from quicksilver.models.packing import KEY_BUCKET, key_length
-from quicksilver.models.segment import Segment
+from quicksilver.runtime import Runtime, Segment
+from quicksilver.runtime.packing import KEY_BUCKET, key_length
 from quicksilver.sampling import Decoder
 from test_step import _mixed, _prompt
 
 MASK, EOS = 2, 1
 
 
-def _model(attention: str, layout: str, **kw) -> Transformer:  # type: ignore[no-untyped-def]
+def _model(attention: str, layout: str, **kw) -> Runtime:  # type: ignore[no-untyped-def]
     torch.manual_seed(0)
     m = Transformer(preset("tiny", vocab_size=96, attention=attention, block_size=8, **kw)).eval()
-    m.set_attention_layout(layout)
-    return m
+    return Runtime(m, layout)
 
 
 def _segments(cached: bool) -> list[Segment]:
@@ -39,7 +38,7 @@ def _segments(cached: bool) -> list[Segment]:
 
 
 @torch.no_grad()
-def _run(m: Transformer, segs: list[Segment], cached: bool) -> list[torch.Tensor]:
+def _run(m: Runtime, segs: list[Segment], cached: bool) -> list[torch.Tensor]:
     fresh = []
     for s in segs:
         cache = None

@@ -14,7 +14,8 @@ from quicksilver.assets import (
     embedded_diffusion_model_path,
 )
 from quicksilver.errors import ConfigError
-from quicksilver.models.quantize import quantize_model
+from quicksilver.runtime import Runtime
+from quicksilver.runtime.quantize import quantize_model
 from quicksilver.sampling.autoregressive import ar_generate
 
 PROMPT = [{"role": "user", "content": "What is 23 times 47?"}]
@@ -66,7 +67,7 @@ def test_quantize_refuses_unknown_modes_and_other_devices() -> None:
         quicksilver.load(path, quantize="int4")
     model = quicksilver.load(path).model.to("meta")
     with pytest.raises(ConfigError, match="CPU only"):
-        quantize_model(model, "int8")
+        quantize_model(Runtime(model), "int8")
 
 
 def test_bench_shapes_tiny(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
@@ -129,6 +130,6 @@ def test_bench_shapes_refuses_a_window_it_does_not_measure(tmp_path: Path) -> No
 def test_int8_runs_in_torch_under_auto_and_refuses_the_exported_step() -> None:
     path = embedded_ar_model_path()
     assert path is not None
-    assert quicksilver.load(path, quantize="int8", backend="auto").model.step_backend is None
+    assert quicksilver.load(path, quantize="int8", backend="auto").runtime.step_backend is None
     with pytest.raises(ConfigError, match="int8"):
         quicksilver.load(path, quantize="int8", backend="onnx")

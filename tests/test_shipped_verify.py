@@ -13,7 +13,7 @@ import pytest
 
 import quicksilver
 from quicksilver.assets import embedded_model_path
-from quicksilver.models.cpu_backends import available
+from quicksilver.runtime.cpu_backends import available
 from quicksilver.sampling import SamplerConfig
 from quicksilver.suite.evaluate import decode_items
 from quicksilver.suite.render import prompt_text

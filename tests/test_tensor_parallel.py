@@ -29,8 +29,8 @@ def _port() -> int:
 
 def _check(path: Path, rank: int, mesh: Any) -> dict[str, Any]:
     import quicksilver
-    from quicksilver.models.segment import Segment
     from quicksilver.models.tensor_parallel import parallelize
+    from quicksilver.runtime.segment import Segment
     from quicksilver.sampling import SamplerConfig
 
     ref, tp = quicksilver.load(path), quicksilver.load(path)
@@ -52,7 +52,7 @@ def _check(path: Path, rank: int, mesh: Any) -> dict[str, Any]:
     with torch.inference_mode():
         want, got = ref.model(ids), tp.model(ids)  # (B, T, V) each
         seg = [Segment(ids[0], 0, 0, 24), Segment(ids[1, :9], 0, 2, 9)]
-        packed = zip(ref.model.forward_segments(seg), tp.model.forward_segments(seg))
+        packed = zip(ref.runtime.forward_segments(seg), tp.runtime.forward_segments(seg))
         packed_err = max(float((a - b).abs().max()) for a, b in packed)
     cfg = SamplerConfig(temperature=0.0, max_new_tokens=16)
     prompt = ids[0, :10].tolist()

@@ -10,11 +10,12 @@ import torch
 
 from quicksilver.errors import ConfigError
 from quicksilver.models.config import ModelConfig, preset
-from quicksilver.models.cpu_backends import TOKEN_BUCKETS, attach_backend, step_buckets
 from quicksilver.models.kvcache import KVCache
-from quicksilver.models.pass_plan import RUNTIMES, PassPlanner, PassPolicy
-from quicksilver.models.segment import Segment
 from quicksilver.models.transformer import Transformer
+from quicksilver.runtime.cpu_backends import TOKEN_BUCKETS, attach_backend, step_buckets
+from quicksilver.runtime.pass_plan import RUNTIMES, PassPlanner, PassPolicy
+from quicksilver.runtime.runtime import Runtime
+from quicksilver.runtime.segment import Segment
 from quicksilver.sampling import SamplerConfig
 from quicksilver.sampling.autoregressive import ar_generate
 from quicksilver.sampling.verify import VerifyDecoder, VerifyRow
@@ -54,17 +55,17 @@ def explicit(model: Transformer, stream: list[int], k: int) -> torch.Tensor:
 @pytest.mark.parametrize("layout", ["per_sequence", "batched"])
 def test_draft_block_layout_matches_the_training_mask(layout: str) -> None:
     model = causal_model()
-    model.set_attention_layout(layout)
+    rt = Runtime(model, layout)
     streams = prompts(3)
     segs, caches = [], []
     for s in streams:  # a cached prefix, then stream tail + 5 masks in one segment
         cache = KVCache()
-        model.forward_segments([Segment(torch.tensor(s[:3]), 0, 2, 3, cache, append=3)])
+        rt.forward_segments([Segment(torch.tensor(s[:3]), 0, 2, 3, cache, append=3)])
         tail = torch.tensor(s[3:] + [MASK] * 5)
         segs.append(Segment(tail, 3, 0, len(tail), cache, append=len(s) - 3, draft=5))
         caches.append(cache)
     with torch.no_grad():
-        out = model.forward_segments(segs)
+        out = rt.forward_segments(segs)
     for s, o, cache in zip(streams, out, caches):
         ref = explicit(model, s, 5)[3:]
         assert torch.allclose(o, ref, atol=1e-5), (o - ref).abs().max()
@@ -102,7 +103,7 @@ def test_plain_ar_is_the_uncached_argmax() -> None:
         assert ar_generate(model, p, 24, [1]).tokens == uncached_greedy(model, p, 24, [1])
 
 
-def rows_equal_ar(model: Transformer, ps: list[list[int]], k: int, n: int = 40) -> None:
+def rows_equal_ar(model: Transformer | Runtime, ps: list[list[int]], k: int, n: int = 40) -> None:
     dec = VerifyDecoder(model, [1])
     runs = [ar_generate(model, p, n, [1]) for p in ps]
     alone = [
@@ -125,9 +126,7 @@ def test_garbage_drafts_still_give_the_ar_output(
     layout: str, gate: float, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setitem(RUNTIMES, "cpu", PassPolicy(mask_gate=gate))
-    model = causal_model(seed=3)
-    model.set_attention_layout(layout)
-    rows_equal_ar(model, prompts(5), k=6)
+    rows_equal_ar(Runtime(causal_model(seed=3), layout), prompts(5), k=6)
 
 
 def test_one_pass_shape_on_an_exported_step_still_gives_the_ar_output(
@@ -136,7 +135,7 @@ def test_one_pass_shape_on_an_exported_step_still_gives_the_ar_output(
     """A lone row on an exported step feeds 1 + k positions a pass after its prompt (drafts
     trimmed, masks in the rest), and its output is the same weights' AR output there."""
     monkeypatch.setitem(RUNTIMES, "cpu", PassPolicy(mask_gate=0.0))  # else every block gets k masks
-    model, k = causal_model(seed=3), 6
+    model, k = Runtime(causal_model(seed=3)), 6
     attach_backend(model, "onnx")
     shapes: list[tuple[int, int]] = []
     forward = model.forward_segments
@@ -187,7 +186,7 @@ def test_masks_never_move_a_prefill_into_a_larger_bucket() -> None:
     first pass drafts only the 7 that fit; steady passes (1 + 8, 9 + 8) keep all k."""
     buckets = step_buckets(8)
     padded = lambda n, unread=0: next(b for b in buckets if b >= n)  # noqa: E731
-    model = causal_model(seed=6)
+    model = Runtime(causal_model(seed=6))
     dec = VerifyDecoder(model, [])
     cfg = SamplerConfig(max_new_tokens=40, policy="verify", draft=8)
     bucketed = PassPlanner(CPU, padded)
@@ -204,7 +203,7 @@ def test_first_pass_masks_follow_the_exported_steps_cost() -> None:
     """With the exported step, whose prompts run as whole-bucket chunks: the masks may not be
     chunked off with the prompt, so 25 + 8 would cost a second pass and 25 + 7 fills the 32
     shape; a 70-token prompt (64 + 6 in the 8 shape) takes all 8 (64 + 14 in the 16 shape)."""
-    model = causal_model(seed=6)
+    model = Runtime(causal_model(seed=6))
     dec = VerifyDecoder(model, [])
     cfg = SamplerConfig(max_new_tokens=40, policy="verify", draft=8)
     attach_backend(model, "onnx")
@@ -409,7 +408,7 @@ def test_a_copy_extends_the_drafts_it_repeats() -> None:
 def test_copied_runs_are_kept_by_a_model_that_copies(monkeypatch: pytest.MonkeyPatch) -> None:
     """Logits that always predict the token that followed the current one earlier in the row (a
     copying model): copy drafts are all kept, tokens per pass far above the mask drafts'."""
-    model, k = causal_model(seed=8), 4
+    model, k = Runtime(causal_model(seed=8)), 4
     base = list(range(10, 40))
     prompt = base + base[:5]  # the reply should copy base[5:]
     forward = model.forward_segments

@@ -135,7 +135,7 @@ def cmd_generate(args: argparse.Namespace) -> int:
                         "prompt_tokens",
                     )
                 }
-                | {"runtime": pipe.runtime}
+                | {"runtime": pipe.runtime_name}
             )
         )
     elif not args.show:

@@ -30,12 +30,13 @@ from .models.checkpoint import (
     load_family_network,
 )
 from .models.config import ModelConfig
-from .models.cpu_backends import BACKEND_CHOICES, attach_backend
 from .models.families import generation_defaults
 from .models.families.diffusion_gemma_net import DiffusionGemmaLM
-from .models.packing import LAYOUTS, resolve_layout
-from .models.quantize import QUANTIZE_CHOICES, quantize_model
 from .models.transformer import Transformer
+from .runtime import Runtime
+from .runtime.cpu_backends import BACKEND_CHOICES, attach_backend
+from .runtime.packing import LAYOUTS, resolve_layout
+from .runtime.quantize import QUANTIZE_CHOICES, quantize_model
 from .sampling import SamplerConfig
 from .sampling.caches import CACHE_CHOICES
 from .sampling.decoder import Decoder
@@ -76,8 +77,13 @@ class Pipeline:
         cache: str = "auto",
         refresh_every: int = 0,
         decoding_mode: str | None = None,
+        runtime: Runtime | None = None,
     ) -> None:
         self.network = model
+        # how the generic transformer runs here (None for a family's own network)
+        self._runtime = (
+            runtime if runtime is not None or not isinstance(model, Transformer) else Runtime(model)
+        )
         self.tokenizer = tokenizer
         self.path = Path(path) if path is not None else None
         # The family's published decoding settings, in its decoding mode (+ the checkpoint's
@@ -90,8 +96,8 @@ class Pipeline:
             decoding_mode,
         )
         self.decoder: Decoder | VerifyDecoder | NoiseCanvasDecoder
-        if isinstance(model, Transformer):
-            self.decoder = self._transformer_decoder(model, cache, refresh_every)
+        if self._runtime is not None:
+            self.decoder = self._transformer_decoder(self._runtime, cache, refresh_every)
         elif isinstance(model, DiffusionGemmaLM):
             self.decoder = self._noise_decoder(model)
         else:
@@ -100,7 +106,7 @@ class Pipeline:
             self.generation_defaults.setdefault("policy", "verify")
 
     def _transformer_decoder(
-        self, model: Transformer, cache: str, refresh_every: int
+        self, model: Runtime, cache: str, refresh_every: int
     ) -> Decoder | VerifyDecoder:
         tokenizer, cfg = self.tokenizer, model.config
         if tokenizer.mask_id is not None and tokenizer.mask_id != cfg.mask_token_id:
@@ -147,6 +153,17 @@ class Pipeline:
         return self.network
 
     @property
+    def runtime(self) -> Runtime:
+        """How ``model`` runs here (caches, step backend, quantized format, planner); the same
+        one-line ConfigError for a network of a family's own."""
+        if self._runtime is None:
+            raise ConfigError(
+                f"{self.network.config.architecture} runs a network of its own; this needs the "
+                "generic transformer"
+            )
+        return self._runtime
+
+    @property
     def config(self) -> ModelConfig:
         """The generic transformer's ``ModelConfig`` (``model``'s; the same one-line error)."""
         return self.model.config
@@ -170,19 +187,15 @@ class Pipeline:
         return net.config.mask_token_id if isinstance(net, Transformer) else NO_MASK
 
     @property
-    def runtime(self) -> str:
+    def runtime_name(self) -> str:
         """What runs every row's passes (``--backend`` resolved): torch, onnx, openvino or
         openvino-bf16. Passes no exported bucket holds run in torch."""
-        net = self.network
-        step = net.step_backend if isinstance(net, Transformer) else None
-        return step.name if step is not None else "torch"
+        return "torch" if self._runtime is None else self._runtime.name
 
     def warm_up(self) -> int:
-        """Compile the exported step's shapes ahead of the first requests (``ExportedStep.warm``);
+        """Compile the step backend's shapes ahead of the first requests (``ExportedStep.warm``);
         returns how many (0 on torch, which compiles nothing)."""
-        net = self.network
-        step = net.step_backend if isinstance(net, Transformer) else None
-        return 0 if step is None else step.warm(self.max_context)
+        return 0 if self._runtime is None else self._runtime.warm(self.max_context)
 
     def encode_prompt(
         self, prompt: str | Messages, chat: bool | None = None, **template_kwargs: Any
@@ -369,15 +382,13 @@ def load(path: str | Path, config: LoadConfig | None = None, **options: Any) -> 
         net, tokenizer = load_family_network(path, DTYPES.get(cfg.dtype), cfg.device)
         return Pipeline(net, tokenizer, path, decoding_mode=cfg.decoding_mode)
     model, tok = load_checkpoint(path, DTYPES.get(cfg.dtype), cfg.device)
-    quantize_model(model, cfg.quantize)
-    model.set_attention_layout(
-        resolve_layout(cfg.attention_layout, model.model.embed_tokens.weight.device)
-    )
+    runtime = Runtime(model, resolve_layout(cfg.attention_layout, model.lm_head.weight.device))
+    quantize_model(runtime, cfg.quantize)
     if cfg.cuda_graphs:
-        model.compile_static()
+        runtime.compile_static()
     elif cfg.compile:
-        model.compile_blocks()
-    attach_backend(model, cfg.backend)
+        runtime.compile_blocks()
+    attach_backend(runtime, cfg.backend)
     return Pipeline(
         model,
         tok,
@@ -385,4 +396,5 @@ def load(path: str | Path, config: LoadConfig | None = None, **options: Any) -> 
         cache=cfg.cache,
         refresh_every=cfg.refresh_every,
         decoding_mode=cfg.decoding_mode,
+        runtime=runtime,
     )

@@ -43,8 +43,9 @@ import torch
 from ..models.config import ModelConfig
 from ..models.families.common import qwen_config
 from ..models.families.llada import llada_config
-from ..models.packing import resolve_layout
 from ..models.transformer import KVCache, Rotary, Transformer
+from ..runtime import Runtime
+from ..runtime.packing import resolve_layout
 from ..sampling import Decoder, SamplerConfig
 from .common import calls_per_second, sync
 from .gemma_shape import SHAPE as GEMMA_SHAPE
@@ -221,12 +222,12 @@ def bench_shape(
         )
     decode = []
     if args.tokens_per_step:
-        model.set_attention_layout(resolve_layout("auto", device))
-        decode = bench_decode(model, args, device, graphs=False)
+        runtime = Runtime(model, resolve_layout("auto", device))
+        decode = bench_decode(runtime, args, device, graphs=False)
         if args.cuda_graphs:
             try:
-                model.compile_static()
-                decode += bench_decode(model, args, device, graphs=True)
+                runtime.compile_static()
+                decode += bench_decode(runtime, args, device, graphs=True)
             except Exception as e:  # a failed capture is a result too; the eager rows stand
                 decode.append({"cuda_graphs": True, "error": f"{type(e).__name__}: {e}"[:500]})
     out = {
@@ -247,7 +248,7 @@ def bench_shape(
 
 @torch.no_grad()
 def bench_decode(
-    model: Transformer, args: argparse.Namespace, device: torch.device, graphs: bool
+    model: Runtime, args: argparse.Namespace, device: torch.device, graphs: bool
 ) -> list[dict[str, Any]]:
     """The real decoder at forced tokens per step, for every batch size (random prompts)."""
     cfg = model.config

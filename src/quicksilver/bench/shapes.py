@@ -52,8 +52,9 @@ from ..models.config import ModelConfig
 from ..models.families.common import qwen_config
 from ..models.families.llada import llada_config
 from ..models.kvcache import KVCache
-from ..models.quantize import quantize_model
 from ..models.transformer import Transformer
+from ..runtime import Runtime
+from ..runtime.quantize import quantize_model
 from .common import emit_json, hardware, median, print_table
 from .gpu_families import LLADA_8B, TINY_OVERRIDES, random_model
 
@@ -126,7 +127,7 @@ def build(cfg: ModelConfig, fmt: str) -> torch.nn.Module:
         raise ConfigError(f"unknown format {fmt!r}; choose from {', '.join(FORMATS)}")
     dtype = torch.bfloat16 if fmt == "bfloat16" else torch.float32
     model = random_model(cfg, torch.device("cpu"), dtype)
-    return quantize_model(model, "int8") if fmt == "int8" else model
+    return quantize_model(Runtime(model), "int8").net if fmt == "int8" else model
 
 
 def default_format(n_params: int) -> str:

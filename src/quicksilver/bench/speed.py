@@ -19,7 +19,7 @@ speculation (``llama_server_ngram``: bench/llama_cpp.py ``NGRAM_FLAGS``) — and
 ``ratio_vs_llama_cpp``, ``ratio_vs_llama_server``, ``ratio_vs_llama_server_ngram`` and
 ``ratio_vs_llama_cpp_best`` (against the fastest of them).
 ``--backend`` picks the step runtime of both models (default auto: ONNX Runtime on a CPU, see
-models/cpu_backends.py) and ``--window`` the default's decode window; both are in ``settings``.
+runtime/cpu_backends.py) and ``--window`` the default's decode window; both are in ``settings``.
 ``--interleave`` runs each item's repeats round-robin over the methods (A B C A B C, the order turning
 with every repeat) instead of each method's repeats back to back (A A A B B B), so a slow spell of a
 shared VM lands on every method alike: the A/B statistic for models that differ by a few percent.
@@ -174,7 +174,7 @@ def engine_run(pipe: Pipeline, ids: list[int], cfg: SamplerConfig) -> Run:
 def ar_run(pipe: Pipeline, ids: list[int], n: int) -> Run:
     t0 = time.perf_counter()
     ttft = None
-    gen = ar_stream(pipe.model, ids, n, pipe.stop_ids)
+    gen = ar_stream(pipe.runtime, ids, n, pipe.stop_ids)
     while True:
         try:
             next(gen)
@@ -407,7 +407,7 @@ def run_speed_bench(args: argparse.Namespace) -> int:
             "identical_to_ar": v["identical_to_ar"],
             "model": str(vpipe.path),
             "draft": k,
-            "backend": vpipe.runtime,
+            "backend": vpipe.runtime_name,
             "k_plot": str(k_plot(out, summary, k, summary["ar_kv_cache"]) or ""),
         }
         for key in [*LLAMA_METHODS, "llama_cpp_best"]:
@@ -443,8 +443,8 @@ def run_speed_bench(args: argparse.Namespace) -> int:
                 "ar_dtype": dtype_name(ar.model.model.embed_tokens.weight.dtype),
                 "compile": lcfg.compile,
                 "quantize": lcfg.quantize,
-                "backend": pipe.runtime,
-                "ar_backend": ar.runtime,
+                "backend": pipe.runtime_name,
+                "ar_backend": ar.runtime_name,
             },
             "plot": str(png),
             "hardware": hardware(),

@@ -21,25 +21,24 @@ import torch
 from ..assets import resolve_model
 from ..cli_util import add_revision_arg
 from ..errors import QuicksilverError
-from ..models.cpu_backends import BACKEND_CHOICES, attach_backend
 from ..models.kvcache import KVCache
-from ..models.segment import Segment
-from ..models.transformer import Transformer
 from ..pipeline import load
+from ..runtime import Runtime, Segment
+from ..runtime.cpu_backends import BACKEND_CHOICES, attach_backend
 from .common import emit_json, hardware, median, print_table
 
 SHAPES = {"ar_token": 1, "step_8": 8, "step_9": 9, "step_32": 32, "step_64": 64}
 VERIFY = {"verify_4": 4, "verify_8": 8}  # k: a pass of 1 + 2k positions on the causal model
 
 
-def _filled_cache(model: Transformer, n: int) -> KVCache:
+def _filled_cache(model: Runtime, n: int) -> KVCache:
     cache = KVCache()
     ids = torch.randint(5, model.config.vocab_size, (n,))  # (n,)
     model.forward_segments([Segment(ids, 0, n - 1, n, cache, append=n)])
     return cache
 
 
-def _time_step(model: Transformer, context: int, T: int, repeats: int, draft: int = 0) -> float:
+def _time_step(model: Runtime, context: int, T: int, repeats: int, draft: int = 0) -> float:
     """Mean ms of ``repeats`` passes of T new tokens after ``context`` cached ones (not appended;
     the last ``draft`` of them a draft block)."""
     cache = _filled_cache(model, context)
@@ -55,8 +54,8 @@ def _time_step(model: Transformer, context: int, T: int, repeats: int, draft: in
 
 @torch.no_grad()
 def run_steps_bench(args: argparse.Namespace) -> int:
-    ar = load(resolve_model(args.ar_model, ar=True)).model
-    dlm = load(resolve_model(args.model, which="diffusion model", revision=args.revision)).model
+    ar = load(resolve_model(args.ar_model, ar=True)).runtime
+    dlm = load(resolve_model(args.model, which="diffusion model", revision=args.revision)).runtime
     backends = [b for b in args.backends.split(",") if b]
     threads = [int(t) for t in args.threads.split(",") if t]
     longest = max(*SHAPES.values(), *(1 + 2 * k for k in VERIFY.values()))

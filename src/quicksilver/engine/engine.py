@@ -122,13 +122,13 @@ class Engine(Generic[R]):
         self.step_count = 0
         self.totals = collections.Counter[str]()
         self.failing_steps = 0  # steps in a row that raised (0 after one that did not)
-        mcfg = decoder.model.config
+        mcfg = decoder.runtime.config
         self.prefix_cache: PrefixCache | None = None
         if self.config.prefix_cache_mb > 0 and decoder.resolve_cache_mode() in ("block", "verify"):
             self.prefix_cache = PrefixCache(
                 mcfg.block_size,
                 self.config.prefix_cache_mb << 20,
-                prompt_only=getattr(decoder.model, "step_backend", None) is not None,
+                prompt_only=getattr(decoder.runtime, "step_backend", None) is not None,
             )
 
     # ---- thread-safe commands -------------------------------------------------------------------

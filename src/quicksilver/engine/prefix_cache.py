@@ -37,7 +37,7 @@ class PrefixCache:
         self.block = block_size
         self.max_bytes = max_bytes
         # only the prompt blocks a later prompt's prefill would compute the same way (an exported
-        # step's block-sized prefill passes, models/cpu_backends.py): never a reply's blocks, which
+        # step's block-sized prefill passes, runtime/cpu_backends.py): never a reply's blocks, which
         # decode passes computed in other shapes
         self.prompt_only = prompt_only
         self._entries: collections.OrderedDict[bytes, _Entry] = collections.OrderedDict()

@@ -211,7 +211,7 @@ def handle(args: argparse.Namespace) -> int:
             if args.policy is None and p.config.attention == "causal":
                 cfg = base.replace(policy=p.generation_defaults.get("policy", "verify"))
             rep = evaluate(
-                p.model,
+                p.runtime,
                 p.tokenizer,
                 tasks,
                 args.limit,
@@ -259,7 +259,7 @@ def handle(args: argparse.Namespace) -> int:
     for group, short, over in sweep_grid():
         cfg = base.replace(**{"steps": None, "revise_threshold": None, **over})
         rep = evaluate(
-            pipe.model,
+            pipe.runtime,
             pipe.tokenizer,
             tasks,
             args.limit,

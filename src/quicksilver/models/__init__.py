@@ -3,7 +3,7 @@
 from . import families  # noqa: E402,F401  (registers the open diffusion LM loaders)
 from .config import PRESETS, ModelConfig, preset
 from .kvcache import KVCache
-from .segment import Segment, build_attention_mask
+from .masks import build_attention_mask
 from .transformer import Transformer
 
 __all__ = [

@@ -163,7 +163,7 @@ def default_device() -> torch.device:
 # From this many parameters a CPU computes in bfloat16 by default: at the Fast-dLLM v2 1.5B shape
 # on the 2-vCPU EPYC (`bench shapes`, one thread) bf16 takes 335 ms per AR token vs 373 for fp32
 # and 375 vs 979 ms for an 8-wide window step (docs/LOG.md, 2026-12-01); below it float32 keeps the
-# exported CPU step runtimes (float32 only, models/cpu_backends.py), faster at the shipped size.
+# exported CPU step runtimes (float32 only, runtime/cpu_backends.py), faster at the shipped size.
 BF16_CPU_PARAMS = 500_000_000
 
 

@@ -5,27 +5,32 @@ RMSNorm -> LM head. The attention pattern (bidirectional, block_causal, causal),
 tied embeddings and the Dream one-position logit shift are config fields, so the same module runs
 a masked-diffusion model, a block-diffusion model and the equal-size autoregressive baseline.
 
-``model(input_ids) -> logits (B, T, V)``, aligned so that ``logits[:, j]`` predicts token ``j``
-(the shift, when configured, is applied inside). An optional ``KVCache`` holds keys and values of
-earlier positions (exact for block_causal/causal models, an approximation for bidirectional ones).
+The network is weights plus one forward, ``hidden(ids, positions, attend)``, whose attention is
+whatever its caller passes: ``model(input_ids) -> logits (B, T, V)`` drives it over a padded batch
+with a mask (training, parity, tests; an optional ``KVCache`` holds keys and values of earlier
+positions), and a runtime (runtime/runtime.py) drives it over packed segments with its own caches
+and layouts. ``logits[:, j]`` predicts token ``j`` (the shift, when configured, is applied inside).
+Nothing here knows how it is run fast: caches pools, step backends, quantized formats and the pass
+planner belong to the runtime.
 """
 
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from ..errors import ConfigError
 from .config import ModelConfig
-from .host import to_device
-from .kvcache import KVCache, KVPool
+from .kvcache import KVCache
+from .masks import build_attention_mask
 from .moe import MoE
-from .packing import LAYOUTS, Layout, PerSequence, plan_batched, token_bucket
-from .pass_plan import RUNTIMES, PassPlanner
-from .segment import Segment, StepBackend, build_attention_mask
+
+# attend(q (B, H, T, hd), k, v (B, Hkv, T, hd), layer) -> (B, H, T, hd): how a forward's attention
+# runs, given by its caller (a mask and a cache for the padded path, a runtime's packed layout)
+Attend = Callable[[torch.Tensor, torch.Tensor, torch.Tensor, int], torch.Tensor]
 
 
 class RMSNorm(nn.Module):
@@ -121,7 +126,7 @@ class Attention(nn.Module):
         self.k_proj = nn.Linear(cfg.d_model, cfg.n_kv_heads * hd, bias=cfg.qkv_bias)
         self.v_proj = nn.Linear(cfg.d_model, cfg.n_kv_heads * hd, bias=cfg.qkv_bias)
         self.o_proj = nn.Linear(cfg.n_heads * hd, cfg.d_model, bias=cfg.o_bias)
-        self.qkv_int8: nn.Module | None = None  # q, k, v as one int8 linear (models/quantize.py)
+        self.qkv_int8: nn.Module | None = None  # q, k, v as one int8 linear (runtime/quantize.py)
         self.clip = cfg.clip_qkv
         self.q_norm = RMSNorm(hd, cfg.norm_eps) if cfg.qk_norm else None
         self.k_norm = RMSNorm(hd, cfg.norm_eps) if cfg.qk_norm else None
@@ -165,40 +170,25 @@ class Attention(nn.Module):
             q, k, v = (t.clamp(-self.clip, self.clip) for t in (q, k, v))
         return apply_rotary(q, cos, sin), apply_rotary(k, cos, sin), v
 
-    def attend(
-        self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None
-    ) -> torch.Tensor:
-        y = F.scaled_dot_product_attention(
-            q, k, v, attn_mask=mask, enable_gqa=self.n_kv != self.n_heads
-        )
-        return y  # (B, H, Tq, hd)
-
     def output(self, y: torch.Tensor) -> torch.Tensor:
         B, _, T, _ = y.shape
         return self.o_proj(y.transpose(1, 2).reshape(B, T, self.n_heads * self.hd))  # (B, T, C)
 
     def forward(
-        self,
-        x: torch.Tensor,
-        cos: torch.Tensor,
-        sin: torch.Tensor,
-        mask: torch.Tensor | None,
-        cache: KVCache | None,
-        layer: int,
+        self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, attend: Attend, layer: int
     ) -> torch.Tensor:
-        """Padded batch (B, T, C); with a cache, keys/values go after its committed part."""
+        """x (B, T, C); ``attend`` runs the attention of this layer's q, k and v."""
         q, k, v = self.project(x, cos, sin)
-        if cache is not None:
-            k, v = cache.write(layer, k, v)  # (B, Hkv, L+T, hd)
-        return self.output(self.attend(q, k, v, mask))
+        return self.output(attend(q, k, v, layer))
 
-    def forward_packed(
-        self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, layout: Layout, layer: int
-    ) -> torch.Tensor:
-        """Packed sequences (1, sum T_i, C): projections batched, attention as ``layout`` says
-        (per sequence, or one call for all), each sequence with its own cache."""
-        q, k, v = self.project(x, cos, sin)  # (1, H, Ttot, hd)
-        return self.output(layout.attend(self.attend, q, k, v, layer))
+
+def sdpa(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None
+) -> torch.Tensor:
+    """Attention of q (B, H, Tq, hd) over k, v (B, Hkv, Tk, hd), grouped when Hkv < H."""
+    return F.scaled_dot_product_attention(
+        q, k, v, attn_mask=mask, enable_gqa=k.shape[1] != q.shape[1]
+    )  # (B, H, Tq, hd)
 
 
 def _fused(
@@ -257,13 +247,10 @@ class Block(nn.Module):
         else:
             self.mlp = MLP(cfg)
 
-    def forward(self, x, cos, sin, mask, cache, layer, packed=None):  # type: ignore[no-untyped-def]
-        h = self.input_layernorm(x)
-        if packed is None:
-            a = self.self_attn(h, cos, sin, mask, cache, layer)
-        else:
-            a = self.self_attn.forward_packed(h, cos, sin, packed, layer)
-        x = x + a  # (B, T, C)
+    def forward(
+        self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, attend: Attend, layer: int
+    ) -> torch.Tensor:
+        x = x + self.self_attn(self.input_layernorm(x), cos, sin, attend, layer)  # (B, T, C)
         return x + self.mlp(self.post_attention_layernorm(x))
 
 
@@ -289,16 +276,8 @@ class Transformer(nn.Module):
         if cfg.tie_embeddings:
             self.lm_head.weight = self.model.embed_tokens.weight
         self.rotary = Rotary(cfg.rotary_dim, cfg.rope_theta, cfg.max_seq_len)
-        self.attention_layout = "per_sequence"  # see models.packing
-        self.kv_heads = (
-            cfg.n_kv_heads
-        )  # key/value heads held here (per rank under tensor parallelism)
-        self.quantized = "none"  # weight format of the linears (models/quantize.py)
-        self.static_shapes = False  # pad packed tokens to buckets (batched layout; CUDA graphs)
-        self.step_backend: StepBackend | None = None  # e.g. OpenVINO for every row's CPU passes
-        self.kv_pool = (
-            KVPool()
-        )  # freed decode caches, reused with what a step backend bound to them
+        # key/value heads held here (per rank under tensor parallelism)
+        self.kv_heads = cfg.n_kv_heads
         self.apply(self._init)
         for name, p in self.named_parameters():  # scaled init of residual outputs (GPT-2)
             if name.endswith("o_proj.weight") or name.endswith("down_proj.weight"):
@@ -312,24 +291,6 @@ class Transformer(nn.Module):
                 nn.init.zeros_(m.bias)
         elif isinstance(m, nn.Embedding):
             nn.init.normal_(m.weight, std=0.02)
-
-    def compile_blocks(self, mode: str | None = None, dynamic: bool = True) -> None:
-        """torch.compile the per-token parts of every block (MLP and norms; attention stays eager
-        because its shapes follow the packed batch). Measured slower on the 2-core CPU (docs/LOG.md);
-        meant for GPUs."""
-        for layer in self.model.layers:
-            assert isinstance(layer, Block)
-            for mod in (layer.mlp, layer.input_layernorm, layer.post_attention_layernorm):
-                mod.forward = torch.compile(mod.forward, mode=mode, dynamic=dynamic)  # type: ignore[method-assign]
-        self.model.norm.forward = torch.compile(self.model.norm.forward, mode=mode, dynamic=dynamic)  # type: ignore[method-assign]
-
-    def compile_static(self) -> None:
-        """CUDA graphs: bucketed static shapes (the batched attention layout, packed tokens padded
-        to a power of two) and ``torch.compile(mode="reduce-overhead")`` of the per-token parts, one
-        graph per bucket. On a CPU the same code compiles without graphs (for tests)."""
-        self.set_attention_layout("batched")
-        self.static_shapes = True
-        self.compile_blocks(mode="reduce-overhead", dynamic=False)
 
     def num_params(self) -> int:
         return sum(p.numel() for p in self.parameters())
@@ -385,11 +346,14 @@ class Transformer(nn.Module):
                 if trivial
                 else build_attention_mask(cfg.attention, cfg.block_size, positions, k_pos, k_valid)
             )
-        cos, sin = self.rotary(positions)
-        x = self.model.embed_tokens(input_ids)  # (B, T, C)
-        for i, layer in enumerate(self.model.layers):
-            x = layer(x, cos, sin, attn_mask, cache, i)
-        logits = self.lm_head(self.model.norm(x))  # (B, T, V)
+        mask = attn_mask
+
+        def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, i: int) -> torch.Tensor:
+            if cache is not None:
+                k, v = cache.write(i, k, v)  # (B, Hkv, L+T, hd)
+            return sdpa(q, k, v, mask)
+
+        logits = self.lm_head(self.hidden(input_ids, positions, attend))  # (B, T, V)
         raw_last = logits[:, -1]
         if cfg.logit_shift and not raw:
             first = (
@@ -403,166 +367,18 @@ class Transformer(nn.Module):
             cache.last_logits = raw_last
         return logits
 
-    def _segment_mask(self, seg: Segment) -> torch.Tensor | None:
-        """The segment's attention mask, or None when every query may see every key."""
-        cfg = self.config
-        if cfg.attention == "bidirectional":
-            return None  # a whole sequence, no padding: every key is visible
-        T = seg.length
-        first, last = seg.start, seg.start + T - 1
-        if cfg.attention == "causal" and T == 1:
-            return None
-        if cfg.attention == "block_causal" and first // cfg.block_size == last // cfg.block_size:
-            return None  # one block against earlier (cached) blocks: all visible
-        L = seg.cache.length if seg.cache is not None else 0
-        k_pos = seg.positions
-        if L:
-            assert seg.cache is not None
-            k_pos = torch.cat((seg.cache.committed_positions()[0], seg.positions))  # (L+T,)
-        draft_from = None
-        if seg.draft_from is not None:
-            draft_from = to_device([seg.draft_from], torch.long, seg.ids.device)  # (1,)
-        return build_attention_mask(
-            cfg.attention, cfg.block_size, seg.positions[None], k_pos[None], None, draft_from
-        )
-
-    def set_attention_layout(self, name: str) -> None:
-        """``per_sequence`` (one attention call per sequence) or ``batched`` (one per layer)."""
-        if name not in LAYOUTS:
-            raise ConfigError(f"attention layout must be one of {LAYOUTS}, got {name!r}")
-        if self.static_shapes and name != "batched":
-            raise ConfigError("static shapes need the batched attention layout")
-        self.attention_layout = name
-
-    def _layout(
-        self, segments: list[Segment], spans: list[tuple[int, int]], n_tokens: int
-    ) -> Layout:
-        caches = [s.cache for s in segments]
-        if self.attention_layout == "per_sequence":
-            return PerSequence(spans, caches, [self._segment_mask(s) for s in segments])
-        key_lens = [  # cached keys, plus this pass's unless they overwrite cached ones (dual)
-            (0 if s.cache is None else s.cache.length) + (0 if s.overwrite else s.length)
-            for s in segments
-        ]
-        cfg = self.config
-        device = segments[0].ids.device
-        draft_from = None
-        if any(s.draft for s in segments):
-            none = cfg.max_seq_len + max(s.start + s.length for s in segments)  # past every query
-            draft_from = to_device(
-                [none if s.draft_from is None else s.draft_from for s in segments],
-                torch.long,
-                device,
-            )  # (R,)
-
-        def mask(q_pos: torch.Tensor, k_pos: torch.Tensor, k_valid: torch.Tensor) -> torch.Tensor:
-            return build_attention_mask(
-                cfg.attention, cfg.block_size, q_pos, k_pos, k_valid, draft_from
-            )
-
-        starts = [s.start for s in segments]
-        return plan_batched(
-            spans, starts, caches, key_lens, mask, cfg.max_seq_len, n_tokens, device
-        )
-
-    def pass_cost(self, n: int, unread: int = 0) -> int:
-        """What a one-sequence cached pass of ``n`` new tokens costs, in positions (the first
-        ``unread`` appended without their logits read): the step backend's ``cost``, else ``n``
-        (eager torch runs the exact shape)."""
-        return n if self.step_backend is None else self.step_backend.cost(n, unread)
-
-    @property
-    def planner(self) -> PassPlanner:
-        """What a verify pass feeds per row on this model's runtime (models/pass_plan.py)."""
-        if self.step_backend is not None:
-            return PassPlanner(self.step_backend.pass_policy, self.step_backend.cost)
-        device = next(self.parameters()).device
-        return PassPlanner(RUNTIMES["cpu" if device.type == "cpu" else "accelerator"])
-
-    def forward_segments(self, segments: list[Segment]) -> list[torch.Tensor]:
-        """Packed inference forward: one pass for several sequences, each with its own KV cache.
-
-        Returns per segment the logits (hi - lo, V) of its tokens [lo, hi), aligned (shift applied).
-        With a step backend attached, every segment it covers runs through it on its own, exactly
-        as it would alone (so a row's logits never depend on the other rows of its pass); the
-        rest are packed into one torch pass.
-        """
-        if self.step_backend is None:
-            return self._forward_packed(segments)
-        out = self.step_backend.forward_each(segments)
-        rest = [i for i, o in enumerate(out) if o is None]
-        if rest:
-            for i, o in zip(rest, self._forward_packed([segments[i] for i in rest])):
-                out[i] = o
-        return [o for o in out if o is not None]
-
-    def _forward_packed(self, segments: list[Segment]) -> list[torch.Tensor]:
-        """The segments as one packed torch pass (see ``forward_segments``)."""
-        cfg = self.config
-        ids = (
-            torch.cat([s.ids for s in segments])[None]
-            if len(segments) > 1
-            else segments[0].ids[None]
-        )  # (1, Ttot)
-        seg_pos = [s.positions for s in segments]  # (T_i,) each
-        pos = torch.cat(seg_pos)[None] if len(segments) > 1 else seg_pos[0][None]  # (1, Ttot)
-        spans, start = [], 0
-        for s in segments:
-            spans.append((start, start + s.length))
-            start = spans[-1][1]
-            if s.cache is not None and not s.overwrite:
-                L, T = s.cache.length, s.length
-                s.cache.reserve(
-                    cfg.n_layers,
-                    1,
-                    self.kv_heads,
-                    cfg.dim_head,
-                    L + T,
-                    self.model.embed_tokens.weight.dtype,
-                    ids.device,
-                )
-        for s, sp in zip(segments, seg_pos):
-            if s.cache is not None:
-                if s.overwrite:
-                    assert s.start + s.length <= s.cache.length, (
-                        "overwrite inside the cached range only"
-                    )
-                    s.cache.cursor = s.start
-                else:
-                    s.cache.cursor = None
-                    s.cache.write_meta(sp[None], None)
-        if self.static_shapes:  # padding tokens at position 0, in no segment: never read
-            pad = token_bucket(spans[-1][1]) - spans[-1][1]
-            ids, pos = F.pad(ids, (0, pad)), F.pad(pos, (0, pad))  # (1, Tpad)
-        layout = self._layout(segments, spans, int(ids.shape[1]))  # caches know the positions
-        cos, sin = self.rotary(pos, max(s.start + s.length for s in segments) - 1)
-        x = self.model.embed_tokens(ids)  # (1, Ttot, C)
-        for li, layer in enumerate(self.model.layers):
-            x = layer(x, cos, sin, None, None, li, packed=layout)
-        h = self.model.norm(x)[0]  # (Ttot, C)
-        out = []
-        for s, (a, _) in zip(segments, spans):
-            if cfg.logit_shift:
-                src_lo = a + s.lo - 1
-                if (
-                    src_lo < a
-                ):  # the first wanted token's predictor is the last cached one (or itself)
-                    first = (
-                        s.cache.last_logits
-                        if s.cache is not None and s.cache.last_logits is not None
-                        else self.lm_head(h[a : a + 1])
-                    )  # (1, V)
-                    rest = self.lm_head(h[a : a + s.hi - 1])  # (hi-1, V)
-                    out.append(torch.cat((first.reshape(1, -1), rest))[: s.hi - s.lo])
-                else:
-                    out.append(self.lm_head(h[src_lo : a + s.hi - 1]))  # (hi-lo, V)
-            else:
-                out.append(self.lm_head(h[a + s.lo : a + s.hi]))  # (hi-lo, V)
-            if s.cache is not None:
-                s.cache.cursor = None
-            if s.append and s.cache is not None:
-                s.cache.commit(s.append)
-                kept = s.kept()
-                if cfg.logit_shift and kept is not None:
-                    s.cache.last_logits = self.lm_head(h[a + kept : a + kept + 1])  # (1, V) raw
-        return out
+    def hidden(
+        self,
+        ids: torch.Tensor,
+        positions: torch.Tensor,
+        attend: Attend,
+        max_pos: int | None = None,
+    ) -> torch.Tensor:
+        """The one forward: ids and positions (B, T) -> final hidden states (B, T, C), normed, before
+        the head; ``attend`` runs each layer's attention (``max_pos``: the positions' maximum, when
+        the caller knows it, saves a device read)."""
+        cos, sin = self.rotary(positions, max_pos)
+        x = self.model.embed_tokens(ids)  # (B, T, C)
+        for i, layer in enumerate(self.model.layers):
+            x = layer(x, cos, sin, attend, i)
+        return self.model.norm(x)  # (B, T, C)

@@ -11,13 +11,14 @@ from __future__ import annotations
 from collections.abc import Generator, Sequence
 
 from ..models.transformer import Transformer
+from ..runtime import Runtime
 from .config import SamplerConfig
 from .state import DecodeResult
 from .verify import VerifyDecoder
 
 
 def ar_stream(
-    model: Transformer,
+    model: Transformer | Runtime,
     prompt: Sequence[int],
     max_new_tokens: int,
     stop_ids: Sequence[int],
@@ -47,7 +48,7 @@ def ar_stream(
 
 
 def ar_generate(
-    model: Transformer,
+    model: Transformer | Runtime,
     prompt: Sequence[int],
     max_new_tokens: int,
     stop_ids: Sequence[int],

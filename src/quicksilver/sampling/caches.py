@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Protocol
 
 from ..errors import ConfigError
-from ..models.segment import Segment
+from ..runtime.segment import Segment
 
 if TYPE_CHECKING:
     from .state import Row

@@ -22,6 +22,7 @@ from ..errors import ConfigError
 from ..models.host import to_device
 from ..models.kvcache import KVCache
 from ..models.transformer import Transformer
+from ..runtime import Runtime, as_runtime
 from .caches import CACHE_CHOICES, resolve_cache_mode, resolve_window
 from .config import SamplerConfig
 from .hooks import (
@@ -191,11 +192,11 @@ def refine(rows: Sequence[Row], logits: Sequence[torch.Tensor], step: int) -> li
 class Decoder(RowDecoder[Row]):
     """Builds rows for a model and runs batched refinement steps over them."""
 
-    model: Transformer
+    runtime: Runtime
 
     def __init__(
         self,
-        model: Transformer,
+        model: Runtime | Transformer,
         mask_id: int,
         stop_ids: Sequence[int],
         pad_id: int = 0,
@@ -204,7 +205,7 @@ class Decoder(RowDecoder[Row]):
         cache_mode: str = "auto",
         refresh_every: int = 0,
     ) -> None:
-        self.model = model
+        self.runtime = as_runtime(model)  # a network alone runs on a fresh torch runtime
         self.use_cache = use_cache  # False: no cache at all (the uncached reference path)
         if cache_mode not in CACHE_CHOICES:
             raise ConfigError(f"cache mode must be one of {CACHE_CHOICES}, got {cache_mode!r}")
@@ -218,10 +219,10 @@ class Decoder(RowDecoder[Row]):
 
     @property
     def device(self) -> torch.device:
-        return next(self.model.parameters()).device
+        return self.runtime.device
 
     def resolve_cache_mode(self) -> str:
-        return resolve_cache_mode(self.model.config.attention, self.cache_mode, self.use_cache)
+        return resolve_cache_mode(self.runtime.config.attention, self.cache_mode, self.use_cache)
 
     def new_row(
         self,
@@ -233,7 +234,7 @@ class Decoder(RowDecoder[Row]):
         constraint: Constraint | None = None,
         extra_stops: Sequence[int] | None = None,
     ) -> Row:
-        mcfg = self.model.config
+        mcfg = self.runtime.config
         self.check_request(prompt_ids, cfg, prefill, len(suffix or ()))
         if POLICIES[cfg.policy].rule == "verify":
             raise ConfigError(
@@ -272,7 +273,7 @@ class Decoder(RowDecoder[Row]):
             suffix=sfx,
             constraint=constraint,
             vocab_limit=self.vocab_limit,
-            cache=KVCache(self.model.kv_pool) if mode != "none" else None,
+            cache=KVCache(self.runtime.kv_pool) if mode != "none" else None,
             cache_mode=mode,
             refresh_every=self.refresh_every,
             shift=mcfg.logit_shift,
@@ -285,5 +286,5 @@ class Decoder(RowDecoder[Row]):
         if not rows:
             return []
         self.step_count += 1
-        logits = self.model.forward_segments([r.segment() for r in rows])  # (hi-lo, V) each
+        logits = self.runtime.forward_segments([r.segment() for r in rows])  # (hi-lo, V) each
         return refine(rows, logits, self.step_count)

@@ -295,6 +295,7 @@ class NoiseCanvasDecoder(RowDecoder[NoiseRow]):
         pad_id: int,
     ) -> None:
         self.model = model
+        self.runtime = model  # its network runs itself, with its own KV cache
         self.base = base
         self.stop_ids = frozenset(int(t) for t in stop_ids)
         self.pad_id = pad_id

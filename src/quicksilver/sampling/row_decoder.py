@@ -91,7 +91,9 @@ R = TypeVar("R", bound=RowLike)
 class RowDecoder(abc.ABC, Generic[R]):
     """Rows of one model: made per request, stepped in batches, run to the end."""
 
-    model: HasConfig  # its ``config`` sizes requests and the prefix cache
+    # what runs the rows' passes (a Runtime, or a family's network that runs itself): its
+    # ``config`` sizes requests and the prefix cache
+    runtime: HasConfig
     step_count: int = 0
 
     @abc.abstractmethod
@@ -123,7 +125,7 @@ class RowDecoder(abc.ABC, Generic[R]):
         suffix_len: int = 0,
     ) -> None:
         """The checks every decoder makes before building a row (ConfigError on a bad request)."""
-        cfg.validate(self.model.config.max_seq_len, len(prompt_ids) + suffix_len)
+        cfg.validate(self.runtime.config.max_seq_len, len(prompt_ids) + suffix_len)
         if prefill and any(not 0 <= p < cfg.max_new_tokens for p in prefill):
             raise ConfigError("prefilled positions must lie inside the canvas")
 

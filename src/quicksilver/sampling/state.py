@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING
 import torch
 
 from ..models.kvcache import KVCache
-from ..models.segment import Segment
+from ..runtime.segment import Segment
 from .caches import CACHE_MODES
 from .config import SamplerConfig
 from .policies import POLICIES

@@ -1,6 +1,6 @@
 """The verify decoder: a causal network drafts k tokens by diffusion and checks them itself, in one pass.
 
-One row's pass is one packed segment (``Segment.draft``, models/segment.py):
+One row's pass is one packed segment (``Segment.draft``, runtime/segment.py):
 
     [final tokens not yet cached | drafts d_0 .. d_{n-1} | k masks]
 
@@ -18,7 +18,7 @@ the first rejected one is replaced by a draw from norm(max(0, p_j - q_j)); so ev
 follows the model's AR distribution p at the request's temperature and top_p. When every draft is
 kept the bonus comes from p_n and the masks' predictions become the next pass's drafts (they
 assumed every draft kept); otherwise they are void and the next pass drafts afresh. How many
-drafts and masks a pass feeds is the runtime's choice (``models/pass_plan.py``: what its passes
+drafts and masks a pass feeds is the runtime's choice (``runtime/pass_plan.py``: what its passes
 cost), never the acceptance rule's. ``draft = 0`` feeds no masks: plain AR decoding of the same
 weights, one token per pass. A row with a
 ``Constraint`` (structured output, tool calls, banned tokens, logprobs) checks its drafts left to
@@ -47,9 +47,10 @@ import torch
 from ..errors import ConfigError
 from ..models.host import to_device
 from ..models.kvcache import KVCache
-from ..models.pass_plan import PassPlanner
-from ..models.segment import Segment
 from ..models.transformer import Transformer
+from ..runtime import Runtime, as_runtime
+from ..runtime.pass_plan import PassPlanner
+from ..runtime.segment import Segment
 from .config import SamplerConfig
 from .copy_drafts import NgramIndex, acceptance, agreement, expected_kept, extends, mean_kept
 from .decoder import Decoder
@@ -390,11 +391,11 @@ def accept_sampled(row: VerifyRow, causal: torch.Tensor) -> tuple[list[int], boo
 class VerifyDecoder(RowDecoder[VerifyRow]):
     """Rows of a causal model decoded by drafting and verifying; batched steps, like ``Decoder``."""
 
-    model: Transformer
+    runtime: Runtime
 
     def __init__(
         self,
-        model: Transformer,
+        model: Runtime | Transformer,
         stop_ids: Sequence[int],
         vocab_limit: int | None = None,
     ) -> None:
@@ -404,7 +405,7 @@ class VerifyDecoder(RowDecoder[VerifyRow]):
                 "verify decoding needs a causal model without logit shift, this one is "
                 f"{cfg.attention}{' with shift' if cfg.logit_shift else ''}"
             )
-        self.model = model
+        self.runtime = as_runtime(model)  # a network alone runs on a fresh torch runtime
         self.mask_id = cfg.mask_token_id
         self.stop_ids = frozenset(int(t) for t in stop_ids)
         self.vocab_limit = vocab_limit
@@ -412,7 +413,7 @@ class VerifyDecoder(RowDecoder[VerifyRow]):
 
     @property
     def device(self) -> torch.device:
-        return next(self.model.parameters()).device
+        return self.runtime.device
 
     def resolve_cache_mode(self) -> str:
         return "verify"
@@ -427,7 +428,7 @@ class VerifyDecoder(RowDecoder[VerifyRow]):
         constraint: Constraint | None = None,
         extra_stops: Sequence[int] | None = None,
     ) -> VerifyRow:
-        mcfg = self.model.config
+        mcfg = self.runtime.config
         self.check_request(prompt_ids, cfg, prefill)
         if suffix:
             raise ConfigError(
@@ -451,7 +452,7 @@ class VerifyDecoder(RowDecoder[VerifyRow]):
             cfg=cfg,
             k=k,
             stop_ids=stops,
-            cache=KVCache(self.model.kv_pool),
+            cache=KVCache(self.runtime.kv_pool),
             mask_id=self.mask_id,
             device=self.device,
             generator=gen,
@@ -467,9 +468,9 @@ class VerifyDecoder(RowDecoder[VerifyRow]):
         if not rows:
             return []
         self.step_count += 1
-        planner = self.model.planner  # what the runtime says each row's pass should feed
+        planner = self.runtime.planner  # what the runtime says each row's pass should feed
         segs = [r.segment(planner) for r in rows]
-        out = self.model.forward_segments(segs)
+        out = self.runtime.forward_segments(segs)
         logits = [
             forbid_host(o.float(), self.mask_id, self.vocab_limit) for o in out
         ]  # (1+n+m, V) each
@@ -504,7 +505,7 @@ class VerifyDecoder(RowDecoder[VerifyRow]):
 
 
 def decoder_for(
-    model: Transformer,
+    model: Runtime | Transformer,
     stop_ids: Sequence[int],
     pad_id: int = 0,
     vocab_limit: int | None = None,

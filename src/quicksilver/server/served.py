@@ -116,7 +116,7 @@ def pipeline_facts(pipe: Pipeline) -> dict[str, Any]:
         "stop_ids": list(pipe.stop_ids),
         "mask_id": pipe.mask_id,
         "defaults": dict(pipe.generation_defaults),
-        "runtime": pipe.runtime,
+        "runtime": pipe.runtime_name,
     }
 
 

@@ -17,6 +17,7 @@ import torch
 
 from ..errors import ConfigError
 from ..models.transformer import Transformer
+from ..runtime import Runtime, as_runtime
 from ..sampling import SamplerConfig
 from ..sampling.verify import decoder_for
 from ..tokenizer import Tokenizer
@@ -41,7 +42,7 @@ def stop_ids(model: Transformer, tokenizer: Tokenizer) -> list[int]:
 
 @torch.no_grad()
 def decode_items(
-    model: Transformer,
+    model: Transformer | Runtime,
     tokenizer: Tokenizer,
     items: list[Item],
     cfg: SamplerConfig,
@@ -50,13 +51,14 @@ def decode_items(
     cache: str = "auto",
     refresh_every: int = 0,
 ) -> list[ItemResult]:
-    """Generate a reply for every item and verify it."""
-    was_training = model.training
-    model.eval()
-    stops = stop_ids(model, tokenizer)
+    """Generate a reply for every item and verify it (a network alone on a torch runtime)."""
+    runtime = as_runtime(model)
+    was_training = runtime.net.training
+    runtime.net.eval()
+    stops = stop_ids(runtime.net, tokenizer)
     out: list[ItemResult] = []
     decoder = decoder_for(
-        model,
+        runtime,
         stops,
         pad_id=tokenizer.pad_id or 0,
         vocab_limit=tokenizer.vocab_size,
@@ -88,12 +90,12 @@ def decode_items(
                     it, text, bool(task.verify(it, reply)), len(r.tokens), r.nfe, dt / len(chunk)
                 )
             )
-    model.train(was_training)
+    runtime.net.train(was_training)
     return out
 
 
 def single_stream_tok_s(
-    model: Transformer,
+    model: Transformer | Runtime,
     tokenizer: Tokenizer,
     items: list[Item],
     cfg: SamplerConfig,
@@ -147,7 +149,7 @@ def summarize(task_name: str, results: list[ItemResult]) -> dict[str, Any]:
 
 
 def evaluate(
-    model: Transformer,
+    model: Transformer | Runtime,
     tokenizer: Tokenizer,
     tasks: list[str],
     limit: int,

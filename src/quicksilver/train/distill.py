@@ -108,7 +108,9 @@ def distill(
                 items = [it for it, inst in batch if inst == instant]
                 if not items:
                     continue
-                for r in decode_items(pipe.model, pipe.tokenizer, items, cfg, instant, batch_size):
+                for r in decode_items(
+                    pipe.runtime, pipe.tokenizer, items, cfg, instant, batch_size
+                ):
                     tried[r.item.task] += 1
                     right[r.item.task] += r.correct
                     if r.correct or keep == "all":

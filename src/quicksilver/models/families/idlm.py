@@ -42,7 +42,7 @@ Assumed (no stored copy of the published checkpoints' own config.json was found)
   config.json ``architectures`` to ``["Qwen3ForCausalLM"]`` (the weights need no change);
 - draft length: config.json ``block_size`` when present (the training meaning above), else 3
   (the published N = 4);
-- our draft block attends bidirectionally within itself (models/segment.py ``draft_horizon``),
+- our draft block attends bidirectionally within itself (models/masks.py ``draft_horizon``),
   I-DLM's causally; greedy output is the model's AR output either way (the stream is causal and
   verifies every draft), but draft acceptance may differ from I-DLM's own runtime. top_k has no
   SamplerConfig field and is not applied.

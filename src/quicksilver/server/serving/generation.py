@@ -63,7 +63,7 @@ class ServedModel:
     defaults: dict[str, Any] = field(
         default_factory=dict
     )  # the family's / checkpoint's sampler settings
-    runtime: str = "torch"  # what runs its single-sequence passes (Pipeline.runtime)
+    runtime: str = "torch"  # what runs its single-sequence passes (Pipeline.runtime_name)
 
     def tid(self, text: str) -> int | None:
         return self.tokenizer.token_to_id(text)

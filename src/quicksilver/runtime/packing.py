@@ -21,7 +21,7 @@ from typing import Protocol
 
 import torch
 
-from .kvcache import KVCache
+from ..models.kvcache import KVCache
 
 KEY_BUCKET = 512  # keys per block of the CPU flash-attention kernel
 QUERY_BUCKET = 16

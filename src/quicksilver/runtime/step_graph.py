@@ -23,7 +23,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from ..errors import ConfigError
-from .transformer import RMSNorm, Transformer, apply_rotary
+from ..models.transformer import RMSNorm, Transformer, apply_rotary
 
 
 def _rms(norm: RMSNorm, x: torch.Tensor) -> torch.Tensor:
@@ -31,11 +31,12 @@ def _rms(norm: RMSNorm, x: torch.Tensor) -> torch.Tensor:
     return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + norm.eps) * norm.weight  # (1, T, C)
 
 
-def check_supported(model: Transformer) -> None:
-    """Raise ConfigError when the step graph cannot express this network exactly."""
+def check_supported(model: Transformer, quantized: str = "none") -> None:
+    """Raise ConfigError when the step graph cannot express this network (its linears in the
+    ``quantized`` format) exactly."""
     cfg = model.config
-    if model.quantized != "none":
-        raise ConfigError(f"the exported CPU step does not support {model.quantized}; use torch")
+    if quantized != "none":
+        raise ConfigError(f"the exported CPU step does not support {quantized}; use torch")
     why = [
         name
         for name, bad in (

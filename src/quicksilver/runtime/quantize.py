@@ -22,7 +22,8 @@ import torch
 from torch import nn
 
 from ..errors import ConfigError
-from .transformer import MLP, Attention, Transformer
+from ..models.transformer import MLP, Attention
+from .runtime import Runtime
 
 QUANTIZE_CHOICES = ("none", "int8")
 
@@ -53,12 +54,13 @@ def _drop(module: nn.Module, names: tuple[str, ...]) -> None:
         setattr(module, name, None)
 
 
-def quantize_model(model: Transformer, mode: str) -> Transformer:
-    """Quantize ``model`` in place (``mode``: none | int8) and return it."""
+def quantize_model(runtime: Runtime, mode: str) -> Runtime:
+    """Quantize the runtime's network in place (``mode``: none | int8) and return the runtime."""
     if mode not in QUANTIZE_CHOICES:
         raise ConfigError(f"quantize must be one of {', '.join(QUANTIZE_CHOICES)}, got {mode!r}")
     if mode == "none":
-        return model
+        return runtime
+    model = runtime.net
     device = model.model.embed_tokens.weight.device
     if device.type != "cpu":
         raise ConfigError(f"--quantize int8 runs on the CPU only (the model is on {device})")
@@ -76,5 +78,5 @@ def quantize_model(model: Transformer, mode: str) -> Transformer:
         warnings.simplefilter("ignore")
         spec = {nn.Linear: torch.ao.quantization.per_channel_dynamic_qconfig}
         torch.ao.quantization.quantize_dynamic(model, spec, dtype=torch.qint8, inplace=True)
-    model.quantized = mode
-    return model
+    runtime.quantized = mode
+    return runtime

@@ -1,6 +1,6 @@
-"""What one forward pass is asked to do: a sequence's ``Segment`` of a packed pass, the attention
-mask its positions imply, and the ``StepBackend`` protocol for runtimes that serve single-segment
-passes outside torch (models/cpu_backends.py).
+"""What one forward pass is asked to do: a sequence's ``Segment`` of a packed pass, and the
+``StepBackend`` protocol for runtimes that serve single-segment passes outside torch
+(runtime/cpu_backends.py, runtime/ov_graph.py).
 """
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ from typing import Protocol
 
 import torch
 
-from .kvcache import KVCache
+from ..models.kvcache import KVCache
 from .pass_plan import PassPolicy
 
 
@@ -59,10 +59,10 @@ class Segment:
 
 
 class StepBackend(Protocol):
-    """Serves one sequence's passes in another runtime (models/cpu_backends.py); None = not covered."""
+    """Serves one sequence's passes in another runtime (runtime/cpu_backends.py); None = not covered."""
 
     name: str
-    pass_policy: PassPolicy  # what a verify pass should feed on it (models/pass_plan.py)
+    pass_policy: PassPolicy  # what a verify pass should feed on it (runtime/pass_plan.py)
 
     def forward_segment(self, seg: Segment) -> torch.Tensor | None: ...
 
@@ -79,47 +79,3 @@ class StepBackend(Protocol):
     def warm(self, max_len: int) -> int:
         """Prepare the shapes sequences of up to ``max_len`` positions use; how many it did."""
         ...
-
-
-def draft_horizon(q_pos: torch.Tensor, draft_from: torch.Tensor | None) -> torch.Tensor:
-    """The verify layout in causal terms: a query in a row's draft block (position >= its
-    ``draft_from`` (B,)) sees as far as the block's last position, so causally it attends to the
-    whole stream and to the whole block; stream queries keep their own position. q_pos (B, Tq)."""
-    if draft_from is None:
-        return q_pos
-    in_draft = q_pos >= draft_from[:, None]  # (B, Tq)
-    last = q_pos.max(-1, keepdim=True).values  # (B, 1): the block ends the row
-    return torch.where(in_draft, last, q_pos)
-
-
-def build_attention_mask(
-    pattern: str,
-    block_size: int,
-    q_pos: torch.Tensor,
-    k_pos: torch.Tensor,
-    k_valid: torch.Tensor | None,
-    draft_from: torch.Tensor | None = None,
-) -> torch.Tensor:
-    """Boolean mask (B, 1, Tq, Tk), True = may attend, from positions (not tensor indices).
-
-    bidirectional: every valid key; causal: keys at positions <= the query's (a draft block, from
-    ``draft_from`` (B,) on, sees the whole row: ``draft_horizon``); block_causal: keys in the query's
-    own block or an earlier one (block = position // block_size). Rows with no key at all (padding
-    queries) are opened fully so attention never produces NaN; their outputs are unused.
-    """
-    if pattern == "causal":
-        q_pos = draft_horizon(q_pos, draft_from)
-    qp = q_pos[:, :, None]  # (B, Tq, 1)
-    kp = k_pos[:, None, :]  # (B, 1, Tk)
-    if pattern == "bidirectional":
-        m = torch.ones(qp.shape[0], qp.shape[1], kp.shape[2], dtype=torch.bool, device=q_pos.device)
-    elif pattern == "causal":
-        m = kp <= qp
-    else:  # block_causal
-        m = torch.div(kp, block_size, rounding_mode="floor") <= torch.div(
-            qp, block_size, rounding_mode="floor"
-        )
-    if k_valid is not None:
-        m = m & k_valid[:, None, :]
-    m = m | ~m.any(-1, keepdim=True)
-    return m[:, None]  # (B, 1, Tq, Tk)

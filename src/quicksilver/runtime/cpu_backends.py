@@ -1,6 +1,6 @@
-"""CPU step backends: the exported step graph (models/step_graph.py) run by ONNX Runtime or OpenVINO.
+"""CPU step backends: the exported step graph (runtime/step_graph.py) run by ONNX Runtime or OpenVINO.
 
-A backend serves every sequence's passes of ``Transformer.forward_segments`` — the AR token step,
+A backend serves every sequence's passes of ``Runtime.forward_segments`` — the AR token step,
 the verify pass, the diffusion block step and window step — each on its own, exactly as it would run
 alone (``forward_each``), so a row's numbers never depend on the other rows of its step; passes
 past the largest token bucket or without a cache return None and eager torch runs them. Shapes are
@@ -42,11 +42,12 @@ import numpy as np
 import torch
 
 from ..errors import ConfigError
-from .kvcache import FIRST_CAPACITY, KVCache, grown_capacity
+from ..models.kvcache import FIRST_CAPACITY, KVCache, grown_capacity
+from ..models.transformer import Transformer
 from .pass_plan import RUNTIMES
+from .runtime import Runtime
 from .segment import Segment
 from .step_graph import check_supported, export_to_temp
-from .transformer import Transformer
 
 # new tokens per pass: the AR step, windows (w, or w + 1 with the predictor on the left), a block,
 # two blocks (a finished one appended with the next), prefills (padded: compute-bound anyway)
@@ -446,7 +447,7 @@ def _rows_read(seg: Segment, shift: bool) -> tuple[int, int]:
 
 def _aligned(seg: Segment, raw: torch.Tensor, a: int, cache: KVCache, shift: bool) -> torch.Tensor:
     """The segment's logits [lo, hi) from its raw ones, rows [a, a + len(raw)) (n, V), logit shift
-    applied, and the cache's commit/last_logits bookkeeping (as ``Transformer.forward_segments``)."""
+    applied, and the cache's commit/last_logits bookkeeping (as ``Runtime.forward_segments``)."""
     if not shift:
         logits = raw  # (hi-lo, V)
     elif seg.lo >= 1:
@@ -480,14 +481,14 @@ def available(name: str) -> bool:
     return installed(name) and (name != "openvino-bf16" or native_bf16())
 
 
-def resolve_backend(name: str, model: Transformer) -> str:
+def resolve_backend(name: str, runtime: Runtime) -> str:
     """The backend a name means for this model: ``auto`` is the first importable runtime of
     ``AUTO_ORDER`` for a float32 CPU model the graph supports, torch otherwise."""
     if name not in BACKEND_CHOICES:
         raise ConfigError(f"backend must be one of {BACKEND_CHOICES}, got {name!r}")
     if name == "auto":
         try:
-            check_supported(model)
+            check_supported(runtime.net, runtime.quantized)
         except ConfigError as e:
             log.warning("--backend auto runs this model in torch: %s", e)
             return "torch"
@@ -504,13 +505,9 @@ def resolve_backend(name: str, model: Transformer) -> str:
     return name
 
 
-def attach_backend(model: Transformer, name: str, threads: int | None = None) -> str:
-    """Resolve ``name`` and make the model's single-segment passes use it; returns the name used."""
-    resolved = resolve_backend(name, model)
-    model.kv_pool.clear()  # pooled caches hold the old step's bindings
-    model.step_backend = (
-        None
-        if resolved == "torch"
-        else ExportedStep(model, resolved, threads or torch.get_num_threads())
-    )
+def attach_backend(runtime: Runtime, name: str, threads: int | None = None) -> str:
+    """Resolve ``name`` and make the runtime's single-segment passes use it; the name used."""
+    resolved = resolve_backend(name, runtime)
+    threads = threads or torch.get_num_threads()
+    runtime.attach(None if resolved == "torch" else ExportedStep(runtime.net, resolved, threads))
     return resolved

@@ -1,0 +1,237 @@
+"""``Runtime``: what makes a ``Transformer`` run fast on one machine, kept apart from its weights.
+
+A runtime owns the pool of decode caches, the attention layout of packed passes (per sequence or
+batched), static shapes and compilation (CUDA graphs), the step backend that serves single-segment
+passes outside torch (an exported graph on ONNX Runtime or OpenVINO, or a quantized OpenVINO graph:
+runtime/cpu_backends.py, runtime/ov_graph.py), the weight format, and the pass planner with that
+backend's cost curve. Decoders and the engine hold a runtime; the network never does.
+
+``forward_segments`` is the packed inference pass: several sequences, each with its own KV cache,
+in one call. The projections and the MLP see one (1, sum T_i, C) row (linear layers give every
+token the same bits whatever the batch); attention runs as the layout says, so a row's logits never
+depend on the other rows of its pass.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+from ..errors import ConfigError
+from ..models.host import to_device
+from ..models.kvcache import KVPool
+from ..models.masks import build_attention_mask
+from ..models.transformer import Block, Transformer, sdpa
+from .packing import LAYOUTS, Layout, PerSequence, plan_batched, token_bucket
+from .pass_plan import RUNTIMES, PassPlanner
+from .segment import Segment, StepBackend
+
+
+class Runtime:
+    """A network and how it runs here (see the module docstring)."""
+
+    def __init__(self, net: Transformer, attention_layout: str = "per_sequence") -> None:
+        self.net = net
+        self.config = net.config
+        self.kv_pool = KVPool()  # freed decode caches, reused with what a step backend bound
+        self.static_shapes = False  # pad packed tokens to buckets (batched layout; CUDA graphs)
+        self.step_backend: StepBackend | None = None  # e.g. OpenVINO for every row's CPU passes
+        self.quantized = "none"  # weight format (runtime/quantize.py)
+        self.attention_layout = "per_sequence"
+        self.set_attention_layout(attention_layout)
+
+    @property
+    def name(self) -> str:
+        """What runs every row's passes: torch, or the step backend's name."""
+        return "torch" if self.step_backend is None else self.step_backend.name
+
+    @property
+    def device(self) -> torch.device:
+        return self.net.lm_head.weight.device
+
+    def set_attention_layout(self, name: str) -> None:
+        """``per_sequence`` (one attention call per sequence) or ``batched`` (one per layer)."""
+        if name not in LAYOUTS:
+            raise ConfigError(f"attention layout must be one of {LAYOUTS}, got {name!r}")
+        if self.static_shapes and name != "batched":
+            raise ConfigError("static shapes need the batched attention layout")
+        self.attention_layout = name
+
+    def attach(self, backend: StepBackend | None) -> None:
+        """Serve single-segment passes through ``backend`` (None: torch for every pass)."""
+        self.kv_pool.clear()  # pooled caches hold the old backend's bindings
+        self.step_backend = backend
+
+    def compile_blocks(self, mode: str | None = None, dynamic: bool = True) -> None:
+        """torch.compile the per-token parts of every block (MLP and norms; attention stays eager
+        because its shapes follow the packed batch). Measured slower on the 2-core CPU (docs/LOG.md);
+        meant for GPUs."""
+        net = self.net
+        for layer in net.model.layers:
+            assert isinstance(layer, Block)
+            for mod in (layer.mlp, layer.input_layernorm, layer.post_attention_layernorm):
+                mod.forward = torch.compile(mod.forward, mode=mode, dynamic=dynamic)  # type: ignore[method-assign]
+        net.model.norm.forward = torch.compile(net.model.norm.forward, mode=mode, dynamic=dynamic)  # type: ignore[method-assign]
+
+    def compile_static(self) -> None:
+        """CUDA graphs: bucketed static shapes (the batched attention layout, packed tokens padded
+        to a power of two) and ``torch.compile(mode="reduce-overhead")`` of the per-token parts, one
+        graph per bucket. On a CPU the same code compiles without graphs (for tests)."""
+        self.set_attention_layout("batched")
+        self.static_shapes = True
+        self.compile_blocks(mode="reduce-overhead", dynamic=False)
+
+    def pass_cost(self, n: int, unread: int = 0) -> int:
+        """What a one-sequence cached pass of ``n`` new tokens costs, in positions (the first
+        ``unread`` appended without their logits read): the step backend's ``cost``, else ``n``
+        (eager torch runs the exact shape)."""
+        return n if self.step_backend is None else self.step_backend.cost(n, unread)
+
+    @property
+    def planner(self) -> PassPlanner:
+        """What a verify pass feeds per row on this runtime (runtime/pass_plan.py)."""
+        if self.step_backend is not None:
+            return PassPlanner(self.step_backend.pass_policy, self.step_backend.cost)
+        return PassPlanner(RUNTIMES["cpu" if self.device.type == "cpu" else "accelerator"])
+
+    def warm(self, max_len: int) -> int:
+        """Compile the step backend's shapes ahead of the first requests; how many (0 on torch)."""
+        return 0 if self.step_backend is None else self.step_backend.warm(max_len)
+
+    def forward_segments(self, segments: list[Segment]) -> list[torch.Tensor]:
+        """Packed inference forward: one pass for several sequences, each with its own KV cache.
+
+        Returns per segment the logits (hi - lo, V) of its tokens [lo, hi), aligned (shift applied).
+        With a step backend attached, every segment it covers runs through it on its own, exactly
+        as it would alone (so a row's logits never depend on the other rows of its pass); the
+        rest are packed into one torch pass.
+        """
+        if self.step_backend is None:
+            return self._forward_packed(segments)
+        out = self.step_backend.forward_each(segments)
+        rest = [i for i, o in enumerate(out) if o is None]
+        if rest:
+            for i, o in zip(rest, self._forward_packed([segments[i] for i in rest])):
+                out[i] = o
+        return [o for o in out if o is not None]
+
+    def _prepare_caches(self, segments: list[Segment], device: torch.device) -> None:
+        """Reserve room for each segment's new keys/values and set where they are written."""
+        cfg, net = self.config, self.net
+        for s in segments:
+            if s.cache is None:
+                continue
+            if s.overwrite:
+                assert s.start + s.length <= s.cache.length, (
+                    "overwrite inside the cached range only"
+                )
+                s.cache.cursor = s.start
+                continue
+            L, T = s.cache.length, s.length
+            dtype = net.model.embed_tokens.weight.dtype
+            s.cache.reserve(cfg.n_layers, 1, net.kv_heads, cfg.dim_head, L + T, dtype, device)
+            s.cache.cursor = None
+            s.cache.write_meta(s.positions[None], None)
+
+    def _forward_packed(self, segments: list[Segment]) -> list[torch.Tensor]:
+        """The segments as one packed torch pass (see ``forward_segments``)."""
+        ids = torch.cat([s.ids for s in segments])[None]  # (1, Ttot)
+        pos = torch.cat([s.positions for s in segments])[None]  # (1, Ttot)
+        spans, start = [], 0
+        for s in segments:
+            spans.append((start, start + s.length))
+            start = spans[-1][1]
+        self._prepare_caches(segments, ids.device)
+        if self.static_shapes:  # padding tokens at position 0, in no segment: never read
+            pad = token_bucket(start) - start
+            ids, pos = F.pad(ids, (0, pad)), F.pad(pos, (0, pad))  # (1, Tpad)
+        layout = self._layout(segments, spans, int(ids.shape[1]))  # caches know the positions
+        max_pos = max(s.start + s.length for s in segments) - 1
+
+        def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, i: int) -> torch.Tensor:
+            return layout.attend(sdpa, q, k, v, i)
+
+        h = self.net.hidden(ids, pos, attend, max_pos)[0]  # (Ttot, C)
+        out = [self._segment_logits(s, h, a) for s, (a, _) in zip(segments, spans)]
+        return out
+
+    def _segment_logits(self, s: Segment, h: torch.Tensor, a: int) -> torch.Tensor:
+        """Segment ``s``'s logits (hi - lo, V) from the packed hidden states ``h`` (Ttot, C), its
+        tokens starting at row ``a``; then the cache's commit and (logit shift) last_logits."""
+        head, shift = self.net.lm_head, self.config.logit_shift
+        if not shift:
+            logits = head(h[a + s.lo : a + s.hi])  # (hi-lo, V)
+        elif s.lo >= 1:
+            logits = head(h[a + s.lo - 1 : a + s.hi - 1])  # (hi-lo, V): j predicted from j-1
+        else:  # the first wanted token's predictor is the last cached one (or itself)
+            last = s.cache.last_logits if s.cache is not None else None
+            first = head(h[a : a + 1]) if last is None else last  # (1, V)
+            rest = head(h[a : a + s.hi - 1])  # (hi-1, V)
+            logits = torch.cat((first.reshape(1, -1), rest))[: s.hi - s.lo]
+        if s.cache is not None:
+            s.cache.cursor = None
+            if s.append:
+                s.cache.commit(s.append)
+                kept = s.kept()
+                if shift and kept is not None:
+                    s.cache.last_logits = head(h[a + kept : a + kept + 1])  # (1, V) raw
+        return logits
+
+    def _segment_mask(self, seg: Segment) -> torch.Tensor | None:
+        """The segment's attention mask, or None when every query may see every key."""
+        cfg = self.config
+        if cfg.attention == "bidirectional":
+            return None  # a whole sequence, no padding: every key is visible
+        T = seg.length
+        first, last = seg.start, seg.start + T - 1
+        if cfg.attention == "causal" and T == 1:
+            return None
+        if cfg.attention == "block_causal" and first // cfg.block_size == last // cfg.block_size:
+            return None  # one block against earlier (cached) blocks: all visible
+        L = seg.cache.length if seg.cache is not None else 0
+        k_pos = seg.positions
+        if L:
+            assert seg.cache is not None
+            k_pos = torch.cat((seg.cache.committed_positions()[0], seg.positions))  # (L+T,)
+        draft_from = None
+        if seg.draft_from is not None:
+            draft_from = to_device([seg.draft_from], torch.long, seg.ids.device)  # (1,)
+        return build_attention_mask(
+            cfg.attention, cfg.block_size, seg.positions[None], k_pos[None], None, draft_from
+        )
+
+    def _layout(
+        self, segments: list[Segment], spans: list[tuple[int, int]], n_tokens: int
+    ) -> Layout:
+        caches = [s.cache for s in segments]
+        if self.attention_layout == "per_sequence":
+            return PerSequence(spans, caches, [self._segment_mask(s) for s in segments])
+        key_lens = [  # cached keys, plus this pass's unless they overwrite cached ones (dual)
+            (0 if s.cache is None else s.cache.length) + (0 if s.overwrite else s.length)
+            for s in segments
+        ]
+        cfg = self.config
+        device = segments[0].ids.device
+        draft_from = None
+        if any(s.draft for s in segments):
+            none = cfg.max_seq_len + max(s.start + s.length for s in segments)  # past every query
+            draft_from = to_device(
+                [none if s.draft_from is None else s.draft_from for s in segments],
+                torch.long,
+                device,
+            )  # (R,)
+
+        def mask(q_pos: torch.Tensor, k_pos: torch.Tensor, k_valid: torch.Tensor) -> torch.Tensor:
+            return build_attention_mask(
+                cfg.attention, cfg.block_size, q_pos, k_pos, k_valid, draft_from
+            )
+
+        starts = [s.start for s in segments]
+        return plan_batched(
+            spans, starts, caches, key_lens, mask, cfg.max_seq_len, n_tokens, device
+        )
+
+
+def as_runtime(net: Transformer | Runtime) -> Runtime:
+    """``net``'s runtime: a runtime as it is, a network alone on a fresh torch runtime."""
+    return net if isinstance(net, Runtime) else Runtime(net)
