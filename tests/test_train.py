@@ -412,10 +412,10 @@ def test_every_recipe_starts_from_a_run_that_a_recipe_or_a_stage_builds() -> Non
     """A recipe names the run it continues, never the asset path (which holds whatever ships now),
     and its distillation data is a file a stage of the shipped lineage writes."""
     from quicksilver.train.recipes import RECIPES
-    from quicksilver.train.reproduce import STAGES
+    from quicksilver.train.reproduce import LINEAGE
 
     outs = {r.out for r in RECIPES.values()}
-    distilled = {s.distill.out for s in STAGES if s.distill}
+    distilled = {s.distill.out for s in LINEAGE if s.distill}
     for name, r in RECIPES.items():
         if r.init_from:
             run = r.init_from.removesuffix("/final").split("/step_")[0]
@@ -431,44 +431,39 @@ VOLATILE = {"threads", "time_limit", "stop_at", "resume", "eval_every", "eval_li
 
 def test_the_staged_recipe_builds_each_input_before_it_is_read() -> None:
     from quicksilver.train.recipes import RECIPES
-    from quicksilver.train.reproduce import STAGES, end
+    from quicksilver.train.reproduce import EDIT_STAGES, LINEAGE, STAGES, end
 
-    names = [s.name for s in STAGES]
+    assert LINEAGE == [*STAGES, *EDIT_STAGES]
+    names = [s.name for s in LINEAGE]
     assert len(set(names)) == len(names)
     written: set[str] = set()
-    for s in STAGES:
+    for s in LINEAGE:
         assert all(p in written for p in s.reads), (s.name, s.reads, "read before written")
         assert s.writes not in written, s.name  # no run is written by two stages
         written.add(s.writes)
         if not s.distill:  # a schedule only moves forward: each segment stops past the last
             ends = [end(c) for c in s.configs()]
             assert ends == sorted(set(ends)), (s.name, ends)
-    # every stage leads to a shipped model (no dead ends), and the last one ships
-    needed = {s.writes for s in STAGES if s.ships}
-    for s in reversed(STAGES):
+    # every stage leads to a shipped model (no dead ends), and each line's last one ships
+    needed = {s.writes for s in LINEAGE if s.ships}
+    for s in reversed(LINEAGE):
         if s.writes in needed:
             needed |= set(s.reads)
-    assert needed == written and STAGES[-1].ships
-    # recipes.py keeps what the lineage and the next release train, the CLI's default and the
-    # tests' tiny run; the next release's runs start from the lineage's finished ones or from an
-    # earlier run of their own
-    from quicksilver.train.reproduce import NEXT
-
-    for s in NEXT:
-        assert s.recipe and all(p in written for p in s.reads), s.name
-        written.add(s.writes)
-    lineage = {s.recipe for s in [*STAGES, *NEXT] if s.recipe}
+    assert needed == written and STAGES[-1].ships and EDIT_STAGES[-1].ships
+    # recipes.py holds the shipped models' runs only, the CLI's default and the tests' tiny run
+    lineage = {s.recipe for s in LINEAGE if s.recipe}
     assert set(RECIPES) == lineage | {"small", "tiny"}
 
 
 def test_the_stages_that_ship_end_with_the_assets_training_config() -> None:
-    from quicksilver.train.reproduce import STAGES
+    from quicksilver.train.reproduce import EDIT_STAGES, LINEAGE
 
-    shipped = {s.ships: s for s in STAGES if s.ships}
-    assert sorted(shipped) == sorted(
-        d.name for d in ASSETS.iterdir() if (d / "train_config.json").is_file()
-    )
-    for asset, s in shipped.items():
+    shipped = {s.ships: s for s in LINEAGE if s.ships}
+    assets = {d.name for d in ASSETS.iterdir() if (d / "train_config.json").is_file()}
+    # every asset is a stage's final; the edit model's stages may run before it ships
+    assert assets <= set(shipped) and set(shipped) - assets <= {EDIT_STAGES[-1].ships}
+    for asset in sorted(assets):
+        s = shipped[asset]
         record = json.loads((ASSETS / asset / "train_config.json").read_text())
         cfg = s.configs()[-1].to_dict()
         assert s.writes == record["out"] + "/final"
@@ -476,6 +471,26 @@ def test_the_stages_that_ship_end_with_the_assets_training_config() -> None:
         assert {k: d for k, d in diff.items() if d[0] != d[1]} == {}, asset
         steps = json.loads((ASSETS / asset / "train_state.json").read_text())["step"]
         assert steps == cfg["steps"]
+
+
+def test_from_assets_places_what_ships_and_runs_only_the_edit_line(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from quicksilver.train import reproduce as rp
+
+    monkeypatch.chdir(tmp_path)
+    assert rp.place_assets(rp.EDIT_STAGES) == ["runs/small-ar-draft-sd/final"]
+    assert rp.done(rp.STAGES[[s.name for s in rp.STAGES].index("draft-sd")])
+    assert rp.place_assets(rp.EDIT_STAGES) == []  # already there
+    calls: list[str] = []
+    fit, _ = _fake_run(calls)
+    assert rp.reproduce(rp.EDIT_STAGES, fit=fit) == [s.name for s in rp.EDIT_STAGES]
+    assert calls[0] == "runs/edit-drill:800" and calls[-1] == "runs/edit:3000"
+    capsys.readouterr()
+    assert rp.main(["--from-assets", "--list"]) == 0
+    out = capsys.readouterr().out
+    heads = [line.split()[0] for line in out.splitlines() if not line[0].isspace()]
+    assert heads == [s.name for s in rp.EDIT_STAGES] and "edit  [done]" in out
 
 
 def _fake_run(calls: list[str]):  # type: ignore[no-untyped-def]

@@ -3,8 +3,10 @@
 A recipe is a ``TrainConfig`` with chosen values; ``quicksilver train --recipe NAME --field value``
 starts from the recipe and overrides single fields. The config is saved as JSON beside every
 checkpoint, so any run can be reproduced from its directory. The recipes here are the runs that lead
-to the shipped models (plus the CLI's default and a tiny one for tests); ``train/reproduce.py`` runs
-them in order with the schedules they ran (``make train``).
+to the shipped models and to the edit model, ``quicksilver-edit`` (plus the CLI's default and a tiny
+one for tests); ``train/reproduce.py`` runs them in order with the schedules they ran (``make
+train``). Experiments that ship nothing are not kept here: their configs and results are in
+docs/LOG.md and git's history.
 """
 
 from __future__ import annotations
@@ -257,171 +259,63 @@ V3_SD = then(
     V3_K8, "small-ar-draft-sd", 21, distill_data="runs/distill3/self_v37.jsonl", distill_frac=0.5
 )
 
-# v4 (in training, train/reproduce.py NEXT): v3.8 taught to apply and predict edits and to call
-# tools it has never seen. Copying a 300-token file is a skill the v2 mixture never asked for, and
-# edit data alone does not grow it (docs/LOG.md, 2026-12-06): the shipped models score 0 of 16 and
-# ~11 nats a token on apply_edit's answers, and 1,500 steps on a stream mostly of edits at lr 5e-4
-# left teacher-forced accuracy at ~0.7 with no copying. A drill does: on copy_short alone (random
-# text, only copying predicts it) the copy loss drops from 2.3 to 0.05 nats between steps 450 and
-# 800 at lr 1e-3, and then copy_text (long files) is learned in ~30 steps. So: the drill (short,
-# then long), then the edit tasks beside the v2 mixture at lr 5e-4 (the copy stage), code files to
-# copy (the code stages) and made-up names (the names stage) at 3e-4, then the first run's mixture
-# (and a little of the made-up names) at 2e-4 (the edit stage).
-V4_COPY_MIX = V2_MIX + ",apply_edit:4,next_edit:3,tool_open:2,copy_text:1"
-V4_MIX = V2_MIX + ",apply_edit:1.5,next_edit:1.2,tool_open:1"
-V4_EVAL = "apply_edit,next_edit,tool_open,tool_call,countdown3"
-V4_DRILL = then(
+# quicksilver-edit (assets/model-edit, in training): a second network of the default's shape for the
+# apply and next-edit routes only, as Mercury Edit ships beside Mercury 2. In one 3.0M network the copy
+# of long files and the suite's arithmetic compete (docs/LOG.md, 2026-12-06: v4 learned edits and lost
+# multiply, v5 replayed the v2 mixture and learned no edits), so this line replays none of it. From
+# v3.8's weights and tokenizer: the drill (copy_short alone at lr 1e-3; the copy circuit forms in a
+# ~200-step drop, at 210-300 in v4's drill from the same weights), the drill on long files, a copy
+# stage on code files (and apply_edit, so that the snippet's changes are not dropped for the
+# original), then the edit stage: apply_edit, next_edit, fim and the code copies, over the lexicon's
+# names and made-up ones
+EDIT_EVAL = "apply_edit,apply_edit_made_up,next_edit,next_edit_made_up,copy_code,fim"
+EDIT_DRILL = then(
     V3_SD,
-    "small-ar-draft-drill",
-    24,
+    "edit-drill",
+    61,
     tasks="copy_short:1",
     distill_data="",
-    steps=1000,
+    steps=800,
     lr=1e-3,
     warmup=20,
-    eval_every=1000,
+    eval_every=400,
     eval_tasks="copy_short,copy_text",
     eval_limit=16,
 )
-V4_DRILL_LONG = then(
-    V4_DRILL,
-    "small-ar-draft-drill-long",
-    25,
+EDIT_DRILL_LONG = then(
+    EDIT_DRILL,
+    "edit-drill-long",
+    62,
     tasks="copy_short:1,copy_text:2",
     batch_size=16,
     steps=200,
+    eval_every=200,
 )
-V4_COPY = then(
-    V4_DRILL_LONG,
-    "small-ar-draft-copy",
-    22,
-    tasks=V4_COPY_MIX,
-    batch_size=16,
-    steps=1500,
+EDIT_COPY = then(
+    EDIT_DRILL_LONG,
+    "edit-copy",
+    63,
+    tasks="copy_text:1,copy_code:3,copy_code_made_up:3,apply_edit:2,apply_edit_made_up:1",
+    steps=800,
     lr=5e-4,
-    eval_every=750,
-    eval_tasks=V4_EVAL,
-)
-# the copy stage's model still misplaces its copy where the last token or two recur in the file
-# (~3 wrong tokens a file teacher-forced): copy_code (generated code to copy unchanged) beside the
-# copy stage's stream brings that down (docs/LOG.md, 2026-12-06, third sitting)
-V4_CODE_MIX = V4_COPY_MIX + ",copy_code:4"
-V4_CODE = then(
-    V4_COPY,
-    "small-ar-draft-code",
-    31,
-    tasks=V4_CODE_MIX,
-    steps=400,
-    lr=3e-4,
-    warmup=20,
     eval_every=400,
-    eval_tasks="apply_edit,copy_code,next_edit",
+    eval_tasks="copy_code,copy_code_made_up,apply_edit,apply_edit_made_up",
 )
-V4_CODE_MORE = then(V4_CODE, "small-ar-draft-code2", 33, steps=600, eval_every=600)
-# the code2 model copies the training lexicon's names but not others: held-out apply_edit items
-# whose only new feature is the held-out words make ~11 wrong tokens a file teacher-forced, those
-# with a new indentation or gap 1-2 (docs/LOG.md, 2026-12-06, fourth sitting); the same tasks over
-# made-up names (``*_made_up``) leave the name to the pointer alone
-V4_NAMES_MIX = V4_CODE_MIX + ",apply_edit_made_up:3,next_edit_made_up:2,copy_code_made_up:3"
-V4_NAMES = then(
-    V4_CODE_MORE,
-    "small-ar-draft-names",
-    35,
-    tasks=V4_NAMES_MIX,
-    steps=600,
-    eval_every=300,
-    eval_tasks="apply_edit,apply_edit_made_up,copy_code_made_up,next_edit",
+EDIT_MIX = (
+    "apply_edit:3,apply_edit_made_up:2,next_edit:2,next_edit_made_up:1.5,"
+    "copy_code:1,copy_code_made_up:1,copy_text:0.3,fim:2"
 )
-V4_EDIT = then(
-    V4_NAMES,
-    "small-ar-draft-edit",
-    23,
-    tasks=V4_MIX + ",apply_edit_made_up:0.75,copy_code_made_up:0.5",
-    batch_size=32,
-    steps=1200,
-    lr=2e-4,
-    eval_every=600,
-    eval_tasks=V4_EVAL + ",multiply,fim,apply_edit_made_up",
-)
-# the edit stage's model has the v2 tasks' formats but not their arithmetic (multiply 0.01, fim
-# 0.05 of 200; it copies digits from its context where it should compute them): a longer stage
-# with a quarter of the examples on edits (docs/LOG.md, 2026-12-06, fourth sitting)
-V4_RESTORE_MIX = V2_MIX + ",apply_edit:0.8,next_edit:0.6,tool_open:0.5"
-V4_RESTORE = then(
-    V4_EDIT,
-    "small-ar-draft-restore",
-    41,
-    tasks=V4_RESTORE_MIX + ",apply_edit_made_up:0.4,copy_code_made_up:0.2",
-    steps=1500,
-    eval_every=750,
-    eval_tasks=V4_EVAL + ",multiply,fim,sudoku4,apply_edit_made_up",
-)
-
-# the drill on copy_short alone (lr 1e-3) grows the copy but wipes what ships: multiply 0.875 -> 0,
-# fim 0.69 -> 0 on 32 items, and no later stage brings arithmetic back (restore at step 750:
-# multiply 0.03); halfway between the shipped and the edit stage's weights scores 0 on every task
-# (docs/LOG.md, 2026-12-06, fifth sitting). So the drill again with the v2 mixture replayed as half
-# the examples, to learn the copy without forgetting
-V5_DRILL = dataclasses.replace(
-    V4_DRILL,
-    out="runs/small-ar-draft-drill-mix",
-    seed=51,
-    tasks=V2_MIX + ",copy_short:6.9",
-    steps=1500,
-    eval_every=500,
-    eval_tasks="copy_short,copy_text,multiply,fim,countdown3",
-)
-# then every edit and copy task of v4 at once beside the same replayed mixture (the v4 chain's five
-# stages in one), at the code stages' lr
-V5_EDIT_MIX = (
-    V2_MIX
-    + ",apply_edit:1.5,next_edit:1.2,tool_open:1,copy_text:0.5,copy_code:1"
-    + ",apply_edit_made_up:1,next_edit_made_up:0.5,copy_code_made_up:1"
-)
-V5_EDIT = then(
-    V5_DRILL,
-    "small-ar-draft-edit5",
-    52,
-    tasks=V5_EDIT_MIX,
-    batch_size=16,
-    steps=1500,
+EDIT = then(
+    EDIT_COPY,
+    "edit",
+    64,
+    tasks=EDIT_MIX,
+    steps=3000,
     lr=3e-4,
-    eval_every=750,
-    eval_tasks=V4_EVAL + ",multiply,fim,copy_code",
+    eval_every=1000,
+    eval_tasks=EDIT_EVAL,
 )
-# v5's edit stage merges almost nothing after 1,500 steps (v4 needed ~4,300 past its drill): the
-# same mixture, 3,000 steps more, says whether replay only slows the edits or blocks them
-V5_EDIT_MORE = then(V5_EDIT, "small-ar-draft-edit5-more", 53, steps=3000, eval_every=1000)
 
-
-def twin_of(joint: TrainConfig, out: str, init_from: str) -> TrainConfig:
-    """The AR twin of a joint-model run: the same stream (seed, steps, schedule), objective ar."""
-    return dataclasses.replace(
-        joint,
-        out=out,
-        init_from=init_from,
-        objective="ar",
-        draft_weight=1.0,
-        draft_spread=V2_TWIN6K.draft_spread,
-        draft_blocks=V2_TWIN6K.draft_blocks,
-    )
-
-
-# their AR twins: the shipped twin continued on the same streams
-V4_DRILL_TWIN = twin_of(V4_DRILL, "runs/small-ar-twin-drill", "runs/small-ar-v2-twin6k/final")
-V4_DRILL_LONG_TWIN = twin_of(
-    V4_DRILL_LONG, "runs/small-ar-twin-drill-long", "runs/small-ar-twin-drill/final"
-)
-V4_COPY_TWIN = twin_of(V4_COPY, "runs/small-ar-twin-copy", "runs/small-ar-twin-drill-long/final")
-V4_CODE_TWIN = twin_of(V4_CODE, "runs/small-ar-twin-code", "runs/small-ar-twin-copy/final")
-V4_CODE_MORE_TWIN = twin_of(
-    V4_CODE_MORE, "runs/small-ar-twin-code2", "runs/small-ar-twin-code/final"
-)
-V4_NAMES_TWIN = twin_of(V4_NAMES, "runs/small-ar-twin-names", "runs/small-ar-twin-code2/final")
-V4_EDIT_TWIN = twin_of(V4_EDIT, "runs/small-ar-twin-edit", "runs/small-ar-twin-names/final")
-V4_TWIN = twin_of(V4_RESTORE, "runs/small-ar-twin-restore", "runs/small-ar-twin-edit/final")
-V5_DRILL_TWIN = twin_of(V5_DRILL, "runs/small-ar-twin-drill-mix", "runs/small-ar-v2-twin6k/final")
-V5_EDIT_TWIN = twin_of(V5_EDIT, "runs/small-ar-twin-edit5", "runs/small-ar-twin-drill-mix/final")
 
 RECIPES: dict[str, TrainConfig] = {
     # block-causal diffusion from scratch, ~3.0M parameters (the CLI's default recipe)
@@ -440,29 +334,10 @@ RECIPES: dict[str, TrainConfig] = {
             V3_MORE8,
             V3_K8,
             V3_SD,
-            V4_DRILL,
-            V4_DRILL_LONG,
-            V4_COPY,
-            V4_CODE,
-            V4_CODE_MORE,
-            V4_NAMES,
-            V4_EDIT,
-            V4_RESTORE,
-            V5_DRILL,
-            V5_EDIT,
-            V5_EDIT_MORE,
-        )
-        + (
-            V4_DRILL_TWIN,
-            V4_DRILL_LONG_TWIN,
-            V4_COPY_TWIN,
-            V4_CODE_TWIN,
-            V4_CODE_MORE_TWIN,
-            V4_NAMES_TWIN,
-            V4_EDIT_TWIN,
-            V4_TWIN,
-            V5_DRILL_TWIN,
-            V5_EDIT_TWIN,
+            EDIT_DRILL,
+            EDIT_DRILL_LONG,
+            EDIT_COPY,
+            EDIT,
         )
     },
     # a tiny run for tests and smoke checks (seconds)

@@ -1,23 +1,27 @@
 """The shipped checkpoints' lineage as data, and the runner behind ``make train``.
 
-``STAGES`` lists every run that leads to the three shipped models, in an order where each stage's
-inputs (the weights it starts from, the distillation data it mixes in, the teacher it decodes with)
-were written by an earlier stage. A training stage is a recipe plus its ``schedule``: the recipe
-overrides it ran with, one after another on the same run directory (a run stopped and resumed on a
-longer schedule, or switched to bf16 autocast at a checkpoint, as the shipped runs were). A
-distillation stage is one ``quicksilver distill`` call.
+``STAGES`` lists every run that leads to the three shipped models of the task suite, in an order
+where each stage's inputs (the weights it starts from, the distillation data it mixes in, the teacher
+it decodes with) were written by an earlier stage; ``EDIT_STAGES`` continues from the default model's
+run to the edit model (``quicksilver-edit``); ``LINEAGE`` is both. A training stage is a recipe plus
+its ``schedule``: the recipe overrides it ran with, one after another on the same run directory (a run
+stopped and resumed on a longer schedule, or switched to bf16 autocast at a checkpoint, as the shipped
+runs were). A distillation stage is one ``quicksilver distill`` call.
 
 ``python -m quicksilver.train.reproduce`` runs them all from scratch (CPU, about a day);
 ``--stage NAME`` stops after that stage, ``--list`` prints the stages, their commands and what is
-done. Every stage resumes: a finished one (its ``final/`` at the schedule's last step, or its
-distillation file complete) is skipped, an interrupted one continues from its ``runs/*/ckpt.pt``
-(or its file's last chunk). Paths are relative to the working directory.
+done, ``--edit`` takes the edit model's stages only, and ``--from-assets`` starts from the shipped
+models' weights (copied where their runs' ``final/`` would be) and runs only the stages after them.
+Every stage resumes: a finished one (its ``final/`` at the schedule's last step, or its distillation
+file complete) is skipped, an interrupted one continues from its ``runs/*/ckpt.pt`` (or its file's
+last chunk). Paths are relative to the working directory.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import shutil
 import sys
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
@@ -183,93 +187,37 @@ def _diffusion_stages() -> list[Stage]:
 # branch, so that ``--stage`` stops as soon as a model is built
 STAGES: list[Stage] = [*_twin_stages(), *_draft_stages(), *_diffusion_stages()]
 
-# runs toward the next shipped models, from what ships now (``--next`` runs them; each reads a
-# shipped stage's final weights)
-NEXT: list[Stage] = [
+# quicksilver-edit: a second network for the apply and next-edit routes, from v3.8's weights (the
+# draft-sd stage's final, which is assets/model) through the copy drill to the edit tasks, with none of
+# the v2 mixture replayed (recipes.py, docs/LOG.md 2026-12-07)
+EDIT_STAGES: list[Stage] = [
     Stage(
-        "draft-drill",
-        "v3.8 drilled to copy: copy_short alone at lr 1e-3 (v4; the copy circuit forms here)",
-        "small-ar-draft-drill",
+        "edit-drill",
+        "v3.8 drilled to copy: copy_short alone at lr 1e-3 (the copy circuit forms here)",
+        "edit-drill",
     ),
     Stage(
-        "ar-twin-drill",
-        "the shipped twin on the drill's stream, the same examples step for step",
-        "small-ar-twin-drill",
-    ),
-    Stage(
-        "draft-drill-long",
+        "edit-drill-long",
         "the drill on long files too (copy_short and copy_text)",
-        "small-ar-draft-drill-long",
-    ),
-    Stage("ar-twin-drill-long", "the twin on the same stream", "small-ar-twin-drill-long"),
-    Stage(
-        "draft-copy",
-        "the drilled model on a stream mostly of apply_edit, next_edit and tool_open at lr 5e-4",
-        "small-ar-draft-copy",
+        "edit-drill-long",
     ),
     Stage(
-        "ar-twin-copy",
-        "the drilled twin on the copy stage's stream, the same examples step for step",
-        "small-ar-twin-copy",
+        "edit-copy",
+        "code files to copy unchanged (the lexicon's names and made-up ones) beside apply_edit, lr 5e-4",
+        "edit-copy",
     ),
     Stage(
-        "draft-code",
-        "the copy stage's stream plus copy_code (code files to copy unchanged) at lr 3e-4",
-        "small-ar-draft-code",
-    ),
-    Stage("ar-twin-code", "the twin on the same stream", "small-ar-twin-code"),
-    Stage("draft-code2", "600 more steps of the same mixture", "small-ar-draft-code2"),
-    Stage("ar-twin-code2", "the twin on the same stream", "small-ar-twin-code2"),
-    Stage(
-        "draft-names",
-        "the code stage's stream plus the edit and copy tasks over made-up names",
-        "small-ar-draft-names",
-    ),
-    Stage("ar-twin-names", "the twin on the same stream", "small-ar-twin-names"),
-    Stage(
-        "draft-edit",
-        "the names stage's model on the v2 mixture plus the edit tasks (a little over made-up names) "
-        "at lr 2e-4 (v4)",
-        "small-ar-draft-edit",
-    ),
-    Stage(
-        "ar-twin-edit",
-        "the twin of the names stage continued on the edit stage's stream",
-        "small-ar-twin-edit",
-    ),
-    Stage(
-        "draft-restore",
-        "1,500 more steps with a quarter of the examples on edits, to bring the v2 tasks back (v4)",
-        "small-ar-draft-restore",
-    ),
-    Stage(
-        "ar-twin-restore",
-        "the twin of the edit stage continued on v4's last stream",
-        "small-ar-twin-restore",
-    ),
-    Stage(
-        "draft-drill-mix",
-        "v3.8 drilled to copy with the v2 mixture replayed as half the examples, lr 1e-3 (v5; the "
-        "drill alone wipes arithmetic)",
-        "small-ar-draft-drill-mix",
-    ),
-    Stage(
-        "draft-edit5",
-        "the replayed drill's model on the v2 mixture plus every edit and copy task at lr 3e-4 (v5)",
-        "small-ar-draft-edit5",
-    ),
-    Stage(
-        "ar-twin-drill-mix",
-        "the shipped twin on the replayed drill's stream, the same examples step for step",
-        "small-ar-twin-drill-mix",
-    ),
-    Stage("ar-twin-edit5", "the twin on v5's edit stream", "small-ar-twin-edit5"),
-    Stage(
-        "draft-edit5-more",
-        "3,000 more steps of v5's edit mixture (does replay slow the edits or block them?)",
-        "small-ar-draft-edit5-more",
+        "edit",
+        "apply_edit, next_edit, fim and the code copies over both kinds of names, lr 3e-4: "
+        "quicksilver-edit",
+        "edit",
+        ships="model-edit",
     ),
 ]
+
+# every shipped model's stages, in order (``make train``)
+LINEAGE: list[Stage] = [*STAGES, *EDIT_STAGES]
+ASSETS = Path(__file__).resolve().parent.parent / "assets"
 
 
 # ---- state ----------------------------------------------------------------------------------------
@@ -308,6 +256,25 @@ def status(stage: Stage) -> str:
     return f"at step {step}" if step >= 0 else "to do"
 
 
+def place_assets(stages: Sequence[Stage], assets: Path = ASSETS) -> list[str]:
+    """Copy each shipped model that ``stages`` read into its run's ``final/`` (where missing), so a
+    line that starts from what ships runs without retraining the lineage before it. Only an asset
+    whose recorded run and step are that stage's own is placed."""
+    wanted = {p for s in stages for p in s.reads}
+    placed = []
+    for s in LINEAGE:
+        src = assets / s.ships
+        if not s.ships or s.writes not in wanted or done(s) or not src.is_dir():
+            continue
+        record = json.loads((src / "train_config.json").read_text())
+        step = json.loads((src / "train_state.json").read_text())["step"]
+        if record["out"] + "/final" != s.writes or step != end(s.configs()[-1]):
+            continue
+        shutil.copytree(src, s.writes, dirs_exist_ok=True)
+        placed.append(s.writes)
+    return placed
+
+
 # ---- running ------------------------------------------------------------------------------------
 def run_train(stage: Stage, threads: int, fit: Callable[[TrainConfig], Any]) -> None:
     """Each schedule segment not yet reached, each resuming the run's checkpoint."""
@@ -331,7 +298,7 @@ def select(stages: Sequence[Stage], last: str | None) -> list[Stage]:
 
 
 def reproduce(
-    stages: Sequence[Stage] = STAGES,
+    stages: Sequence[Stage] = LINEAGE,
     last: str | None = None,
     threads: int = 0,
     fit: Callable[[TrainConfig], Any] = train,
@@ -372,14 +339,23 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--stage", help="stop after this stage (default: run every stage)")
     p.add_argument("--list", action="store_true", help="print the stages and their state; run none")
     p.add_argument("--threads", type=int, default=0, help="torch threads (0: torch's default)")
+    p.add_argument("--edit", action="store_true", help="only the edit model's stages (EDIT_STAGES)")
     p.add_argument(
-        "--next", action="store_true", help="the runs toward the next release (NEXT) instead"
+        "--from-assets",
+        action="store_true",
+        help="start from the shipped models' weights (copied into the runs the later stages read) "
+        "and run only the stages after them",
     )
     args = p.parse_args(argv)
-    stages = NEXT if args.next else STAGES
+    stages = EDIT_STAGES if args.edit else LINEAGE
+    if args.from_assets:
+        stages = [s for s in stages if s not in STAGES]
     if args.list:
         print(listing(select(stages, args.stage)))
         return 0
+    if args.from_assets:
+        for path in place_assets(stages):
+            print(f"placed the shipped model at {path}", flush=True)
     reproduce(stages, args.stage, args.threads)
     return 0
 
