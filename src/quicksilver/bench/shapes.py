@@ -39,6 +39,7 @@ import argparse
 import datetime
 import gc
 import sys
+import tempfile
 import time
 from pathlib import Path
 from typing import Any
@@ -53,10 +54,11 @@ from ..models.families.common import qwen_config
 from ..models.families.llada import llada_config
 from ..models.kvcache import KVCache
 from ..models.transformer import Transformer
-from ..runtime import Runtime
-from ..runtime.quantize import quantize_model
+from ..runtime import Runtime, Segment
+from ..runtime.ov_graph import Weights, graph_step
 from .common import emit_json, hardware, median, print_table
 from .gpu_families import LLADA_8B, TINY_OVERRIDES, random_model
+from .llama_shapes import PEER_TYPES, llama_bench, quantize_gguf, write_gguf
 
 QWEN25_1_5B = {
     "architectures": ["Fast_dLLM_QwenForCausalLM"],
@@ -91,7 +93,9 @@ QWEN3_1_7B = {
 }
 LLADA_SLICE_LAYERS = 4
 SHAPES = ("fast-dllm-v2-1.5b", "sdar-1.7b", "llada-8b-slice")
-FORMATS = ("float32", "bfloat16", "int8")
+# torch eager in float32 / bfloat16; the step graph on OpenVINO with bf16, int8 or int4 weights
+FORMATS = ("float32", "bfloat16", "graph-bf16", "int8", "int4")
+GRAPH = {"graph-bf16": "bf16", "int8": "int8", "int4": "int4"}  # bench format -> graph format
 TINY = {"hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 2, "vocab_size": 512}
 TINY_QWEN = {**TINY, "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 16}
 
@@ -121,13 +125,36 @@ def shape_config(name: str, tiny: bool) -> ModelConfig:
     )
 
 
-def build(cfg: ModelConfig, fmt: str) -> torch.nn.Module:
-    """A random-weight network in one weight format (float32, bfloat16 or int8 dynamic)."""
+def random_weights(cfg: ModelConfig, seed: int = 0) -> Weights:
+    """The network's tensors drawn one at a time as the graph asks for them (N(0, 0.02), norms
+    1, biases 0; no whole network in memory): what a checkpoint read lazily gives the graph."""
+    with torch.device("meta"):
+        shapes = {k: tuple(v.shape) for k, v in Transformer(cfg).state_dict().items()}
+
+    def draw(name: str) -> torch.Tensor:
+        if name.endswith("norm.weight"):
+            return torch.ones(shapes[name])
+        if name.endswith(".bias"):
+            return torch.zeros(shapes[name])
+        gen = torch.Generator().manual_seed(seed + sum(map(ord, name)) * 7919 + len(name))
+        return torch.randn(shapes[name], generator=gen, dtype=torch.bfloat16) * 0.02
+
+    return draw
+
+
+def build(cfg: ModelConfig, fmt: str) -> Runtime:
+    """A random-weight network in one weight format on its runtime: torch eager (float32,
+    bfloat16), or the step graph alone (graph-bf16, int8, int4; no torch weights behind it)."""
     if fmt not in FORMATS:
         raise ConfigError(f"unknown format {fmt!r}; choose from {', '.join(FORMATS)}")
+    if fmt in GRAPH:
+        with torch.device("meta"):
+            runtime = Runtime(Transformer(cfg))
+        runtime.attach(graph_step(cfg, random_weights(cfg), GRAPH[fmt], torch.get_num_threads()))
+        runtime.quantized = GRAPH[fmt]
+        return runtime
     dtype = torch.bfloat16 if fmt == "bfloat16" else torch.float32
-    model = random_model(cfg, torch.device("cpu"), dtype)
-    return quantize_model(Runtime(model), "int8").net if fmt == "int8" else model
+    return Runtime(random_model(cfg, torch.device("cpu"), dtype))
 
 
 def default_format(n_params: int) -> str:
@@ -169,18 +196,21 @@ def time_ms(fn: Any, iters: int) -> float:
 def bench_format(cfg: ModelConfig, fmt: str, args: argparse.Namespace) -> dict[str, Any]:
     """One shape in one format: prefill, then the AR token step and every window's step."""
     t0 = time.perf_counter()
-    model = build(cfg, fmt)
+    runtime = build(cfg, fmt)
     build_s = time.perf_counter() - t0
+    rss_built = current_rss_bytes()
     gen = torch.Generator().manual_seed(0)
-    prompt = torch.randint(0, cfg.vocab_size, (1, args.context), generator=gen)  # (1, P)
+    prompt = torch.randint(0, cfg.vocab_size, (args.context,), generator=gen)  # (P,)
     cache = KVCache()
     t0 = time.perf_counter()
-    model(prompt, cache=cache, append=True)  # the exact cache of the prompt
+    P = args.context
+    runtime.forward_segments([Segment(prompt, 0, P - 1, P, cache, append=P)])  # the prompt's cache
     prefill_ms = (time.perf_counter() - t0) * 1e3
 
     def step(w: int) -> Any:
-        ids = torch.full((1, w), cfg.mask_token_id, dtype=torch.long)  # (1, w)
-        return lambda: model(ids, cache=cache)  # nothing committed: the cache stays the prompt's
+        ids = torch.full((w,), cfg.mask_token_id, dtype=torch.long)  # (w,)
+        seg = Segment(ids, P, 0, w, cache, append=0)  # nothing committed: the prompt's cache
+        return lambda: runtime.forward_segments([seg])
 
     ar_ms = time_ms(step(1), args.iters)
     windows = {str(w): round(time_ms(step(w), args.iters), 3) for w in args.windows}
@@ -199,8 +229,10 @@ def bench_format(cfg: ModelConfig, fmt: str, args: argparse.Namespace) -> dict[s
         "tok_s_at_k": rates,
         "verify_pass_ms": verify,
         "verify_vs_ar_token": {k: round(ms / ar_ms, 3) for k, ms in verify.items()},
+        "verify_lean_ms": {k: round(ms, 3) for k, ms in lean.items()},
         "verify_lean_vs_ar_token": {k: round(ms / ar_ms, 3) for k, ms in lean.items()},
         "cache_bytes": cache.nbytes(),
+        "rss_after_build_bytes": rss_built,
     }
     tpf, f = args.verify_tpf, args.verify_wide
     if tpf:
@@ -241,6 +273,13 @@ def verify_tpf(text: str) -> dict[str, float]:
     return out
 
 
+def current_rss_bytes() -> int:
+    """This process's resident memory now (Linux: /proc/self/statm)."""
+    import os
+
+    return int(Path("/proc/self/statm").read_text().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+
+
 def peak_rss_bytes() -> int:
     import resource
 
@@ -272,6 +311,62 @@ def plot(results: list[dict[str, Any]], windows: list[int], path: Path) -> Path:
     return save_figure(fig, path)
 
 
+PEER_SHAPES = ("fast-dllm-v2-1.5b", "sdar-1.7b")  # the AR bodies llama.cpp runs
+
+
+class LlamaPeer:
+    """llama.cpp on the same shape: one bf16 GGUF of the same random weights, quantized per
+    format on first use, timed by llama-bench at the same depth, windows and threads."""
+
+    def __init__(self, cfg: ModelConfig, args: argparse.Namespace) -> None:
+        self.dir = tempfile.TemporaryDirectory(prefix="qs-shape-gguf-")
+        self.args, self.files = args, {}
+        self.files["BF16"] = write_gguf(cfg, random_weights(cfg), Path(self.dir.name) / "bf16.gguf")
+
+    def bench(self, kind: str, ours: dict[str, Any]) -> dict[str, Any]:
+        """llama-bench of this shape in ``kind``, and our row's ratios to it."""
+        if kind not in self.files:
+            out = Path(self.dir.name) / f"{kind.lower()}.gguf"
+            self.files[kind] = quantize_gguf(self.files["BF16"], kind, out)
+        a = self.args
+        windows = [w for w in a.windows if w > 1]
+        got = llama_bench(self.files[kind], windows, a.context, a.threads or 1, a.llama_reps)
+        got["type"] = kind
+        got["ar_ours_vs_theirs"] = round(ours["ar_token_ms"] / got["ar_token_ms"], 3)
+        got["step_ours_vs_theirs"] = {
+            w: round(ours["step_ms"][w] / ms, 3)
+            for w, ms in got["step_ms"].items()
+            if w in ours["step_ms"]
+        }
+        return got
+
+    def close(self) -> None:
+        self.dir.cleanup()
+
+
+def thesis(results: list[dict[str, Any]], window: int) -> dict[str, Any]:
+    """Per shape beside llama.cpp: our best 4-bit AR token over its Q4_0 token, the verify pass
+    (1 + 8 positions) and the window step over our AR token, and k = 4 forced tokens per window
+    step in tok/s over llama.cpp's Q4_0 AR tok/s (the parallel step's case at a real size)."""
+    out: dict[str, Any] = {}
+    for shape in results:
+        row = next(
+            (r for r in shape["formats"] if r["format"] == "int4" and "llama_cpp" in r), None
+        )
+        if row is None:
+            continue
+        peer = row["llama_cpp"]
+        out[shape["shape"]] = {
+            "ar_int4_vs_llama_q4_0": peer["ar_ours_vs_theirs"],
+            "verify_9_vs_ar": round(row["verify_lean_ms"]["8"] / row["ar_token_ms"], 3),
+            f"window_{window}_vs_ar": row["step_vs_ar_token"][str(window)],
+            f"forced_4_per_{window}_step_vs_llama_q4_0_ar": round(
+                row["tok_s_at_k"]["4"] * peer["ar_token_ms"] / 1e3, 3
+            ),
+        }
+    return out
+
+
 def run(args: argparse.Namespace) -> int:
     if args.window not in args.windows:
         raise ConfigError(f"--window {args.window} must be one of --windows {args.windows}")
@@ -284,10 +379,15 @@ def run(args: argparse.Namespace) -> int:
     results = []
     for name in shapes:
         cfg = shape_config(name, args.tiny)
+        peer = LlamaPeer(cfg, args) if args.vs_llama_cpp and name in PEER_SHAPES else None
         rows = []
-        for fmt in formats:
+        for fmt in formats:  # ours, then llama.cpp's same format: interleaved format by format
             rows.append(bench_format(cfg, fmt, args))
             gc.collect()  # the last format's weights go before the next are built
+            if peer is not None and fmt in PEER_TYPES:
+                rows[-1]["llama_cpp"] = peer.bench(PEER_TYPES[fmt], rows[-1])
+        if peer is not None:
+            peer.close()
         for r in rows:
             print(
                 f"{name} {r['format']}: AR token {r['ar_token_ms']:.1f} ms, steps "
@@ -313,6 +413,7 @@ def run(args: argparse.Namespace) -> int:
     emit_json(
         {
             "bench": "shapes",
+            "vs_llama_cpp": thesis(results, args.window) if args.vs_llama_cpp else None,
             "random_weights": True,
             "step_vs_ar_token": headline,
             "verify_vs_ar_token": (headline_row(results) or {}).get("verify_vs_ar_token"),
@@ -358,6 +459,14 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         dest="verify_wide",
         help="bench speed's wide_pass_fraction: projects verify under that mix of 1 + 2k and 1 + k passes",
     )
+    p.add_argument(
+        "--vs-llama-cpp",
+        action="store_true",
+        dest="vs_llama_cpp",
+        help="llama.cpp beside each format on the Qwen-shaped bodies: the same random weights "
+        "as GGUF, llama-quantize (Q8_0, Q4_0) and llama-bench (make llama-server builds them)",
+    )
+    p.add_argument("--llama-reps", type=int, default=3, dest="llama_reps", help="llama-bench -r")
     p.add_argument("--tiny", action="store_true", help="toy sizes (tests; seconds)")
     p.add_argument("--out", default="runs/bench_shapes", help="directory for the PNG plot")
     p.add_argument("--json", action="store_true", help="(the JSON line is always printed last)")

@@ -30,6 +30,7 @@ eager torch in tests/test_backend.py.
 from __future__ import annotations
 
 import bisect
+import dataclasses
 import functools
 import importlib.util
 import logging
@@ -42,6 +43,7 @@ import numpy as np
 import torch
 
 from ..errors import ConfigError
+from ..models.config import ModelConfig
 from ..models.kvcache import FIRST_CAPACITY, KVCache, grown_capacity
 from ..models.transformer import Transformer
 from .pass_plan import RUNTIMES
@@ -228,17 +230,28 @@ def new_part(attention: str, block: int, T: int, in_block: int, Tb: int, draft: 
 
 
 class ExportedStep:
-    """Runs a model's single-segment passes through an exported graph (see the module docstring)."""
+    """Runs a model's single-segment passes through a step graph (see the module docstring):
+    the traced one (``exported_step``) or one built from the weights (runtime/ov_graph.py)."""
 
-    def __init__(self, model: Transformer, name: str, threads: int) -> None:
-        check_supported(model)
-        self.name, self.model, self.cfg = name, model, model.config
+    def __init__(
+        self,
+        cfg: ModelConfig,
+        runner: Runner,
+        name: str,
+        keep: object = None,
+        buckets: tuple[int, ...] | None = None,
+        whole: bool = False,
+    ) -> None:
+        """``buckets``: the token counts a pass is padded to (default ``step_buckets``); ``whole``:
+        serve passes without a cache too (on a scratch cache), so that no torch weights are needed
+        behind the step (a quantized graph: its numbers, not torch's, for every pass)."""
+        self.name, self.cfg, self.runner = name, cfg, runner
         self.pass_policy = RUNTIMES["cpu-exported"]
-        self._tmp, path = export_to_temp(model)
-        self.runner = RUNNERS[name][1](str(path), threads)
-        n = model.config.n_layers
+        self._keep = keep  # what the runner's graph file lives in (a temporary directory)
+        n = cfg.n_layers
         self.past_names = [f"past_k{i}" for i in range(n)] + [f"past_v{i}" for i in range(n)]
-        self.buckets = step_buckets(model.config.draft_length)
+        self.buckets = buckets or step_buckets(cfg.draft_length)
+        self.whole = whole
 
     def _bucket(self, n: int) -> int | None:
         i = bisect.bisect_left(self.buckets, n)
@@ -267,7 +280,7 @@ class ExportedStep:
         return sum(self._bucket(c) or c for c in plan) + PASS_COST * (len(plan) - 1)
 
     def covers(self, seg: Segment) -> bool:
-        return seg.cache is not None and self._bucket(seg.length) is not None
+        return (self.whole or seg.cache is not None) and self._bucket(seg.length) is not None
 
     def warm(self, max_len: int, prefill: int = WARM_PREFILL) -> int:
         """Compile and run once the shapes a sequence of up to ``max_len`` positions uses, so that
@@ -340,6 +353,8 @@ class ExportedStep:
         logits are not read run first as whole-bucket chunks where the plan says so."""
         if not self.covers(seg):
             return None
+        if seg.cache is None:  # a whole step's pass without a cache: a scratch one, kept nothing
+            seg = dataclasses.replace(seg, cache=KVCache(), append=0)
         cache = seg.cache
         assert cache is not None
         plan = (
@@ -505,9 +520,16 @@ def resolve_backend(name: str, runtime: Runtime) -> str:
     return name
 
 
+def exported_step(model: Transformer, name: str, threads: int) -> ExportedStep:
+    """The traced step of ``model`` (float32) on runner ``name`` (one of ``RUNNERS``)."""
+    check_supported(model)
+    tmp, path = export_to_temp(model)
+    return ExportedStep(model.config, RUNNERS[name][1](str(path), threads), name, keep=tmp)
+
+
 def attach_backend(runtime: Runtime, name: str, threads: int | None = None) -> str:
     """Resolve ``name`` and make the runtime's single-segment passes use it; the name used."""
     resolved = resolve_backend(name, runtime)
     threads = threads or torch.get_num_threads()
-    runtime.attach(None if resolved == "torch" else ExportedStep(runtime.net, resolved, threads))
+    runtime.attach(None if resolved == "torch" else exported_step(runtime.net, resolved, threads))
     return resolved

@@ -1,17 +1,12 @@
-"""Weight quantization for CPU serving: ``--quantize int8``.
+"""Quantized weights on the CPU: ``--quantize int8|int4``.
 
-int8 here is PyTorch's dynamic quantization (``torch.ao.quantization.quantize_dynamic``, the fbgemm /
-x86 kernels): weights are stored as int8 with one scale per output channel, activations are quantized on the fly per call
-and the matmul runs in int8 with an fp32 result. Measured on this 2-vCPU AVX2 EPYC (docs/LOG.md,
-2026-12-01): a 1536 x 8960 linear over 8 positions takes 1.6 ms against 24 ms in fp32 and 8.6 ms in
-bf16, while torchao 0.18's int8 weight-only and dynamic configs run 87-95 ms in eager mode on this
-CPU and ``torch._weight_int8pack_mm`` is ~4x slower than fp32 — so the well-kept fbgemm path is the
-one used, although its eager API is marked for migration to torchao.
-
-What is quantized: every linear layer of the network, the attention's q/k/v and the MLP's gate/up
-fused into one int8 linear each (the one matmul the fp32 inference path also runs), and the output
-head. Embeddings, norms and mixture-of-experts experts (batched parameter tensors, not linears)
-stay in their float dtype. A quantized model is for inference only, on the CPU.
+Dense networks run through their step graph with weight-only int8 (one scale per output channel) or
+int4 (one scale per group of 128 inputs) weights on OpenVINO's CPU kernels (runtime/ov_graph.py):
+every linear layer and the head, the embedding table int8 per row; measured against llama.cpp's
+Q8_0 / Q4_0 in ``bench shapes --vs-llama-cpp`` (docs/LOG.md). Mixture-of-experts networks, which
+that graph does not express yet, keep PyTorch's dynamic int8 (``torch.ao`` ``quantize_dynamic``,
+fbgemm / x86 kernels, activations quantized per call) of every linear but the experts (batched
+parameter tensors, not linears): int8 only. A quantized model is for inference only, on the CPU.
 """
 
 from __future__ import annotations
@@ -23,9 +18,13 @@ from torch import nn
 
 from ..errors import ConfigError
 from ..models.transformer import MLP, Attention
+from .ov_graph import attach_graph
 from .runtime import Runtime
 
-QUANTIZE_CHOICES = ("none", "int8")
+QUANTIZE_CHOICES = ("none", "int8", "int4")
+# what --backend may say beside --quantize on a dense network: its step is the quantized graph on
+# OpenVINO whichever of these is asked (torch is load's default, not a request for eager torch)
+GRAPH_BACKENDS = ("auto", "torch", "openvino")
 
 
 def _fuse(linears: tuple[nn.Linear, ...]) -> nn.Linear:
@@ -54,16 +53,33 @@ def _drop(module: nn.Module, names: tuple[str, ...]) -> None:
         setattr(module, name, None)
 
 
-def quantize_model(runtime: Runtime, mode: str) -> Runtime:
-    """Quantize the runtime's network in place (``mode``: none | int8) and return the runtime."""
+def quantize(runtime: Runtime, mode: str, backend: str = "auto") -> Runtime:
+    """Quantize the runtime's weights (``mode``: none | int8 | int4; ``backend``: what was asked
+    for the step, which a quantized dense network must leave to OpenVINO) and return it."""
     if mode not in QUANTIZE_CHOICES:
         raise ConfigError(f"quantize must be one of {', '.join(QUANTIZE_CHOICES)}, got {mode!r}")
     if mode == "none":
         return runtime
+    if runtime.device.type != "cpu":
+        raise ConfigError(
+            f"--quantize {mode} runs on the CPU only (the model is on {runtime.device})"
+        )
+    if runtime.config.moe is not None:
+        if mode != "int8":
+            raise ConfigError("mixture-of-experts networks quantize to int8 only (torch.ao)")
+        return quantize_dynamic_int8(runtime)
+    if backend not in GRAPH_BACKENDS:
+        raise ConfigError(
+            f"--quantize {mode} runs on OpenVINO's weight-compressed kernels: "
+            f"use --backend {' or '.join(GRAPH_BACKENDS)}, not {backend!r}"
+        )
+    attach_graph(runtime, mode)
+    return runtime
+
+
+def quantize_dynamic_int8(runtime: Runtime) -> Runtime:
+    """torch.ao's dynamic int8 of the network's linears (MoE networks; see the module docstring)."""
     model = runtime.net
-    device = model.model.embed_tokens.weight.device
-    if device.type != "cpu":
-        raise ConfigError(f"--quantize int8 runs on the CPU only (the model is on {device})")
     model.float().eval()
     for m in model.modules():
         if isinstance(m, Attention) and m.q_proj is not None:
@@ -78,5 +94,5 @@ def quantize_model(runtime: Runtime, mode: str) -> Runtime:
         warnings.simplefilter("ignore")
         spec = {nn.Linear: torch.ao.quantization.per_channel_dynamic_qconfig}
         torch.ao.quantization.quantize_dynamic(model, spec, dtype=torch.qint8, inplace=True)
-    runtime.quantized = mode
+    runtime.quantized = "int8"
     return runtime

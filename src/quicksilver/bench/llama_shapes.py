@@ -1,0 +1,168 @@
+"""llama.cpp beside ``bench shapes``: the same random-weight shape as a GGUF file, its formats made
+by ``llama-quantize`` and timed by ``llama-bench`` (all built by ``make llama-server``).
+
+The GGUF is written here with the ``gguf`` package (llama.cpp's own writer) in the architecture
+llama.cpp runs that body with: ``qwen2`` for the Qwen2.5 body (q/k/v bias, tied head) and ``qwen3``
+for the Qwen3 one (QK-norm); both rotate halves (NeoX), as our weights do, so no row reordering. The
+vocabulary is a placeholder of the right size (the byte alphabet, then unused entries): llama-bench
+feeds random token ids and never tokenizes text. ``llama-bench -p w -d D`` times a w-token batch
+after D cached positions (our w-position step), ``-n N -d D`` the AR token; its JSON gives both.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import tempfile
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from ..errors import QuicksilverError
+from ..models.config import ModelConfig
+from ..runtime.ov_graph import Weights
+
+LLAMA_BIN = Path(".venv/llama.cpp/bin")  # where `make llama-server` puts llama.cpp's programs
+# our weight format -> the llama.cpp type it is set beside (llama-quantize's names)
+PEER_TYPES = {"graph-bf16": "BF16", "bfloat16": "BF16", "int8": "Q8_0", "int4": "Q4_0"}
+LAYER = {  # our name inside model.layers.{i} -> GGUF name inside blk.{i}
+    "input_layernorm.weight": "attn_norm.weight",
+    "post_attention_layernorm.weight": "ffn_norm.weight",
+    "self_attn.q_proj.weight": "attn_q.weight",
+    "self_attn.q_proj.bias": "attn_q.bias",
+    "self_attn.k_proj.weight": "attn_k.weight",
+    "self_attn.k_proj.bias": "attn_k.bias",
+    "self_attn.v_proj.weight": "attn_v.weight",
+    "self_attn.v_proj.bias": "attn_v.bias",
+    "self_attn.o_proj.weight": "attn_output.weight",
+    "self_attn.q_norm.weight": "attn_q_norm.weight",
+    "self_attn.k_norm.weight": "attn_k_norm.weight",
+    "mlp.gate_proj.weight": "ffn_gate.weight",
+    "mlp.up_proj.weight": "ffn_up.weight",
+    "mlp.down_proj.weight": "ffn_down.weight",
+}
+
+
+def llama_tool(name: str) -> Path:
+    """A llama.cpp program built by ``make llama-server`` (or on PATH)."""
+    for path in (LLAMA_BIN / name, *(Path(p) / name for p in os.get_exec_path())):
+        if path.is_file() and os.access(path, os.X_OK):
+            return path
+    raise QuicksilverError(f"--vs-llama-cpp needs llama.cpp's {name}: run `make llama-server`")
+
+
+def byte_alphabet() -> list[str]:
+    """GPT-2's printable stand-ins for the 256 bytes, in byte order (a byte-level BPE's base)."""
+    keep = [*range(33, 127), *range(161, 173), *range(174, 256)]
+    extra = iter(range(256, 512))
+    return [chr(b) if b in keep else chr(next(extra)) for b in range(256)]
+
+
+def gguf_arch(cfg: ModelConfig) -> str:
+    """The llama.cpp architecture that runs this body as an AR model."""
+    if cfg.moe is not None or cfg.partial_rotary_factor != 1.0 or cfg.o_bias:
+        raise QuicksilverError("--vs-llama-cpp covers the dense Qwen-shaped bodies")
+    return "qwen3" if cfg.qk_norm else "qwen2"
+
+
+def write_gguf(cfg: ModelConfig, weights: Weights, path: Path) -> Path:
+    """The network ``weights`` reads as a bf16 GGUF of its llama.cpp architecture."""
+    import gguf  # lazy: only this bench writes shapes
+
+    arch = gguf_arch(cfg)
+    w = gguf.GGUFWriter(str(path), arch)
+    w.add_context_length(cfg.max_seq_len)
+    w.add_embedding_length(cfg.d_model)
+    w.add_block_count(cfg.n_layers)
+    w.add_feed_forward_length(cfg.mlp_hidden)
+    w.add_head_count(cfg.n_heads)
+    w.add_head_count_kv(cfg.n_kv_heads)
+    w.add_key_length(cfg.dim_head)
+    w.add_value_length(cfg.dim_head)
+    w.add_rope_freq_base(cfg.rope_theta)
+    w.add_layer_norm_rms_eps(cfg.norm_eps)
+    w.add_vocab_size(cfg.vocab_size)
+    w.add_tokenizer_model("gpt2")
+    w.add_tokenizer_pre("qwen2")
+    tokens = byte_alphabet() + [f"<unused{i}>" for i in range(256, cfg.vocab_size)]
+    w.add_token_list(tokens)
+    w.add_token_types([1] * 256 + [5] * (cfg.vocab_size - 256))
+    w.add_token_merges([f"{tokens[71]} {tokens[72]}"])
+    w.add_eos_token_id(cfg.vocab_size - 2)
+    names = {
+        "model.embed_tokens.weight": "token_embd.weight",
+        "model.norm.weight": "output_norm.weight",
+    }
+    for i in range(cfg.n_layers):
+        names |= {f"model.layers.{i}.{k}": f"blk.{i}.{v}" for k, v in LAYER.items()}
+    if not cfg.tie_embeddings:
+        names["lm_head.weight"] = "output.weight"
+    present = _present(cfg)
+    for ours, theirs in names.items():
+        if ours not in present:
+            continue
+        t = weights(ours).float().numpy()
+        if t.ndim == 2:  # matrices in bf16, norms and biases in f32 (as llama.cpp's converter)
+            w.add_tensor(
+                theirs,
+                gguf.quants.quantize(t, gguf.GGMLQuantizationType.BF16),
+                raw_dtype=gguf.GGMLQuantizationType.BF16,
+            )
+        else:
+            w.add_tensor(theirs, t.astype(np.float32))
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    return path
+
+
+def _present(cfg: ModelConfig) -> set[str]:
+    import torch  # lazy: the meta network only names the parameters
+
+    from ..models.transformer import Transformer
+
+    with torch.device("meta"):
+        return set(Transformer(cfg).state_dict())
+
+
+def quantize_gguf(src: Path, kind: str, out: Path) -> Path:
+    """``llama-quantize src out kind`` (one thread per core)."""
+    if kind == "BF16":
+        return src
+    cmd = [str(llama_tool("llama-quantize")), str(src), str(out), kind, str(os.cpu_count() or 1)]
+    done = subprocess.run(cmd, capture_output=True, text=True)
+    if done.returncode != 0:
+        raise QuicksilverError(f"llama-quantize {kind} failed: {done.stderr.strip()[-300:]}")
+    return out
+
+
+def llama_bench(
+    gguf_path: Path, windows: list[int], depth: int, threads: int, reps: int
+) -> dict[str, Any]:
+    """llama-bench's AR token and w-position batch after ``depth`` cached positions: ms each,
+    and the run's peak RSS."""
+    cmd = [
+        str(llama_tool("llama-bench")), "-m", str(gguf_path), "-p", ",".join(map(str, windows)),
+        "-n", "16", "-d", str(depth), "-t", str(threads), "-r", str(reps), "-o", "json",
+    ]  # fmt: skip
+    with tempfile.TemporaryFile("w+") as err:
+        proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=err, text=True)
+        assert proc.stdout is not None
+        out = proc.stdout.read()
+        _, status, usage = os.wait4(proc.pid, 0)  # its own peak RSS, not the other children's
+        proc.returncode = os.waitstatus_to_exitcode(status)
+        if proc.returncode != 0:
+            err.seek(0)
+            raise QuicksilverError(f"llama-bench failed: {err.read().strip()[-300:]}")
+    rows = json.loads(out)
+    ar = next(r for r in rows if r["n_gen"] > 0)
+    steps = {str(r["n_prompt"]): r["avg_ns"] / 1e6 for r in rows if r["n_prompt"] > 0}
+    return {
+        "ar_token_ms": round(1e3 / ar["avg_ts"], 3),
+        "step_ms": {w: round(ms, 3) for w, ms in steps.items()},
+        "peak_rss_bytes": usage.ru_maxrss * 1024,
+        "build": rows[0].get("build_commit"),
+    }
