@@ -9,7 +9,7 @@ PORT    ?= 8000
 CHROMIUM := /usr/bin/chromium
 SUDO    := $(if $(filter 0,$(shell id -u)),,sudo)
 
-.PHONY: install run test lint test-slow test-fuzz test-all train llama-server test-llama-cpp screenshots clean
+.PHONY: install run test lint test-slow test-fuzz test-all train train-edit llama-server test-llama-cpp screenshots clean
 
 $(STAMP): pyproject.toml Makefile
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
@@ -84,12 +84,17 @@ test-all: $(STAMP) $(CHROMIUM)
 screenshots: $(STAMP) $(CHROMIUM)
 	QUICKSILVER_SCREENSHOTS=docs/img $(BIN)/python -m pytest tests/test_playground_browser.py -q -k "chat or race"
 
-# The three shipped models (assets/model, model-ar, model-diffusion) trained from scratch: the stages
-# of src/quicksilver/train/reproduce.py in order (CPU, about a day at one thread a run: ARGS="--threads 1"). Resumable stage by stage: a
-# finished stage is skipped, an interrupted one resumes from its runs/*/ckpt.pt. STAGE=name stops
-# after that stage; `$(BIN)/python -m quicksilver.train.reproduce --list` prints them.
+# The shipped models (assets/model, model-ar, model-diffusion, then the edit model) trained from
+# scratch: the stages of src/quicksilver/train/reproduce.py in order (CPU, about a day at one thread
+# a run: ARGS="--threads 1"). Resumable stage by stage: a finished stage is skipped, an interrupted
+# one resumes from its runs/*/ckpt.pt. STAGE=name stops after that stage;
+# `$(BIN)/python -m quicksilver.train.reproduce --list` prints them.
 train: $(STAMP)
 	$(BIN)/python -m quicksilver.train.reproduce $(if $(STAGE),--stage $(STAGE)) $(ARGS)
+
+# The edit model's stages only, from the shipped chat model's weights (about 5 hours at one thread).
+train-edit: $(STAMP)
+	$(BIN)/python -m quicksilver.train.reproduce --from-assets $(if $(STAGE),--stage $(STAGE)) $(ARGS)
 
 clean:
 	rm -rf $(VENV) build *.egg-info src/*.egg-info .pytest_cache

@@ -6,7 +6,8 @@ llama.cpp runs that body with: ``qwen2`` for the Qwen2.5 body (q/k/v bias, tied 
 for the Qwen3 one (QK-norm); both rotate halves (NeoX), as our weights do, so no row reordering. The
 vocabulary is a placeholder of the right size (the byte alphabet, then unused entries): llama-bench
 feeds random token ids and never tokenizes text. ``llama-bench -p w -d D`` times a w-token batch
-after D cached positions (our w-position step), ``-n N -d D`` the AR token; its JSON gives both.
+after D cached positions (our w-position step), ``-n N -d D`` the AR token; its JSON gives both. Weight repacking is off (``--repack 0``): with it,
+this build segfaults on Q4_0 and Q8_0 files on a Sapphire Rapids CPU (AMX; docs/LOG.md, 2026-12-07).
 """
 
 from __future__ import annotations
@@ -19,9 +20,11 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+import torch
 
 from ..errors import QuicksilverError
 from ..models.config import ModelConfig
+from ..models.transformer import Transformer
 from ..runtime.ov_graph import Weights
 
 LLAMA_BIN = Path(".venv/llama.cpp/bin")  # where `make llama-server` puts llama.cpp's programs
@@ -120,10 +123,7 @@ def write_gguf(cfg: ModelConfig, weights: Weights, path: Path) -> Path:
 
 
 def _present(cfg: ModelConfig) -> set[str]:
-    import torch  # lazy: the meta network only names the parameters
-
-    from ..models.transformer import Transformer
-
+    """The network's parameter names (a meta network: no memory)."""
     with torch.device("meta"):
         return set(Transformer(cfg).state_dict())
 
@@ -147,6 +147,7 @@ def llama_bench(
     cmd = [
         str(llama_tool("llama-bench")), "-m", str(gguf_path), "-p", ",".join(map(str, windows)),
         "-n", "16", "-d", str(depth), "-t", str(threads), "-r", str(reps), "-o", "json",
+        "--repack", "0",
     ]  # fmt: skip
     with tempfile.TemporaryFile("w+") as err:
         proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=err, text=True)
@@ -165,4 +166,5 @@ def llama_bench(
         "step_ms": {w: round(ms, 3) for w, ms in steps.items()},
         "peak_rss_bytes": usage.ru_maxrss * 1024,
         "build": rows[0].get("build_commit"),
+        "repack": False,
     }
