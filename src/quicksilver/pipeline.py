@@ -25,9 +25,12 @@ from .models.checkpoint import (
     NETWORK_LOADERS,
     Network,
     architecture,
+    build_model,
+    default_model_dtype,
+    device_of,
     dtype_name,
-    load_checkpoint,
     load_family_network,
+    read_checkpoint,
 )
 from .models.config import ModelConfig
 from .models.families import generation_defaults
@@ -36,7 +39,7 @@ from .models.transformer import Transformer
 from .runtime import Runtime
 from .runtime.cpu_backends import BACKEND_CHOICES, attach_backend
 from .runtime.packing import LAYOUTS, resolve_layout
-from .runtime.quantize import QUANTIZE_CHOICES, quantize
+from .runtime.quantize import QUANTIZE_CHOICES, check_mode, quantize, quantized_runtime
 from .sampling import SamplerConfig
 from .sampling.caches import CACHE_CHOICES
 from .sampling.decoder import Decoder
@@ -383,7 +386,21 @@ def load(path: str | Path, config: LoadConfig | None = None, **options: Any) -> 
         check_own_network_options(cfg)
         net, tokenizer = load_family_network(path, DTYPES.get(cfg.dtype), cfg.device)
         return Pipeline(net, tokenizer, path, decoding_mode=cfg.decoding_mode)
-    model, tok = load_checkpoint(path, DTYPES.get(cfg.dtype), cfg.device)
+    mcfg, state, tok = read_checkpoint(path)
+    if cfg.quantize != "none" and mcfg.moe is None:  # straight from the files into the graph
+        check_mode(cfg.quantize, device_of(cfg.device), cfg.backend, moe=False)
+        runtime = quantized_runtime(mcfg, state, cfg.quantize, cfg.backend)
+        return Pipeline(
+            runtime.net,
+            tok,
+            path,
+            cache=cfg.cache,
+            refresh_every=cfg.refresh_every,
+            decoding_mode=cfg.decoding_mode,
+            runtime=runtime,
+        )
+    dev = device_of(cfg.device)
+    model = build_model(mcfg, state, DTYPES.get(cfg.dtype) or default_model_dtype(mcfg, dev), dev)
     runtime = Runtime(model, resolve_layout(cfg.attention_layout, model.lm_head.weight.device))
     quantize(runtime, cfg.quantize, cfg.backend)
     if cfg.cuda_graphs:

@@ -227,7 +227,7 @@ def handle(args: argparse.Namespace) -> int:
             )
             rep["settings"]["model"] = str(p.path)
             rep["settings"]["quantize"] = lcfg.quantize
-            rep["settings"]["backend"] = lcfg.backend
+            rep["settings"]["backend"] = p.runtime_name  # what ran: --backend resolved
             return rep
 
         rep = run(pipe)

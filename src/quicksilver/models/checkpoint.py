@@ -10,18 +10,19 @@ checked before use (``integrity.py``: header against size, no NaN/inf); ``save``
 from __future__ import annotations
 
 import json
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 from typing import Protocol
 
 import torch
 from safetensors import SafetensorError
-from safetensors.torch import load_file, save_file
+from safetensors.torch import save_file
 
 from ..errors import CheckpointError
 from ..tokenizer import Tokenizer
 from .config import NATIVE_ARCHITECTURE, ModelConfig
-from .integrity import check_finite, check_safetensors, write_checksums
+from .integrity import check_safetensors, write_checksums
+from .lazy_state import LazyState, shape_of
 from .transformer import Rotary, Transformer
 
 
@@ -55,7 +56,7 @@ class Network(Protocol):
 
 
 # architecture name -> function(path, config.json dict) -> (ModelConfig, state dict in our names)
-Loader = Callable[[Path, dict], tuple[ModelConfig, dict[str, torch.Tensor]]]
+Loader = Callable[[Path, dict], tuple[ModelConfig, "State"]]
 LOADERS: dict[str, Loader] = {}
 # architecture name -> function(path, dtype, device) -> a family's own network, for the families
 # that are not the generic transformer (DiffusionGemma): ``quicksilver.load`` runs these,
@@ -112,32 +113,33 @@ def read_config_json(path: Path) -> dict:
     return read_json_object(cj)
 
 
-def read_safetensors(path: Path) -> dict[str, torch.Tensor]:
-    """All tensors of a directory: ``model.safetensors`` or shards listed in an index (memory-mapped)."""
+State = Mapping[str, torch.Tensor]  # a checkpoint's tensors by name (``LazyState`` when read)
+
+
+def read_safetensors(path: Path) -> LazyState:
+    """Every tensor of a directory, read when asked for (``LazyState``): ``model.safetensors`` or
+    the shards listed in an index, their headers checked against their sizes now."""
     single = path / "model.safetensors"
     index = path / "model.safetensors.index.json"
     try:
         if single.is_file():
             check_safetensors(single)
-            state = load_file(str(single))
-            check_finite(state, single)
-            return state
+            return LazyState.of_files(single, [single])
         if index.is_file():
             weight_map = json.loads(index.read_text())["weight_map"]
-            out: dict[str, torch.Tensor] = {}
-            for shard in sorted(set(weight_map.values())):
+            shards = sorted(set(weight_map.values()))
+            for shard in shards:
                 if not (path / shard).is_file():
                     raise CheckpointError(
                         f"{path}: shard {shard} listed in model.safetensors.index.json is missing"
                     )
                 check_safetensors(path / shard)
-                out.update(load_file(str(path / shard)))
+            out = LazyState.of_files(index, [path / shard for shard in shards])
             absent = sorted(set(weight_map) - set(out))
             if absent:
                 raise CheckpointError(
                     f"{path}: tensors listed in the index are absent from the shards: {absent[:4]}"
                 )
-            check_finite(out, index)
             return out
     except (
         SafetensorError,
@@ -152,7 +154,7 @@ def read_safetensors(path: Path) -> dict[str, torch.Tensor]:
 
 
 @register_loader(NATIVE_ARCHITECTURE)
-def _load_native(path: Path, cj: dict) -> tuple[ModelConfig, dict[str, torch.Tensor]]:
+def _load_native(path: Path, cj: dict) -> tuple[ModelConfig, State]:
     return ModelConfig.from_hf_json(cj), read_safetensors(path)
 
 
@@ -175,9 +177,31 @@ def default_dtype(n_params: int, device: torch.device) -> torch.dtype:
     return torch.float32
 
 
+def check_state(cfg: ModelConfig, state: State) -> State:
+    """``state`` without a tied head, after checking its names and shapes against the config
+    (headers only where it is lazy); a CheckpointError naming what differs."""
+    with torch.device("meta"):
+        shapes = {k: tuple(t.shape) for k, t in Transformer(cfg).state_dict().items()}
+    if cfg.tie_embeddings and "lm_head.weight" in state:
+        keep = {k: k for k in state if k != "lm_head.weight"}
+        state = state.renamed(keep) if isinstance(state, LazyState) else {k: state[k] for k in keep}
+    expected = {k for k in shapes if not (cfg.tie_embeddings and k == "lm_head.weight")}
+    missing, unexpected = expected - set(state), set(state) - expected
+    if missing or unexpected:
+        raise CheckpointError(
+            f"weights do not match the config: missing {sorted(missing)[:4]}, unexpected {sorted(unexpected)[:4]}"
+        )
+    for k in state:
+        if shapes[k] != shape_of(state, k):
+            raise CheckpointError(
+                f"{k}: shape {shape_of(state, k)} in the checkpoint, {shapes[k]} in the config"
+            )
+    return state
+
+
 def build_model(
     cfg: ModelConfig,
-    state: dict[str, torch.Tensor],
+    state: State,
     dtype: torch.dtype | None = None,
     device: str | torch.device | None = None,
 ) -> Transformer:
@@ -185,22 +209,9 @@ def build_model(
     second copy of an 8B model in memory), in ``dtype`` (default float32) on ``device`` (default CPU)."""
     target = dtype or torch.float32
     dev = torch.device(device) if device is not None else torch.device("cpu")
+    state = check_state(cfg, state)
     with torch.device("meta"):
         model = Transformer(cfg)
-    if cfg.tie_embeddings:
-        state = {k: v for k, v in state.items() if k != "lm_head.weight"}
-    shapes = {k: t.shape for k, t in model.state_dict().items()}
-    expected = {k for k in shapes if not (cfg.tie_embeddings and k == "lm_head.weight")}
-    missing, unexpected = expected - set(state), set(state) - expected
-    if missing or unexpected:
-        raise CheckpointError(
-            f"weights do not match the config: missing {sorted(missing)[:4]}, unexpected {sorted(unexpected)[:4]}"
-        )
-    for k, v in state.items():
-        if shapes[k] != v.shape:
-            raise CheckpointError(
-                f"{k}: shape {tuple(v.shape)} in the checkpoint, {tuple(shapes[k])} in the config"
-            )
     floating = {
         k: v.to(device=dev, dtype=target if v.is_floating_point() else v.dtype)
         for k, v in state.items()
@@ -254,10 +265,9 @@ def load_family_network(
     return net, tokenizer
 
 
-def load_checkpoint(
-    path: str | Path, dtype: torch.dtype | None = None, device: str | torch.device | None = None
-) -> tuple[Transformer, Tokenizer]:
-    """Model and tokenizer of a checkpoint directory, in ``dtype`` (default: ``default_dtype``)."""
+def read_checkpoint(path: str | Path) -> tuple[ModelConfig, State, Tokenizer]:
+    """The generic transformer's config, its tensors (unread where the loader only renames them)
+    and the tokenizer of a checkpoint directory."""
     path = Path(path)
     arch = architecture(path)
     if arch in NETWORK_LOADERS:
@@ -276,10 +286,27 @@ def load_checkpoint(
         raise CheckpointError(
             f"{path}: tokenizer has {tokenizer.vocab_size} tokens, model only {cfg.vocab_size}"
         )
-    dev = torch.device(device) if device is not None else default_device()
-    if dtype is None:
-        dtype = default_dtype(sum(v.numel() for v in state.values() if v.is_floating_point()), dev)
-    return build_model(cfg, state, dtype, dev), tokenizer
+    return cfg, state, tokenizer
+
+
+def load_checkpoint(
+    path: str | Path, dtype: torch.dtype | None = None, device: str | torch.device | None = None
+) -> tuple[Transformer, Tokenizer]:
+    """Model and tokenizer of a checkpoint directory, in ``dtype`` (default: ``default_dtype``)."""
+    cfg, state, tokenizer = read_checkpoint(path)
+    dev = device_of(device)
+    return build_model(cfg, state, dtype or default_model_dtype(cfg, dev), dev), tokenizer
+
+
+def device_of(device: str | torch.device | None) -> torch.device:
+    """The device asked for, or ``default_device``."""
+    return torch.device(device) if device is not None else default_device()
+
+
+def default_model_dtype(cfg: ModelConfig, device: torch.device) -> torch.dtype:
+    """``default_dtype`` for a network of this config (its size from a meta network)."""
+    with torch.device("meta"):
+        return default_dtype(Transformer(cfg).num_params(), device)
 
 
 def save_checkpoint(

@@ -320,13 +320,17 @@ def graph_step(cfg: ModelConfig, weights: Weights, fmt: str, threads: int) -> Ex
     return ExportedStep(cfg, runner, f"openvino-{fmt}", buckets=buckets, whole=True)
 
 
-def attach_graph(runtime: Runtime, fmt: str, threads: int | None = None) -> str:
-    """Serve every pass of ``runtime`` through its network's graph in weight format ``fmt``; the
-    name of the step backend."""
+def attach_graph(
+    runtime: Runtime, fmt: str, threads: int | None = None, weights: Weights | None = None
+) -> str:
+    """Serve every pass of ``runtime`` through its network's graph in weight format ``fmt``, the
+    weights read from ``weights`` (default: the network's own; a checkpoint read lazily leaves
+    the network on the meta device); the name of the step backend."""
     if not installed("openvino"):
         raise ConfigError(f"--quantize {fmt} needs OpenVINO: pip install 'quicksilver[cpu]'")
-    cfg = runtime.config
-    step = graph_step(cfg, state_weights(runtime.net), fmt, threads or torch.get_num_threads())
+    source = weights or state_weights(runtime.net)
+    step = graph_step(runtime.config, source, fmt, threads or torch.get_num_threads())
     runtime.attach(step)
     runtime.quantized = fmt
+    runtime.device = torch.device("cpu")
     return step.name

@@ -12,12 +12,15 @@ parameter tensors, not linears): int8 only. A quantized model is for inference o
 from __future__ import annotations
 
 import warnings
+from collections.abc import Mapping
 
 import torch
 from torch import nn
 
 from ..errors import ConfigError
-from ..models.transformer import MLP, Attention
+from ..models.checkpoint import check_state
+from ..models.config import ModelConfig
+from ..models.transformer import MLP, Attention, Transformer
 from .ov_graph import attach_graph
 from .runtime import Runtime
 
@@ -53,26 +56,45 @@ def _drop(module: nn.Module, names: tuple[str, ...]) -> None:
         setattr(module, name, None)
 
 
-def quantize(runtime: Runtime, mode: str, backend: str = "auto") -> Runtime:
-    """Quantize the runtime's weights (``mode``: none | int8 | int4; ``backend``: what was asked
-    for the step, which a quantized dense network must leave to OpenVINO) and return it."""
+def check_mode(mode: str, device: torch.device, backend: str, moe: bool) -> None:
+    """A one-line ConfigError for a quantization this runtime cannot give (see ``quantize``)."""
     if mode not in QUANTIZE_CHOICES:
         raise ConfigError(f"quantize must be one of {', '.join(QUANTIZE_CHOICES)}, got {mode!r}")
     if mode == "none":
-        return runtime
-    if runtime.device.type != "cpu":
-        raise ConfigError(
-            f"--quantize {mode} runs on the CPU only (the model is on {runtime.device})"
-        )
-    if runtime.config.moe is not None:
-        if mode != "int8":
-            raise ConfigError("mixture-of-experts networks quantize to int8 only (torch.ao)")
-        return quantize_dynamic_int8(runtime)
-    if backend not in GRAPH_BACKENDS:
+        return
+    if device.type != "cpu":
+        raise ConfigError(f"--quantize {mode} runs on the CPU only (the model is on {device})")
+    if moe and mode != "int8":
+        raise ConfigError("mixture-of-experts networks quantize to int8 only (torch.ao)")
+    if not moe and backend not in GRAPH_BACKENDS:
         raise ConfigError(
             f"--quantize {mode} runs on OpenVINO's weight-compressed kernels: "
             f"use --backend {' or '.join(GRAPH_BACKENDS)}, not {backend!r}"
         )
+
+
+def quantized_runtime(
+    cfg: ModelConfig, state: Mapping[str, torch.Tensor], mode: str, backend: str = "auto"
+) -> Runtime:
+    """A dense network's runtime straight from its checkpoint's tensors, each read, quantized and
+    let go in turn (the network stays on the meta device: no float copy of the weights, peak
+    memory near the quantized weights)."""
+    check_mode(mode, torch.device("cpu"), backend, cfg.moe is not None)
+    state = check_state(cfg, state)
+    with torch.device("meta"):
+        runtime = Runtime(Transformer(cfg))
+    attach_graph(runtime, mode, weights=state.__getitem__)
+    return runtime
+
+
+def quantize(runtime: Runtime, mode: str, backend: str = "auto") -> Runtime:
+    """Quantize the runtime's weights (``mode``: none | int8 | int4; ``backend``: what was asked
+    for the step, which a quantized dense network must leave to OpenVINO) and return it."""
+    check_mode(mode, runtime.device, backend, runtime.config.moe is not None)
+    if mode == "none":
+        return runtime
+    if runtime.config.moe is not None:
+        return quantize_dynamic_int8(runtime)
     attach_graph(runtime, mode)
     return runtime
 

@@ -33,6 +33,9 @@ class Runtime:
     def __init__(self, net: Transformer, attention_layout: str = "per_sequence") -> None:
         self.net = net
         self.config = net.config
+        # where rows' tensors live: the network's device, or the CPU for a step graph that holds
+        # the weights itself (its network on the meta device)
+        self.device = net.lm_head.weight.device
         self.kv_pool = KVPool()  # freed decode caches, reused with what a step backend bound
         self.static_shapes = False  # pad packed tokens to buckets (batched layout; CUDA graphs)
         self.step_backend: StepBackend | None = None  # e.g. OpenVINO for every row's CPU passes
@@ -44,10 +47,6 @@ class Runtime:
     def name(self) -> str:
         """What runs every row's passes: torch, or the step backend's name."""
         return "torch" if self.step_backend is None else self.step_backend.name
-
-    @property
-    def device(self) -> torch.device:
-        return self.net.lm_head.weight.device
 
     def set_attention_layout(self, name: str) -> None:
         """``per_sequence`` (one attention call per sequence) or ``batched`` (one per layer)."""

@@ -12,14 +12,14 @@ from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
-import torch
 from tokenizers import AddedToken, Regex, decoders, models, normalizers, pre_tokenizers
 from tokenizers import Tokenizer as FastTokenizer
 
 from ...errors import CheckpointError, ConfigError
 from ...tokenizer import Tokenizer
-from ..checkpoint import read_json_object
+from ..checkpoint import State, read_json_object
 from ..config import ModelConfig
+from ..lazy_state import LazyState
 
 # The Qwen2 / Qwen2.5 pre-tokenizer pattern (GPT-4-like, single digits), used with byte-level BPE.
 QWEN2_PATTERN = (
@@ -103,23 +103,23 @@ def make_config(path: Path, **kwargs: Any) -> ModelConfig:
         raise CheckpointError(f"{path}/config.json: {e}") from None
 
 
-def rename(
-    state: dict[str, torch.Tensor], rules: Iterable[tuple[str, str]]
-) -> dict[str, torch.Tensor]:
+def rename(state: State, rules: Iterable[tuple[str, str]]) -> State:
     """Apply the first matching ``(regex, replacement)`` to every name; names no rule matches are kept
-    (``build_model`` then reports them as unexpected)."""
+    (``build_model`` then reports them as unexpected). A lazy state stays unread."""
     compiled = [(re.compile(p), r) for p, r in rules]
-    out: dict[str, torch.Tensor] = {}
-    for name, t in state.items():
+    names: dict[str, str] = {}  # new -> old
+    for name in state:
         new = name
         for pat, repl in compiled:
             if pat.fullmatch(name):
                 new = pat.sub(repl, name)
                 break
-        if new in out:
+        if new in names:
             raise CheckpointError(f"two checkpoint tensors map to {new!r}")
-        out[new] = t
-    return out
+        names[new] = name
+    if isinstance(state, LazyState):
+        return state.renamed(names)
+    return {new: state[old] for new, old in names.items()}
 
 
 def added_tokens(path: Path) -> dict[str, int]:

@@ -33,6 +33,7 @@ template is refused); ``<end_of_turn>`` stops where the vocabulary has it, besid
 from __future__ import annotations
 
 import re
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -194,7 +195,7 @@ def gemma_config(path: Path, cj: dict) -> GemmaTextConfig:
         raise CheckpointError(f"{path}/config.json: {e}") from None
 
 
-def text_state(state: dict[str, torch.Tensor], n_layers: int) -> dict[str, torch.Tensor]:
+def text_state(state: Mapping[str, torch.Tensor], n_layers: int) -> dict[str, torch.Tensor]:
     """The checkpoint's tensors in the network's names (see the module docstring)."""
     out: dict[str, torch.Tensor] = {}
     from_encoder: dict[str, torch.Tensor] = {}

@@ -15,9 +15,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-import torch
-
-from ..checkpoint import read_safetensors
+from ..checkpoint import State, read_safetensors
 from ..config import ModelConfig
 from .common import Fields, fast_tokenizer_loader, qwen_config, token_id
 from .registry import Family, register_family
@@ -37,7 +35,7 @@ DREAM_ALGORITHMS = {
 }
 
 
-def load_dream(path: Path, cj: dict) -> tuple[ModelConfig, dict[str, torch.Tensor]]:
+def load_dream(path: Path, cj: dict) -> tuple[ModelConfig, State]:
     f = Fields(path, cj, "Dream")
     cfg = qwen_config(
         path,

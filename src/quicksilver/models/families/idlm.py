@@ -52,10 +52,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-import torch
-
 from ...errors import CheckpointError
-from ..checkpoint import read_safetensors
+from ..checkpoint import State, read_safetensors
 from ..config import ModelConfig
 from .common import Fields, added_tokens, fast_tokenizer_loader, qwen_config
 from .registry import Family, register_family
@@ -82,7 +80,7 @@ def idlm_mask_id(path: Path, f: Fields) -> int:
     return found
 
 
-def load_idlm(path: Path, cj: dict) -> tuple[ModelConfig, dict[str, torch.Tensor]]:
+def load_idlm(path: Path, cj: dict) -> tuple[ModelConfig, State]:
     f = Fields(path, cj, "I-DLM")
     if cj.get("num_experts"):
         raise CheckpointError(f"{path}/config.json: I-DLM is a dense Qwen3; 'num_experts' is set")

@@ -14,10 +14,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-import torch
-
 from ...errors import CheckpointError
-from ..checkpoint import read_safetensors
+from ..checkpoint import State, read_safetensors
 from ..config import ModelConfig
 from .common import Fields, fast_tokenizer_loader, make_config, rename, token_id
 from .registry import Family, register_family
@@ -107,7 +105,7 @@ def llada_config(path: Path, cj: dict) -> ModelConfig:
     )
 
 
-def load_llada(path: Path, cj: dict) -> tuple[ModelConfig, dict[str, torch.Tensor]]:
+def load_llada(path: Path, cj: dict) -> tuple[ModelConfig, State]:
     cfg = llada_config(path, cj)
     return cfg, rename(read_safetensors(path), RENAMES)
 

@@ -35,7 +35,7 @@ from typing import Any
 import torch
 
 from ...errors import CheckpointError
-from ..checkpoint import read_safetensors
+from ..checkpoint import State, read_safetensors
 from ..config import ModelConfig, MoEConfig
 from .common import Fields, fast_tokenizer_loader, make_config, rename, token_id
 from .registry import Family, register_family
@@ -83,7 +83,7 @@ LLADA_MOE_RENAMES = [
 ]
 
 
-def load_llada_moe(path: Path, cj: dict) -> tuple[ModelConfig, dict[str, torch.Tensor]]:
+def load_llada_moe(path: Path, cj: dict) -> tuple[ModelConfig, State]:
     f = Fields(path, cj, "LLaDA-MoE")
     n_layers = f.int("num_hidden_layers")
     freq = f.list("moe_layer_freq", None)
@@ -139,7 +139,7 @@ LLADA2_RENAMES = [
 ]
 
 
-def split_fused_qkv(state: dict[str, torch.Tensor], cfg: ModelConfig) -> dict[str, torch.Tensor]:
+def split_fused_qkv(state: State, cfg: ModelConfig) -> dict[str, torch.Tensor]:
     """``attention.query_key_value`` ((nq + 2 nkv) * hd, C) -> q_proj, k_proj, v_proj (in that order)."""
     hd, nq, nkv = cfg.dim_head, cfg.n_heads, cfg.n_kv_heads
     sizes = [nq * hd, nkv * hd, nkv * hd]
@@ -158,7 +158,7 @@ def split_fused_qkv(state: dict[str, torch.Tensor], cfg: ModelConfig) -> dict[st
     return out
 
 
-def load_llada2(path: Path, cj: dict) -> tuple[ModelConfig, dict[str, torch.Tensor]]:
+def load_llada2(path: Path, cj: dict) -> tuple[ModelConfig, State]:
     f = Fields(path, cj, "LLaDA2")
     n_layers = f.int("num_hidden_layers")
     score = f.str("score_function", "sigmoid")

@@ -18,9 +18,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-import torch
-
-from ..checkpoint import read_safetensors
+from ..checkpoint import State, read_safetensors
 from ..config import ModelConfig, MoEConfig
 from .common import Fields, fast_tokenizer_loader, qwen_config, token_id
 from .registry import Family, register_family
@@ -30,7 +28,7 @@ SDAR_MASK_TOKEN, SDAR_MASK_ID = "<|MASK|>", 151669
 EOT_TOKEN = "<|im_end|>"
 
 
-def load_fast_dllm_v2(path: Path, cj: dict) -> tuple[ModelConfig, dict[str, torch.Tensor]]:
+def load_fast_dllm_v2(path: Path, cj: dict) -> tuple[ModelConfig, State]:
     f = Fields(path, cj, "Fast-dLLM v2")
     cfg = qwen_config(
         path,
@@ -63,7 +61,7 @@ def sdar_moe(f: Fields, n_layers: int) -> MoEConfig | None:
     )
 
 
-def load_sdar(path: Path, cj: dict) -> tuple[ModelConfig, dict[str, torch.Tensor]]:
+def load_sdar(path: Path, cj: dict) -> tuple[ModelConfig, State]:
     f = Fields(path, cj, "SDAR")
     n_layers = f.int("num_hidden_layers")
     cfg = qwen_config(
