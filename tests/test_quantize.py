@@ -48,7 +48,7 @@ def test_quantized_weights_run_every_pass_in_the_graph_and_stay_close(
     path = embedded_ar_model_path()
     assert path is not None
     ref, q = quicksilver.load(path), quicksilver.load(path, quantize=mode)
-    assert q.runtime.quantized == mode and q.runtime_name == f"openvino-{mode}"
+    assert q.runtime.quantized == mode and q.runtime_name == f"openvino-{mode}"  # GRAPH_NAMES
     prompt = ref.encode_prompt(PROMPT, True)
     reply = ar_generate(ref.runtime, prompt, 48, ref.tokenizer.stop_ids).tokens
     torch_passes = []
@@ -188,3 +188,19 @@ def test_bench_shapes_refuses_a_window_it_does_not_measure(tmp_path: Path) -> No
         run(
             p.parse_args(["--tiny", "--windows", "1", "4", "--window", "8", "--out", str(tmp_path)])
         )
+
+
+def test_bf16_weights_under_auto_run_in_the_graph_not_torch() -> None:
+    """A bf16 dense CPU model under ``--backend auto`` runs its bf16 weights on OpenVINO's kernels
+    (no emulation on CPUs without bf16 arithmetic), straight from the files; torch stays torch."""
+    path = embedded_ar_model_path()
+    assert path is not None
+    auto = quicksilver.load(path, dtype="bfloat16", backend="auto")
+    eager = quicksilver.load(path, dtype="bfloat16", backend="torch")
+    assert auto.runtime_name == "openvino-bf16-weights" and auto.runtime.quantized == "bf16"
+    assert eager.runtime_name == "torch"
+    prompt = eager.encode_prompt(PROMPT, True)
+    reply = ar_generate(eager.runtime, prompt, 32, eager.tokenizer.stop_ids).tokens
+    a = _teacher_forced(eager.runtime, prompt + reply).float()
+    b = _teacher_forced(auto.runtime, prompt + reply)
+    assert (a - b).norm() / a.norm() < 0.05

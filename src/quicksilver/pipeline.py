@@ -39,7 +39,13 @@ from .models.transformer import Transformer
 from .runtime import Runtime
 from .runtime.cpu_backends import BACKEND_CHOICES, attach_backend
 from .runtime.packing import LAYOUTS, resolve_layout
-from .runtime.quantize import QUANTIZE_CHOICES, check_mode, quantize, quantized_runtime
+from .runtime.quantize import (
+    QUANTIZE_CHOICES,
+    check_mode,
+    graph_format,
+    quantize,
+    quantized_runtime,
+)
 from .sampling import SamplerConfig
 from .sampling.caches import CACHE_CHOICES
 from .sampling.decoder import Decoder
@@ -387,9 +393,12 @@ def load(path: str | Path, config: LoadConfig | None = None, **options: Any) -> 
         net, tokenizer = load_family_network(path, DTYPES.get(cfg.dtype), cfg.device)
         return Pipeline(net, tokenizer, path, decoding_mode=cfg.decoding_mode)
     mcfg, state, tok = read_checkpoint(path)
-    if cfg.quantize != "none" and mcfg.moe is None:  # straight from the files into the graph
-        check_mode(cfg.quantize, device_of(cfg.device), cfg.backend, moe=False)
-        runtime = quantized_runtime(mcfg, state, cfg.quantize, cfg.backend)
+    dev = device_of(cfg.device)
+    dtype = DTYPES.get(cfg.dtype) or default_model_dtype(mcfg, dev)
+    check_mode(cfg.quantize, dev, cfg.backend, mcfg.moe is not None)
+    fmt = graph_format(cfg.quantize, cfg.backend, dtype, dev, mcfg.moe is not None)
+    if fmt is not None:  # straight from the files into the step graph
+        runtime = quantized_runtime(mcfg, state, fmt, cfg.backend)
         return Pipeline(
             runtime.net,
             tok,
@@ -399,8 +408,7 @@ def load(path: str | Path, config: LoadConfig | None = None, **options: Any) -> 
             decoding_mode=cfg.decoding_mode,
             runtime=runtime,
         )
-    dev = device_of(cfg.device)
-    model = build_model(mcfg, state, DTYPES.get(cfg.dtype) or default_model_dtype(mcfg, dev), dev)
+    model = build_model(mcfg, state, dtype, dev)
     runtime = Runtime(model, resolve_layout(cfg.attention_layout, model.lm_head.weight.device))
     quantize(runtime, cfg.quantize, cfg.backend)
     if cfg.cuda_graphs:

@@ -12,10 +12,12 @@ this build segfaults on Q4_0 and Q8_0 files on a Sapphire Rapids CPU (AMX; docs/
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import subprocess
 import tempfile
+import time
 from pathlib import Path
 from typing import Any
 
@@ -139,6 +141,25 @@ def quantize_gguf(src: Path, kind: str, out: Path) -> Path:
     return out
 
 
+def run_watched(cmd: list[str]) -> tuple[int, str, str, int]:
+    """Run ``cmd``: its exit code, stdout, stderr and peak resident memory (VmHWM, read every 20 ms
+    from /proc; rusage would count this process's memory, which a forked child starts with)."""
+    with tempfile.TemporaryFile("w+") as out, tempfile.TemporaryFile("w+") as err:
+        proc = subprocess.Popen(cmd, stdout=out, stderr=err, text=True)
+        peak = 0
+        status = Path(f"/proc/{proc.pid}/status")
+        while proc.poll() is None:
+            with contextlib.suppress(OSError):
+                hwm = next(
+                    (ln for ln in status.read_text().splitlines() if ln.startswith("VmHWM")), ""
+                )
+                peak = max(peak, int(hwm.split()[1]) * 1024) if hwm else peak
+            time.sleep(0.02)
+        out.seek(0)
+        err.seek(0)
+        return proc.returncode, out.read(), err.read(), peak
+
+
 def llama_bench(
     gguf_path: Path, windows: list[int], depth: int, threads: int, reps: int
 ) -> dict[str, Any]:
@@ -149,22 +170,16 @@ def llama_bench(
         "-n", "16", "-d", str(depth), "-t", str(threads), "-r", str(reps), "-o", "json",
         "--repack", "0",
     ]  # fmt: skip
-    with tempfile.TemporaryFile("w+") as err:
-        proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=err, text=True)
-        assert proc.stdout is not None
-        out = proc.stdout.read()
-        _, status, usage = os.wait4(proc.pid, 0)  # its own peak RSS, not the other children's
-        proc.returncode = os.waitstatus_to_exitcode(status)
-        if proc.returncode != 0:
-            err.seek(0)
-            raise QuicksilverError(f"llama-bench failed: {err.read().strip()[-300:]}")
+    code, out, err, peak = run_watched(cmd)
+    if code != 0:
+        raise QuicksilverError(f"llama-bench failed ({code}): {err.strip()[-300:]}")
     rows = json.loads(out)
     ar = next(r for r in rows if r["n_gen"] > 0)
     steps = {str(r["n_prompt"]): r["avg_ns"] / 1e6 for r in rows if r["n_prompt"] > 0}
     return {
         "ar_token_ms": round(1e3 / ar["avg_ts"], 3),
         "step_ms": {w: round(ms, 3) for w, ms in steps.items()},
-        "peak_rss_bytes": usage.ru_maxrss * 1024,
+        "peak_rss_bytes": peak,
         "build": rows[0].get("build_commit"),
         "repack": False,
     }

@@ -36,7 +36,20 @@ from .cpu_backends import ExportedStep, installed, native_bf16, step_buckets
 from .runtime import Runtime
 
 GRAPH_FORMATS = ("float32", "bf16", "int8", "int4")
+# the step backend's name per weight format (``openvino-bf16`` is the traced float32 step computed
+# in bf16, runtime/cpu_backends.py: another thing)
+GRAPH_NAMES = {
+    "float32": "openvino-f32-weights",
+    "bf16": "openvino-bf16-weights",
+    "int8": "openvino-int8",
+    "int4": "openvino-int4",
+}
 GROUPS = (128, 64, 32)  # int4 group sizes, the largest that divides a linear's inputs
+# activations quantized to int8 in groups of this many inputs inside the integer matmuls: at the
+# 1.5B shape in int4 (one thread, Sapphire Rapids) the 8-position step / AR token went from 1.52
+# (OpenVINO's default, 32) to 1.36 at 64 for a 3% slower AR token; 128 gave 1.22 with a 15% slower
+# AR token, 256 was 4x slower (docs/LOG.md, 2026-12-07)
+DQ_GROUP = 64
 QUANT_SLAB = 1 << 22  # weights quantized at a time (16 MB of float32 temporaries)
 Weights = Callable[[str], torch.Tensor]  # our parameter name -> its tensor, read on demand
 Node = Any  # an OpenVINO node output (openvino has no type stubs)
@@ -279,6 +292,7 @@ class GraphRunner:
             "INFERENCE_NUM_THREADS": threads,
             "INFERENCE_PRECISION_HINT": precision,
             "PERFORMANCE_HINT": "LATENCY",
+            "DYNAMIC_QUANTIZATION_GROUP_SIZE": DQ_GROUP,
         }
         self.model = ov.Core().compile_model(model, "CPU", config)
 
@@ -317,7 +331,7 @@ def graph_step(cfg: ModelConfig, weights: Weights, fmt: str, threads: int) -> Ex
     del model  # the compiled model holds the weights in its own layout
     release_freed_memory()
     buckets = graph_buckets(cfg.draft_length)
-    return ExportedStep(cfg, runner, f"openvino-{fmt}", buckets=buckets, whole=True)
+    return ExportedStep(cfg, runner, GRAPH_NAMES[fmt], buckets=buckets, whole=True)
 
 
 def attach_graph(

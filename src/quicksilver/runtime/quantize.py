@@ -21,6 +21,7 @@ from ..errors import ConfigError
 from ..models.checkpoint import check_state
 from ..models.config import ModelConfig
 from ..models.transformer import MLP, Attention, Transformer
+from .cpu_backends import installed
 from .ov_graph import attach_graph
 from .runtime import Runtime
 
@@ -74,17 +75,35 @@ def check_mode(mode: str, device: torch.device, backend: str, moe: bool) -> None
 
 
 def quantized_runtime(
-    cfg: ModelConfig, state: Mapping[str, torch.Tensor], mode: str, backend: str = "auto"
+    cfg: ModelConfig, state: Mapping[str, torch.Tensor], fmt: str, backend: str = "auto"
 ) -> Runtime:
-    """A dense network's runtime straight from its checkpoint's tensors, each read, quantized and
-    let go in turn (the network stays on the meta device: no float copy of the weights, peak
-    memory near the quantized weights)."""
-    check_mode(mode, torch.device("cpu"), backend, cfg.moe is not None)
+    """A dense network's runtime straight from its checkpoint's tensors in graph weight format
+    ``fmt``, each tensor read, compressed and let go in turn (the network stays on the meta device:
+    no float copy of the weights, peak memory near the compressed weights)."""
+    if fmt in QUANTIZE_CHOICES:
+        check_mode(fmt, torch.device("cpu"), backend, cfg.moe is not None)
     state = check_state(cfg, state)
     with torch.device("meta"):
         runtime = Runtime(Transformer(cfg))
-    attach_graph(runtime, mode, weights=state.__getitem__)
+    attach_graph(runtime, fmt, weights=state.__getitem__)
     return runtime
+
+
+def graph_format(
+    quantize: str, backend: str, dtype: torch.dtype, device: torch.device, moe: bool
+) -> str | None:
+    """The weight format a dense CPU network's step graph is built in straight from its files, or
+    None for a network built in torch: ``--quantize int8|int4``, or bf16 weights under ``--backend
+    auto`` where OpenVINO is installed (its kernels widen bf16 weights inside the matmuls on a CPU
+    without bf16 arithmetic, where torch would emulate it, and use AMX / AVX-512 BF16 where the CPU
+    has them)."""
+    if moe or device.type != "cpu":
+        return None
+    if quantize != "none":
+        return quantize
+    if backend == "auto" and dtype == torch.bfloat16 and installed("openvino"):
+        return "bf16"
+    return None
 
 
 def quantize(runtime: Runtime, mode: str, backend: str = "auto") -> Runtime:
