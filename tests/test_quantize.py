@@ -190,11 +190,21 @@ def test_bench_shapes_refuses_a_window_it_does_not_measure(tmp_path: Path) -> No
         )
 
 
-def test_bf16_weights_under_auto_run_in_the_graph_not_torch() -> None:
-    """A bf16 dense CPU model under ``--backend auto`` runs its bf16 weights on OpenVINO's kernels
-    (no emulation on CPUs without bf16 arithmetic), straight from the files; torch stays torch."""
+def test_bf16_weights_under_auto_run_in_the_graph_on_a_cpu_without_bf16(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """On a CPU without bf16 arithmetic a bf16 dense model under ``--backend auto`` runs its bf16
+    weights on OpenVINO's kernels (no emulation), straight from the files; torch stays torch, and
+    a CPU with bf16 keeps torch's native bf16."""
+    import quicksilver.runtime.quantize as q
+
     path = embedded_ar_model_path()
     assert path is not None
+    monkeypatch.setattr(q, "native_bf16", lambda: True)
+    assert quicksilver.load(path, dtype="bfloat16", backend="auto").runtime_name != (
+        "openvino-bf16-weights"
+    )
+    monkeypatch.setattr(q, "native_bf16", lambda: False)
     auto = quicksilver.load(path, dtype="bfloat16", backend="auto")
     eager = quicksilver.load(path, dtype="bfloat16", backend="torch")
     assert auto.runtime_name == "openvino-bf16-weights" and auto.runtime.quantized == "bf16"

@@ -237,6 +237,7 @@ class GraphBuilder:
         emb_w = self.w("model.embed_tokens.weight")
         table = weight(emb_w, self.fmt, per_row=self.fmt in ("int8", "int4"))
         x = ops.gather(table, ids, np.int64(0))  # (1, T, C)
+        release_freed_memory()
         cos, sin = self.rope_tables(pos)
         mask5 = ops.unsqueeze(mask, np.int64(1))  # (1, 1, 1, T, C+T)
         new_k, new_v = [], []
@@ -250,8 +251,11 @@ class GraphBuilder:
             new_k.append(ops.unsqueeze(k, np.int64(0)))
             new_v.append(ops.unsqueeze(v, np.int64(0)))
             release_freed_memory()  # a layer's float temporaries, before the next layer's
-        head = emb_w if cfg.tie_embeddings else self.w("lm_head.weight")
+        del emb_w  # the head's own copy follows (tied: read again)
+        head = self.w("model.embed_tokens.weight" if cfg.tie_embeddings else "lm_head.weight")
         logits = ops.matmul(self.rms(x, "model.norm.weight"), weight(head, self.fmt), False, True)
+        del head
+        release_freed_memory()
         logits.output(0).get_tensor().set_names({"logits"})
         kv = ops.concat(new_k + new_v, 0)  # (2n, 1, Hkv, T, hd)
         kv.output(0).get_tensor().set_names({"new_kv"})
