@@ -24,6 +24,7 @@ from .models.checkpoint import (
     DTYPES,
     NETWORK_LOADERS,
     Network,
+    State,
     architecture,
     build_model,
     default_model_dtype,
@@ -393,21 +394,28 @@ def load(path: str | Path, config: LoadConfig | None = None, **options: Any) -> 
         net, tokenizer = load_family_network(path, DTYPES.get(cfg.dtype), cfg.device)
         return Pipeline(net, tokenizer, path, decoding_mode=cfg.decoding_mode)
     mcfg, state, tok = read_checkpoint(path)
+    runtime = transformer_runtime(mcfg, state, cfg)
+    return Pipeline(
+        runtime.net,
+        tok,
+        path,
+        cache=cfg.cache,
+        refresh_every=cfg.refresh_every,
+        decoding_mode=cfg.decoding_mode,
+        runtime=runtime,
+    )
+
+
+def transformer_runtime(mcfg: ModelConfig, state: State, cfg: LoadConfig) -> Runtime:
+    """The generic transformer's runtime as ``cfg`` asks: a dense CPU network whose weights go
+    into a step graph straight from the files (``graph_format``), or the network built in torch
+    with its quantization, compilation and step backend."""
     dev = device_of(cfg.device)
     dtype = DTYPES.get(cfg.dtype) or default_model_dtype(mcfg, dev)
     check_mode(cfg.quantize, dev, cfg.backend, mcfg.moe is not None)
     fmt = graph_format(cfg.quantize, cfg.backend, dtype, dev, mcfg.moe is not None)
-    if fmt is not None:  # straight from the files into the step graph
-        runtime = quantized_runtime(mcfg, state, fmt, cfg.backend)
-        return Pipeline(
-            runtime.net,
-            tok,
-            path,
-            cache=cfg.cache,
-            refresh_every=cfg.refresh_every,
-            decoding_mode=cfg.decoding_mode,
-            runtime=runtime,
-        )
+    if fmt is not None:
+        return quantized_runtime(mcfg, state, fmt, cfg.backend)
     model = build_model(mcfg, state, dtype, dev)
     runtime = Runtime(model, resolve_layout(cfg.attention_layout, model.lm_head.weight.device))
     quantize(runtime, cfg.quantize, cfg.backend)
@@ -417,12 +425,4 @@ def load(path: str | Path, config: LoadConfig | None = None, **options: Any) -> 
         runtime.compile_blocks()
     if runtime.step_backend is None:  # a quantized dense network has its step already
         attach_backend(runtime, cfg.backend)
-    return Pipeline(
-        model,
-        tok,
-        path,
-        cache=cfg.cache,
-        refresh_every=cfg.refresh_every,
-        decoding_mode=cfg.decoding_mode,
-        runtime=runtime,
-    )
+    return runtime

@@ -26,27 +26,18 @@ import torch
 
 from ..errors import QuicksilverError
 from ..models.config import ModelConfig
+from ..models.gguf_export import LAYER_NAMES, TOP_NAMES, add_body
 from ..models.transformer import Transformer
 from ..runtime.ov_graph import Weights
 
 LLAMA_BIN = Path(".venv/llama.cpp/bin")  # where `make llama-server` puts llama.cpp's programs
 # our weight format -> the llama.cpp type it is set beside (llama-quantize's names)
 PEER_TYPES = {"graph-bf16": "BF16", "bfloat16": "BF16", "int8": "Q8_0", "int4": "Q4_0"}
-LAYER = {  # our name inside model.layers.{i} -> GGUF name inside blk.{i}
-    "input_layernorm.weight": "attn_norm.weight",
-    "post_attention_layernorm.weight": "ffn_norm.weight",
-    "self_attn.q_proj.weight": "attn_q.weight",
-    "self_attn.q_proj.bias": "attn_q.bias",
-    "self_attn.k_proj.weight": "attn_k.weight",
-    "self_attn.k_proj.bias": "attn_k.bias",
-    "self_attn.v_proj.weight": "attn_v.weight",
-    "self_attn.v_proj.bias": "attn_v.bias",
-    "self_attn.o_proj.weight": "attn_output.weight",
+# our name inside model.layers.{i} -> GGUF name inside blk.{i}: the export's, and Qwen3's QK-norm
+LAYER = {
+    **LAYER_NAMES,
     "self_attn.q_norm.weight": "attn_q_norm.weight",
     "self_attn.k_norm.weight": "attn_k_norm.weight",
-    "mlp.gate_proj.weight": "ffn_gate.weight",
-    "mlp.up_proj.weight": "ffn_up.weight",
-    "mlp.down_proj.weight": "ffn_down.weight",
 }
 
 
@@ -78,32 +69,17 @@ def write_gguf(cfg: ModelConfig, weights: Weights, path: Path) -> Path:
 
     arch = gguf_arch(cfg)
     w = gguf.GGUFWriter(str(path), arch)
-    w.add_context_length(cfg.max_seq_len)
-    w.add_embedding_length(cfg.d_model)
-    w.add_block_count(cfg.n_layers)
-    w.add_feed_forward_length(cfg.mlp_hidden)
-    w.add_head_count(cfg.n_heads)
-    w.add_head_count_kv(cfg.n_kv_heads)
-    w.add_key_length(cfg.dim_head)
-    w.add_value_length(cfg.dim_head)
-    w.add_rope_freq_base(cfg.rope_theta)
-    w.add_layer_norm_rms_eps(cfg.norm_eps)
-    w.add_vocab_size(cfg.vocab_size)
-    w.add_tokenizer_model("gpt2")
-    w.add_tokenizer_pre("qwen2")
+    add_body(w, cfg)
     tokens = byte_alphabet() + [f"<unused{i}>" for i in range(256, cfg.vocab_size)]
     w.add_token_list(tokens)
     w.add_token_types([1] * 256 + [5] * (cfg.vocab_size - 256))
     w.add_token_merges([f"{tokens[71]} {tokens[72]}"])
     w.add_eos_token_id(cfg.vocab_size - 2)
-    names = {
-        "model.embed_tokens.weight": "token_embd.weight",
-        "model.norm.weight": "output_norm.weight",
-    }
+    names = dict(TOP_NAMES)
     for i in range(cfg.n_layers):
         names |= {f"model.layers.{i}.{k}": f"blk.{i}.{v}" for k, v in LAYER.items()}
-    if not cfg.tie_embeddings:
-        names["lm_head.weight"] = "output.weight"
+    if cfg.tie_embeddings:
+        names.pop("lm_head.weight", None)
     present = _present(cfg)
     for ours, theirs in names.items():
         if ours not in present:

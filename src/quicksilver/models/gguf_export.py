@@ -124,6 +124,24 @@ def vocabulary(
     return tokens, types, merges
 
 
+def add_body(w: Any, cfg: ModelConfig) -> None:
+    """The network's shape in a ``gguf.GGUFWriter``'s metadata, and a byte-level BPE tokenizer
+    with Qwen2's pre-tokenizer (digits one by one, as quicksilver's splits them)."""
+    w.add_context_length(cfg.max_seq_len)
+    w.add_embedding_length(cfg.d_model)
+    w.add_block_count(cfg.n_layers)
+    w.add_feed_forward_length(cfg.mlp_hidden)
+    w.add_head_count(cfg.n_heads)
+    w.add_head_count_kv(cfg.n_kv_heads)
+    w.add_key_length(cfg.dim_head)
+    w.add_value_length(cfg.dim_head)
+    w.add_rope_freq_base(cfg.rope_theta)
+    w.add_layer_norm_rms_eps(cfg.norm_eps)
+    w.add_vocab_size(cfg.vocab_size)
+    w.add_tokenizer_model("gpt2")
+    w.add_tokenizer_pre("qwen2")
+
+
 def export_gguf(model_dir: str | Path, out: str | Path, dtype: str = "f32") -> dict[str, Any]:
     """Write ``model_dir`` as a GGUF file; returns a summary."""
     import gguf
@@ -140,20 +158,8 @@ def export_gguf(model_dir: str | Path, out: str | Path, dtype: str = "f32") -> d
     out.parent.mkdir(parents=True, exist_ok=True)
     w = gguf.GGUFWriter(str(out), ARCH)
     w.add_name(Path(model_dir).name)
-    w.add_context_length(cfg.max_seq_len)
-    w.add_embedding_length(cfg.d_model)
-    w.add_block_count(cfg.n_layers)
-    w.add_feed_forward_length(cfg.mlp_hidden)
-    w.add_head_count(cfg.n_heads)
-    w.add_head_count_kv(cfg.n_kv_heads)
-    w.add_key_length(cfg.dim_head)
-    w.add_value_length(cfg.dim_head)
+    add_body(w, cfg)
     w.add_rope_dimension_count(cfg.dim_head)
-    w.add_rope_freq_base(cfg.rope_theta)
-    w.add_layer_norm_rms_eps(cfg.norm_eps)
-    w.add_vocab_size(cfg.vocab_size)
-    w.add_tokenizer_model("gpt2")
-    w.add_tokenizer_pre("qwen2")  # digits one by one, as quicksilver's pre-tokenizer splits them
     w.add_token_list(tokens)
     w.add_token_types(types)
     w.add_token_merges(merges)
