@@ -287,27 +287,36 @@ def peak_rss_bytes() -> int:
 
 
 def plot(results: list[dict[str, Any]], windows: list[int], path: Path) -> Path:
+    """Left: a step's ms by positions (solid: ours, w = 1 the AR token; dashed: llama.cpp's batch
+    of the same size in the same format, its AR token at 1). Right: tok/s at k tokens committed a
+    step (dotted: our AR; dashed: llama.cpp's AR in that format)."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, axes = plt.subplots(1, 2, figsize=(11, 4))
+    fig, axes = plt.subplots(1, 2, figsize=(12, 4.5))
     for shape in results:
         for r in shape["formats"]:
             label = f"{shape['shape']} {r['format']}"
-            axes[0].plot(
-                windows, [r["step_vs_ar_token"][str(w)] for w in windows], "o-", label=label
-            )
+            line = axes[0].plot(windows, [r["step_ms"][str(w)] for w in windows], "o-", label=label)
+            color = line[0].get_color()
             ks = [int(k) for k in r["tok_s_at_k"]]
-            line = axes[1].plot(ks, list(r["tok_s_at_k"].values()), "o-", label=label)
-            axes[1].axhline(r["ar_tok_s"], color=line[0].get_color(), ls=":", lw=1)
-    axes[0].set(xlabel="window (positions per step)", ylabel="step / AR token step", xscale="log")
+            axes[1].plot(ks, list(r["tok_s_at_k"].values()), "o-", color=color, label=label)
+            axes[1].axhline(r["ar_tok_s"], color=color, ls=":", lw=1)
+            peer = r.get("llama_cpp")
+            if peer:
+                ws = [1, *(int(w) for w in peer["step_ms"])]
+                ms = [peer["ar_token_ms"], *peer["step_ms"].values()]
+                axes[0].plot(ws, ms, "s--", color=color, label=f"llama.cpp {peer['type']}")
+                axes[1].axhline(1e3 / peer["ar_token_ms"], color=color, ls="--", lw=1)
+    axes[0].set(xlabel="positions per step", ylabel="ms per step", xscale="log", yscale="log")
     axes[0].set_xticks(windows, [str(w) for w in windows])
-    axes[0].axhline(1.0, color="grey", lw=0.8)
-    axes[1].set(xlabel="tokens committed per step (k)", ylabel="tok/s (dotted: AR)", yscale="log")
+    axes[1].set(
+        xlabel="tokens committed per step (k)", ylabel="tok/s (dotted: AR; dashed: llama.cpp AR)"
+    )
     axes[0].legend(fontsize=6)
-    fig.suptitle("random weights, this CPU: cost of a step against an AR token step")
+    fig.suptitle("random weights, one CPU step: quicksilver (solid) and llama.cpp (dashed)")
     return save_figure(fig, path)
 
 
