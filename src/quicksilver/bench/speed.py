@@ -394,6 +394,8 @@ def run_speed_bench(args: argparse.Namespace) -> int:
         ngram.close()
         extra["ratio_vs_llama_server_ngram"] = d["ratio_vs_llama_server_ngram"]
         extra["llama_server_ngram"] = ngram.info()
+    if "ratio_vs_llama_cpp_best" in d:  # against the fastest of llama.cpp's ways
+        extra["ratio_vs_llama_cpp_best"] = d["ratio_vs_llama_cpp_best"]
     if vpipe is not None:
         v = summary["verify"]
         k = vpipe.config.draft_length if args.draft is None else args.draft

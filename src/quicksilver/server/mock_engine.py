@@ -124,8 +124,8 @@ class ScriptedDecoder(RowDecoder[ScriptedRow]):
         self.vocab = tokenizer.vocab_size
         self.step_count = 0
         self.forward_passes = 0
-        # what the engine asks of a decoder's model: a bidirectional "network" with no KV cache
-        self.model = SimpleNamespace(
+        # what the engine asks of a decoder's runtime: a bidirectional "network" with no KV cache
+        self.runtime = SimpleNamespace(
             config=SimpleNamespace(
                 attention="bidirectional", block_size=block_length, max_seq_len=max_context
             )
