@@ -3,8 +3,8 @@
 Verify decoding (sampling/verify.py) keeps exactly the model's own output whatever a pass feeds;
 what to feed is a question of what the runtime's passes cost, so it is answered here, beside the
 runtimes. ``RUNTIMES`` holds each runtime's measured defaults (the only hardware numbers of the
-decoding path); ``PassPlanner`` applies them to one row with the runtime's cost curve. A model
-hands out its planner (``Transformer.planner``), chosen by its device and step backend.
+decoding path); ``PassPlanner`` applies them to one row with the runtime's cost curve. A runtime
+hands out its planner (``Runtime.planner``), chosen by its device and step backend.
 
 A row's plan depends on that row alone, so its tokens never depend on its neighbours in a batch.
 """
