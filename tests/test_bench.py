@@ -377,12 +377,17 @@ def _draw_every_bench_plot(out: Path) -> None:
     )
     windows, kk = [1, 4, 8, 16, 32], range(1, 9)
     fmt = {
-        "format": "bfloat16",
-        "step_vs_ar_token": {str(w): 1.0 + w / 8 for w in windows},
+        "format": "int4",
+        "step_ms": {str(w): 100.0 + 10 * w for w in windows},
         "tok_s_at_k": {str(k): 2.0 * k for k in kk},
         "ar_tok_s": 3.0,
+        "llama_cpp": {
+            "type": "Q4_0",
+            "ar_token_ms": 190.0,
+            "step_ms": {str(w): 200.0 + 30 * w for w in windows[1:]},
+        },
     }
-    shapes.plot([{"shape": "llada-8b-slice", "formats": [fmt] * 3}], windows, out / "shapes.png")
+    shapes.plot([{"shape": "sdar-1.7b", "formats": [fmt] * 3}], windows, out / "shapes.png")
 
 
 def _in_view(axis: Any, at: float) -> bool:
