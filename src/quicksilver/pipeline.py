@@ -91,9 +91,9 @@ class Pipeline:
     ) -> None:
         self.network = model
         # how the generic transformer runs here (None for a family's own network)
-        self._runtime = (
-            runtime if runtime is not None or not isinstance(model, Transformer) else Runtime(model)
-        )
+        if runtime is None and isinstance(model, Transformer):
+            runtime = Runtime(model)
+        self._runtime = runtime
         self.tokenizer = tokenizer
         self.path = Path(path) if path is not None else None
         # The family's published decoding settings, in its decoding mode (+ the checkpoint's

@@ -55,7 +55,7 @@ from ..models.families.llada import llada_config
 from ..models.kvcache import KVCache
 from ..models.transformer import Transformer
 from ..runtime import Runtime, Segment
-from ..runtime.ov_graph import Weights, graph_step
+from ..runtime.ov_graph import Weights, attach_graph
 from .common import emit_json, hardware, median, print_table
 from .gpu_families import LLADA_8B, TINY_OVERRIDES, random_model
 from .llama_shapes import PEER_TYPES, llama_bench, quantize_gguf, write_gguf
@@ -150,8 +150,7 @@ def build(cfg: ModelConfig, fmt: str) -> Runtime:
     if fmt in GRAPH:
         with torch.device("meta"):
             runtime = Runtime(Transformer(cfg))
-        runtime.attach(graph_step(cfg, random_weights(cfg), GRAPH[fmt], torch.get_num_threads()))
-        runtime.quantized = GRAPH[fmt]
+        attach_graph(runtime, GRAPH[fmt], weights=random_weights(cfg))
         return runtime
     dtype = torch.bfloat16 if fmt == "bfloat16" else torch.float32
     return Runtime(random_model(cfg, torch.device("cpu"), dtype))
