@@ -3,7 +3,8 @@
 A backend serves every sequence's passes of ``Runtime.forward_segments`` — the AR token step,
 the verify pass, the diffusion block step and window step — each on its own, exactly as it would run
 alone (``forward_each``), so a row's numbers never depend on the other rows of its step; passes
-past the largest token bucket or without a cache return None and eager torch runs them. Shapes are
+past the largest token bucket or without a cache return None and eager torch runs them (a step
+made ``whole``, the quantized graph's, runs cacheless passes on a scratch cache instead). Shapes are
 static per bucket: the new tokens are padded to a bucket of ``TOKEN_BUCKETS`` and the cache is fed
 whole (its capacity is a power of two, see ``KVCache``), unused slots masked. The caller (here)
 writes the returned keys/values into the ``KVCache``, so torch and the backend share one cache and
