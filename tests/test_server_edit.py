@@ -9,7 +9,7 @@ from __future__ import annotations
 import json
 import random
 from collections.abc import Iterator
-from typing import Any
+from typing import Any, cast
 
 import openai
 import pytest
@@ -20,8 +20,10 @@ from quicksilver.assets import embedded_model_path
 from quicksilver.server import ServerConfig, build_app, build_served_model
 from quicksilver.server.async_engine import AsyncEngine
 from quicksilver.server.mock_engine import MOCK_ANSWER, MockEngine, default_script
-from quicksilver.server.serving.edit import Unwrap, unwrap
+from quicksilver.server.protocol.edit import EditCompletionRequest
+from quicksilver.server.serving.edit import APPLY, NEXT_EDIT, EditServing, Unwrap, unwrap
 from quicksilver.server.serving.generation import ServedModel
+from quicksilver.server.twin import build_editor
 from quicksilver.suite.edit_format import (
     APPLY_SYSTEM,
     CURSOR,
@@ -66,21 +68,25 @@ def wrapping_script(prompt: str) -> str:
     return default_script(prompt)
 
 
-def app_client(**overrides: Any) -> TestClient:
-    mock = MockEngine(script=wrapping_script)
+def mock_served(name: str, script: Any = wrapping_script, edits: bool = False) -> ServedModel:
+    mock = MockEngine(script=script)
     tok = mock.tokenizer
     assert tok.mask_id is not None
-    served = ServedModel(
-        "quicksilver-mock",
+    return ServedModel(
+        name,
         tok,
         AsyncEngine(mock),
         mock.max_context,
         "bidirectional",
         list(tok.stop_ids),
         tok.mask_id,
+        edits=edits,
     )
+
+
+def app_client(**overrides: Any) -> TestClient:
     cfg = ServerConfig(mock=True, **overrides)
-    return TestClient(build_app(served, cfg))
+    return TestClient(build_app(mock_served("quicksilver-mock"), cfg))
 
 
 @pytest.fixture(scope="module")
@@ -334,3 +340,65 @@ def test_embedded_model_answers_both_routes() -> None:
             assert r.usage is not None and r.usage.prompt_tokens > 0
             chunks = stream(sdk, path, messages=user(msg), max_tokens=32)
             assert chunks[-1].choices[0].finish_reason in ("stop", "length")
+
+
+EDITOR_REPLY = "merged by the edit model"
+
+
+@pytest.fixture(scope="module")
+def routed() -> Iterator[TestClient]:
+    """A chat model (the default) beside an edit model, as ``make run`` serves them."""
+    editor = mock_served("mock-edit", lambda prompt: EDITOR_REPLY, edits=True)
+    cfg = ServerConfig(mock=True)
+    with TestClient(build_app(mock_served("quicksilver-mock"), cfg, [editor])) as c:
+        yield c
+
+
+@pytest.mark.parametrize("path,msg", ROUTES)
+def test_edit_routes_go_to_the_edit_model_unless_another_is_named(
+    routed: TestClient, path: str, msg: str
+) -> None:
+    ids = [m["id"] for m in routed.get("/v1/models").json()["data"]]
+    assert ids == ["quicksilver-mock", "mock-edit"]
+    for model in (None, "mock-edit", "mercury-edit", "mercury-edit-2"):
+        body = {"messages": user(msg), "max_tokens": 64} | ({"model": model} if model else {})
+        r = routed.post(path, json=body).json()
+        assert r["model"] == "mock-edit" and r["choices"][0]["message"]["content"] == EDITOR_REPLY
+        lines = routed.post(path, json=body | {"stream": True}).text.splitlines()
+        events = [json.loads(x[6:]) for x in lines if x.startswith("data: {")]
+        assert {e["model"] for e in events} == {"mock-edit"}
+        text = "".join(e["choices"][0]["delta"].get("content") or "" for e in events)
+        assert text == EDITOR_REPLY
+    asked = routed.post(path, json={"model": "quicksilver-mock", "messages": user(msg)}).json()
+    assert asked["model"] == "quicksilver-mock"  # the chat model, as asked
+    assert asked["choices"][0]["message"]["content"] != EDITOR_REPLY
+    unknown = routed.post(path, json={"model": "gpt-9", "messages": user(msg)})
+    assert unknown.status_code == 404 and unknown.json()["error"]["code"] == "model_not_found"
+
+
+def test_chat_routes_keep_the_default_model(routed: TestClient) -> None:
+    r = routed.post("/v1/chat/completions", json={"messages": user("hi"), "max_tokens": 8})
+    assert r.json()["model"] == "quicksilver-mock"
+    r = routed.post("/v1/chat/completions", json={"model": "mercury-edit", "messages": user("hi")})
+    assert r.status_code == 404  # the aliases name the edit model on the edit routes only
+
+
+def test_route_defaults_where_the_request_is_silent() -> None:
+    serving = EditServing(cast(Any, None))
+    silent = EditCompletionRequest(messages=[{"role": "user", "content": APPLY_MSG}])
+    chat = serving.to_chat(silent, APPLY)
+    assert (chat.temperature, chat.top_p) == (0.0, 1.0)
+    silent = EditCompletionRequest(messages=[{"role": "user", "content": NEXT_MSG}])
+    chat = serving.to_chat(silent, NEXT_EDIT)
+    assert (chat.temperature, chat.top_p) == (0.3, 0.8)
+    asked = EditCompletionRequest(
+        messages=[{"role": "user", "content": NEXT_MSG}], temperature=0, model="mercury-edit"
+    )
+    chat = serving.to_chat(asked, NEXT_EDIT)
+    assert (chat.temperature, chat.top_p, chat.model) == (0.0, 0.8, None)
+
+
+def test_edit_model_only_beside_the_embedded_default(tmp_path: Any) -> None:
+    assert build_editor(ServerConfig(mock=True), "x") is None
+    assert build_editor(ServerConfig(model=str(tmp_path)), "x") is None
+    assert build_editor(ServerConfig(edit_model=False), "x") is None

@@ -1,9 +1,12 @@
-"""Where the package's shipped files live: the embedded model, its AR twin and the diffusion model.
+"""Where the package's shipped files live: the embedded model, its AR twin, the edit model and the
+diffusion model.
 
 The embedded default (``assets/model``) is the joint network (causal, drafts by diffusion and
 verifies itself: sampling/verify.py); ``assets/model-ar`` its equal-size AR twin (separate weights,
-the speed baseline); ``assets/model-diffusion`` the block-diffusion model it replaced (the diffusion
-decoder's own shipped model: threshold decoding, revision, infilling with a suffix, canvas views).
+the speed baseline); ``assets/model-edit`` the edit model (``quicksilver-edit``: the same
+architecture trained to merge edits, behind the apply and next-edit routes);
+``assets/model-diffusion`` the block-diffusion model it replaced (the diffusion decoder's own
+shipped model: threshold decoding, revision, infilling with a suffix, canvas views).
 """
 
 from __future__ import annotations
@@ -16,6 +19,7 @@ from .hub import resolve_model as resolve_hub_model
 ASSETS = Path(__file__).parent / "assets"
 EMBEDDED_MODEL = ASSETS / "model"
 EMBEDDED_AR_MODEL = ASSETS / "model-ar"
+EMBEDDED_EDIT_MODEL = ASSETS / "model-edit"
 EMBEDDED_DIFFUSION_MODEL = ASSETS / "model-diffusion"
 
 
@@ -31,6 +35,11 @@ def embedded_model_path() -> Path | None:
 def embedded_ar_model_path() -> Path | None:
     """The equal-size autoregressive baseline shipped beside it, if any."""
     return _present(EMBEDDED_AR_MODEL)
+
+
+def embedded_edit_model_path() -> Path | None:
+    """The edit model shipped beside it (apply-edit, next-edit), if any."""
+    return _present(EMBEDDED_EDIT_MODEL)
 
 
 def _attention(path: Path) -> str | None:
@@ -54,6 +63,7 @@ def embedded_diffusion_model_path() -> Path | None:
 EMBEDDED = {
     "model": embedded_model_path,
     "AR twin": embedded_ar_model_path,
+    "edit model": embedded_edit_model_path,
     "diffusion model": embedded_diffusion_model_path,
 }
 

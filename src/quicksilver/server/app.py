@@ -30,7 +30,7 @@ from .reliability.lifecycle import Drain, Lifecycle
 from .routes import router
 from .serving.chat import OpenAIServingChat
 from .serving.completion import OpenAIServingCompletion
-from .serving.edit import EditServing
+from .serving.edit import EDIT_ALIASES, EditServing
 from .serving.generation import ServedModel
 from .serving.messages import AnthropicServingMessages
 from .serving.responses import OpenAIServingResponses
@@ -115,9 +115,10 @@ class ServerState:
             AnthropicServingMessages(chats[served.name]),
             {t.name: AnthropicServingMessages(chats[t.name]) for t in twins},
         )
-        self.edit = ByModel(  # apply-edit and next-edit, on the chat path
-            EditServing(chats[served.name]), {t.name: EditServing(chats[t.name]) for t in twins}
-        )
+        # apply-edit and next-edit, on the chat path: the edit model unless another is named
+        edits = {b.name: EditServing(chats[b.name]) for b in self.served_models}
+        editor = next((b.name for b in self.served_models if b.edits), served.name)
+        self.edit = ByModel(edits[editor], edits | {alias: edits[editor] for alias in EDIT_ALIASES})
 
     def cards(self) -> list[ModelCard]:
         return [

@@ -49,6 +49,8 @@ class ServerConfig(LoadConfig):
     port: int = 8000
     api_key: str | None = None  # protects every route but /health (also QUICKSILVER_API_KEY)
     ar_twin: bool = True  # with the embedded default: also serve its AR twin as `<name>-ar`
+    # with the embedded default: also serve the edit model as `<name>-edit` (the edit routes' default)
+    edit_model: bool = True
     allowed_origins: str | None = None  # comma-separated origins allowed cross-origin ('*': any)
     mock: bool = False  # serve the scripted mock engine (no weights; for demos and protocol tests)
     warmup: bool = True  # compile the exported step's shapes at load (no request pays a compile)
@@ -96,6 +98,8 @@ SERVER_HELP = LOAD_HELP | {
     "served_model_name": "model id clients send and /v1/models lists",
     "api_key": f"require 'Authorization: Bearer KEY' on every route but /health (env {API_KEY_ENV})",
     "ar_twin": "with the embedded model, also serve its autoregressive twin (model id quicksilver-ar)",
+    "edit_model": "with the embedded model, also serve the edit model (model id quicksilver-edit), "
+    "which the apply and next-edit routes use unless a request names another served model",
     "allowed_origins": "comma-separated origins a browser may call this server from (CORS; '*': any); "
     "other cross-origin requests get 403",
     "mock": "serve the scripted mock engine instead of a model (no weights)",

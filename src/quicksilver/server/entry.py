@@ -9,7 +9,7 @@ from .config import ServerConfig
 from .launch import run_server
 from .scale.tp_launch import serve_tensor_parallel
 from .served import build_served_model
-from .twin import build_twin
+from .twin import build_companions
 
 
 def serve(cfg: ServerConfig, mock_step_delay: float = 0.0) -> int:
@@ -23,5 +23,4 @@ def serve(cfg: ServerConfig, mock_step_delay: float = 0.0) -> int:
         level=cfg.log_level.upper(), format="%(asctime)s %(name)s %(levelname)s %(message)s"
     )
     served = build_served_model(cfg, mock_step_delay)
-    twin = build_twin(cfg, served.name)
-    return run_server(cfg, served, [twin] if twin else [])
+    return run_server(cfg, served, build_companions(cfg, served.name))

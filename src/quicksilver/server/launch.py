@@ -26,7 +26,7 @@ def run_server(
     sys.setswitchinterval(SWITCH_INTERVAL)
     app = build_app(served, cfg, twins)
     key = "on" if cfg.resolved_api_key() else "off"
-    also = "".join(f" and its AR twin {t.name!r}" for t in twins)
+    also = "".join(f" and {t.name!r}" for t in twins)
     print(
         f"quicksilver: serving {served.name!r} ({served.attention}, context {served.max_context},"
         f" steps on {served.runtime})"

@@ -310,9 +310,9 @@ EDIT = then(
     "edit",
     64,
     tasks=EDIT_MIX,
-    steps=3000,
+    steps=1500,
     lr=3e-4,
-    eval_every=1000,
+    eval_every=500,
     eval_tasks=EDIT_EVAL,
 )
 

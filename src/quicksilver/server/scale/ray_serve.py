@@ -41,7 +41,7 @@ from ..config import ServerConfig
 from ..protocol.errors import error_body
 from ..reliability.lifecycle import replay
 from ..served import build_served_model
-from ..twin import build_twin
+from ..twin import build_companions
 from .ray_router import ROUTERS
 from .routing import route_key
 
@@ -80,8 +80,7 @@ class Replica:
 
         torch.set_num_threads(max(1, cfg.threads))
         served = build_served_model(cfg)
-        twin = build_twin(cfg, served.name)
-        self.app = build_app(served, cfg, [twin] if twin else [])
+        self.app = build_app(served, cfg, build_companions(cfg, served.name))
         self.state = self.app.state.qs
         self.tag = serve.get_replica_context().replica_id.unique_id
 

@@ -45,17 +45,28 @@ def _apply(text: str) -> str:
 
 @dataclass(frozen=True)
 class EditRoute:
-    """One edit route: its metrics label, its system prompt, and its user message re-rendered from
-    the parsed sections (``FormatError`` names a missing one)."""
+    """One edit route: its metrics label, its system prompt, its user message re-rendered from
+    the parsed sections (``FormatError`` names a missing one), and the sampling settings a request
+    that is silent on them gets."""
 
     endpoint: str
     system: str
     render: Callable[[str], str]
+    defaults: dict[str, float]
 
 
-APPLY = EditRoute("apply", APPLY_SYSTEM, _apply)
-NEXT_EDIT = EditRoute("edit", NEXT_EDIT_SYSTEM, lambda t: next_edit_message(parse_next_edit(t)))
+# Inception's documented defaults for mercury-edit (../shared/reference/edit_endpoints.md); its
+# presence_penalty (1.0 on next-edit) is not applied: no decoder here has penalties
+APPLY = EditRoute("apply", APPLY_SYSTEM, _apply, {"temperature": 0.0, "top_p": 1.0})
+NEXT_EDIT = EditRoute(
+    "edit",
+    NEXT_EDIT_SYSTEM,
+    lambda t: next_edit_message(parse_next_edit(t)),
+    {"temperature": 0.3, "top_p": 0.8},
+)
 PASSED = set(EditCompletionRequest.model_fields) - {"messages"}  # the fields chat reads as is
+# Inception's ids for its edit model: on these routes they name whichever model edits here
+EDIT_ALIASES = ("mercury-edit", "mercury-edit-2")
 
 
 def _text(content: str | list[TextPart] | None, where: str) -> str:
@@ -154,6 +165,11 @@ class EditServing:
             ],
             "reasoning_effort": "none",
         }
+        for key, value in route.defaults.items():
+            if body.get(key) is None:
+                body[key] = value
+        if body.get("model") in EDIT_ALIASES:
+            body["model"] = None  # the serving picked for the alias answers it
         return chat_request(body, "messages")
 
     async def create(

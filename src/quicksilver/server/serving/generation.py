@@ -64,6 +64,8 @@ class ServedModel:
         default_factory=dict
     )  # the family's / checkpoint's sampler settings
     runtime: str = "torch"  # what runs its single-sequence passes (Pipeline.runtime_name)
+    # the apply and next-edit routes go to this model when a request names no served model
+    edits: bool = False
 
     def tid(self, text: str) -> int | None:
         return self.tokenizer.token_to_id(text)
