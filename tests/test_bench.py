@@ -471,6 +471,7 @@ def test_serve_bench_edit_routes_send_the_user_message_alone() -> None:
         for b in bodies:
             assert [m["role"] for m in b["messages"]] == ["user"]
             assert "<|" in b["messages"][0]["content"]  # the route's tagged sections
+            assert "model" not in b  # the route picks its edit model
     assert ROUTES["apply"][0] == "/v1/apply/completions"
 
 

@@ -285,10 +285,11 @@ def chat_bodies(n: int, seed: int, max_tokens: int, route: str = "chat") -> list
     bodies = []
     for it in (items * (n // max(len(items), 1) + 1))[:n]:
         body: dict[str, Any] = {
-            "model": "quicksilver",
             "messages": to_openai_messages(it.messages or []),
             "max_tokens": max_tokens,
         }
+        if route == "chat":
+            body["model"] = "quicksilver"  # the edit routes name none: they pick the edit model
         if it.tools:
             body["tools"] = it.tools
         bodies.append(body)
