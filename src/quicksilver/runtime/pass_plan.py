@@ -6,13 +6,17 @@ runtimes. ``RUNTIMES`` holds each runtime's measured defaults (the only hardware
 decoding path); ``PassPlanner`` applies them to one row with the runtime's cost curve. A runtime
 hands out its planner (``Runtime.planner``), chosen by its device and step backend.
 
+At a real size a pass's cost no longer stays flat as it widens: a runtime that measured its pass
+times (``Runtime.measure_passes``) caps the drafts a pass feeds at the count that keeps the most
+tokens per millisecond (``best_draft_count``), given how often a draft is kept.
+
 A row's plan depends on that row alone, so its tokens never depend on its neighbours in a batch.
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
 Cost = Callable[[int, int], int]  # (new tokens, how many lead unread) -> cost in positions
@@ -58,12 +62,31 @@ RUNTIMES: dict[str, PassPolicy] = {
 }
 
 
+# how often a greedy draft is kept given the ones before it: the shipped model keeps 3.16 tokens a
+# pass at k = 8 on the suite (docs/MODEL.md), and 1 + a + ... + a^8 = 3.16 at a = 0.7
+DRAFT_ACCEPT = 0.7
+
+
+def expected_tokens(k: int, accept: float = DRAFT_ACCEPT) -> float:
+    """Tokens a verify pass keeps on average with ``k`` drafts fed: the final token, then each
+    draft while every one before it was kept (1 + a + ... + a^k)."""
+    return sum(accept**i for i in range(k + 1))
+
+
+def best_draft_count(pass_ms: Mapping[int, float], accept: float = DRAFT_ACCEPT) -> int:
+    """The draft count k whose pass (``pass_ms[k]``: measured milliseconds of a 1 + k position
+    pass against a cache) keeps the most tokens per millisecond."""
+    return max(sorted(pass_ms), key=lambda k: expected_tokens(k, accept) / pass_ms[k])
+
+
 @dataclass(frozen=True)
 class PassPlanner:
-    """A runtime's policy and cost curve, applied to one row's pass at a time."""
+    """A runtime's policy and cost curve, applied to one row's pass at a time; ``max_drafts`` is
+    the cap its measured pass times put on a pass's drafts and masks (None: k as asked)."""
 
     policy: PassPolicy
     cost: Cost = exact
+    max_drafts: int | None = None
 
     def fit_drafts(self, conf: Sequence[float], width: int) -> int:
         """How many drafts a pass of ``width`` positions feeds, given their own probabilities:
@@ -93,6 +116,8 @@ class PassPlanner:
 
         Where the runtime runs shape buckets, masks are kept only while each adds at most two
         positions' cost: 8 masks must not move a 25-token prompt from the 32 shape into 64."""
+        if self.max_drafts is not None and width is None:
+            k = min(k, self.max_drafts)  # copied drafts (a width given) keep their long runs
         n, width = len(conf), k if width is None else width
         if n and self.policy.one_shape:
             n = self.fit_drafts(conf, width)

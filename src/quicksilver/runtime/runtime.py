@@ -14,17 +14,23 @@ depend on the other rows of its pass.
 
 from __future__ import annotations
 
+import time
+
 import torch
 import torch.nn.functional as F
 
 from ..errors import ConfigError
 from ..models.host import to_device
-from ..models.kvcache import KVPool
+from ..models.kvcache import KVCache, KVPool
 from ..models.masks import build_attention_mask
 from ..models.transformer import Block, Transformer, sdpa
 from .packing import LAYOUTS, Layout, PerSequence, plan_batched, token_bucket
-from .pass_plan import RUNTIMES, PassPlanner
+from .pass_plan import RUNTIMES, PassPlanner, best_draft_count
 from .segment import Segment, StepBackend
+
+# a network this large measures its pass times at warm-up, and its planner caps k by them
+REAL_SIZE = 100_000_000
+PLANNED_KS = (1, 2, 3, 4, 5, 6, 8)
 
 
 class Runtime:
@@ -40,6 +46,8 @@ class Runtime:
         self.static_shapes = False  # pad packed tokens to buckets (batched layout; CUDA graphs)
         self.step_backend: StepBackend | None = None  # e.g. OpenVINO for every row's CPU passes
         self.quantized = "none"  # weight format (runtime/quantize.py)
+        # measured milliseconds of a 1 + k position pass against a cache, by k (measure_passes)
+        self.pass_ms: dict[int, float] = {}
         self.attention_layout = "per_sequence"
         self.set_attention_layout(attention_layout)
 
@@ -89,13 +97,48 @@ class Runtime:
     @property
     def planner(self) -> PassPlanner:
         """What a verify pass feeds per row on this runtime (runtime/pass_plan.py)."""
+        cap = best_draft_count(self.pass_ms) if self.pass_ms else None
         if self.step_backend is not None:
-            return PassPlanner(self.step_backend.pass_policy, self.step_backend.cost)
-        return PassPlanner(RUNTIMES["cpu" if self.device.type == "cpu" else "accelerator"])
+            return PassPlanner(self.step_backend.pass_policy, self.step_backend.cost, cap)
+        return PassPlanner(
+            RUNTIMES["cpu" if self.device.type == "cpu" else "accelerator"], max_drafts=cap
+        )
 
     def warm(self, max_len: int) -> int:
-        """Compile the step backend's shapes ahead of the first requests; how many (0 on torch)."""
-        return 0 if self.step_backend is None else self.step_backend.warm(max_len)
+        """Compile the step backend's shapes ahead of the first requests; how many (0 on torch).
+        A network of a real size (``REAL_SIZE`` parameters and up) also measures its pass times,
+        which the planner reads."""
+        n = 0 if self.step_backend is None else self.step_backend.warm(max_len)
+        if self.parameters() >= REAL_SIZE:
+            self.measure_passes()
+        return n
+
+    def parameters(self) -> int:
+        """The network's parameter count (its meta-device shapes when a step graph holds the
+        weights)."""
+        return sum(p.numel() for p in self.net.parameters())
+
+    @torch.no_grad()
+    def measure_passes(
+        self, ks: tuple[int, ...] = PLANNED_KS, context: int = 64, iters: int = 3
+    ) -> dict[int, float]:
+        """Time a 1 + k position pass against a ``context``-token cache for each k (the median of
+        ``iters``), keep the times for the planner and return them."""
+        mask = self.config.mask_token_id
+        cache = KVCache()
+        ids = torch.full((context,), mask, dtype=torch.long)  # (P,)
+        self.forward_segments([Segment(ids, 0, context - 1, context, cache, append=context)])
+        self.pass_ms = {k: self._pass_ms(cache, context, 1 + k, iters) for k in ks}
+        return self.pass_ms
+
+    def _pass_ms(self, cache: KVCache, start: int, width: int, iters: int) -> float:
+        ids = torch.full((width,), self.config.mask_token_id, dtype=torch.long)  # (w,)
+        times = []
+        for _ in range(iters):
+            t0 = time.perf_counter()
+            self.forward_segments([Segment(ids, start, 0, width, cache, append=0)])
+            times.append((time.perf_counter() - t0) * 1e3)
+        return sorted(times)[len(times) // 2]
 
     def forward_segments(self, segments: list[Segment]) -> list[torch.Tensor]:
         """Packed inference forward: one pass for several sequences, each with its own KV cache.
