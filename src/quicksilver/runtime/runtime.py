@@ -19,10 +19,11 @@ import torch.nn.functional as F
 
 from ..errors import ConfigError
 from ..models.host import to_device
-from ..models.kvcache import KVPool
+from ..models.kvcache import KVCache, KVPool
 from ..models.masks import build_attention_mask
 from ..models.transformer import Block, Transformer, sdpa
-from .packing import LAYOUTS, Layout, PerSequence, plan_batched, token_bucket
+from .packing import LAYOUTS, Layout, PerSequence, plan_batched, sdpa_backends, token_bucket
+from .paged import PagedPool, Row, plan_flex
 from .pass_plan import RUNTIMES, PassPlanner
 from .segment import Segment, StepBackend
 
@@ -36,7 +37,9 @@ class Runtime:
         # where rows' tensors live: the network's device, or the CPU for a step graph that holds
         # the weights itself (its network on the meta device)
         self.device = net.lm_head.weight.device
-        self.kv_pool = KVPool()  # freed decode caches, reused with what a step backend bound
+        # freed decode caches, reused with what a step backend bound; under the flex layout one
+        # paged buffer for every cache (runtime/paged.py)
+        self.kv_pool: KVPool | PagedPool = KVPool()
         self.static_shapes = False  # pad packed tokens to buckets (batched layout; CUDA graphs)
         self.step_backend: StepBackend | None = None  # e.g. OpenVINO for every row's CPU passes
         self.quantized = "none"  # weight format (runtime/quantize.py)
@@ -49,11 +52,18 @@ class Runtime:
         return "torch" if self.step_backend is None else self.step_backend.name
 
     def set_attention_layout(self, name: str) -> None:
-        """``per_sequence`` (one attention call per sequence) or ``batched`` (one per layer)."""
+        """``per_sequence`` (one attention call per sequence), ``batched`` (one per layer over
+        padded rows) or ``flex`` (one per layer over the paged pool, runtime/paged.py)."""
         if name not in LAYOUTS:
             raise ConfigError(f"attention layout must be one of {LAYOUTS}, got {name!r}")
-        if self.static_shapes and name != "batched":
-            raise ConfigError("static shapes need the batched attention layout")
+        if self.static_shapes and name == "per_sequence":
+            raise ConfigError("static shapes need the batched or flex attention layout")
+        if name == "flex" and not isinstance(self.kv_pool, PagedPool):
+            cfg, net = self.config, self.net
+            dtype = net.model.embed_tokens.weight.dtype
+            self.kv_pool = PagedPool(cfg.n_layers, net.kv_heads, cfg.dim_head, dtype, self.device)
+        elif name != "flex" and isinstance(self.kv_pool, PagedPool):
+            self.kv_pool = KVPool()  # caches made before keep their spans until released
         self.attention_layout = name
 
     def attach(self, backend: StepBackend | None) -> None:
@@ -73,10 +83,12 @@ class Runtime:
         net.model.norm.forward = torch.compile(net.model.norm.forward, mode=mode, dynamic=dynamic)  # type: ignore[method-assign]
 
     def compile_static(self) -> None:
-        """CUDA graphs: bucketed static shapes (the batched attention layout, packed tokens padded
-        to a power of two) and ``torch.compile(mode="reduce-overhead")`` of the per-token parts, one
-        graph per bucket. On a CPU the same code compiles without graphs (for tests)."""
-        self.set_attention_layout("batched")
+        """CUDA graphs: bucketed static shapes (packed tokens padded to a power of two; the flex
+        layout kept, else the batched one) and ``torch.compile(mode="reduce-overhead")`` of the
+        per-token parts, one graph per bucket. On a CPU the same code compiles without graphs (for
+        tests)."""
+        if self.attention_layout != "flex":
+            self.set_attention_layout("batched")
         self.static_shapes = True
         self.compile_blocks(mode="reduce-overhead", dynamic=False)
 
@@ -140,19 +152,69 @@ class Runtime:
         for s in segments:
             spans.append((start, start + s.length))
             start = spans[-1][1]
+        flex = self.attention_layout == "flex"
+        scratch = self._scratch_caches(segments) if flex else []
         self._prepare_caches(segments, ids.device)
-        if self.static_shapes:  # padding tokens at position 0, in no segment: never read
+        if self.static_shapes or flex:  # padding tokens at position 0, in no segment: never read
             pad = token_bucket(start) - start
             ids, pos = F.pad(ids, (0, pad)), F.pad(pos, (0, pad))  # (1, Tpad)
-        layout = self._layout(segments, spans, int(ids.shape[1]))  # caches know the positions
+        n = int(ids.shape[1])
+        layout = (
+            self._flex_layout(segments, spans, scratch, n)
+            if flex
+            else self._layout(segments, spans, n)  # caches know the positions
+        )
         max_pos = max(s.start + s.length for s in segments) - 1
 
         def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, i: int) -> torch.Tensor:
             return layout.attend(sdpa, q, k, v, i)
 
-        h = self.net.hidden(ids, pos, attend, max_pos)[0]  # (Ttot, C)
-        out = [self._segment_logits(s, h, a) for s, (a, _) in zip(segments, spans)]
+        with sdpa_backends(self.device, self.attention_layout):
+            h = self.net.hidden(ids, pos, attend, max_pos)[0]  # (Ttot, C)
+        for c in scratch:
+            if c is not None:
+                c.release()
+        return [self._segment_logits(s, h, a) for s, (a, _) in zip(segments, spans)]
+
+    def _scratch_caches(self, segments: list[Segment]) -> list[KVCache | None]:
+        """Flex: every segment's keys live in the pool, so an uncached segment gets a cache for
+        this pass (released after it); a cache made under another pool moves into it."""
+        out: list[KVCache | None] = []
+        for s in segments:
+            if s.cache is not None:
+                s.cache.move_to(self.kv_pool)
+                out.append(None)
+                continue
+            c = KVCache(self.kv_pool)
+            dtype = self.net.model.embed_tokens.weight.dtype
+            cfg = self.config
+            c.reserve(
+                cfg.n_layers, 1, self.net.kv_heads, cfg.dim_head, s.length, dtype, self.device
+            )
+            c.write_meta(s.positions[None], None)
+            out.append(c)
         return out
+
+    def _flex_layout(
+        self,
+        segments: list[Segment],
+        spans: list[tuple[int, int]],
+        scratch: list[KVCache | None],
+        n_tokens: int,
+    ) -> Layout:
+        """The flex layout of a pass (runtime/paged.py): each row's keys are its span of the pool."""
+        cfg, rows = self.config, []
+        for s, span, tmp in zip(segments, spans, scratch):
+            cache = s.cache if s.cache is not None else tmp
+            assert cache is not None and cache.offset is not None
+            L = 0 if s.cache is None else cache.length
+            write = s.start if s.overwrite else L
+            keys = L if s.overwrite else L + s.length
+            draft = s.draft_from if cfg.attention == "causal" else None
+            off = cache.offset
+            rows.append(Row(span, s.start, off + write, off, off + keys, draft))
+        assert isinstance(self.kv_pool, PagedPool)
+        return plan_flex(self.kv_pool, rows, n_tokens, cfg.attention, cfg.block_size, self.device)
 
     def _segment_logits(self, s: Segment, h: torch.Tensor, a: int) -> torch.Tensor:
         """Segment ``s``'s logits (hi - lo, V) from the packed hidden states ``h`` (Ttot, C), its
