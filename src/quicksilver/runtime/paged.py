@@ -42,7 +42,7 @@ from ..models.kvcache import Allocation, ShapeKey
 
 PAGE = 64  # slots per page = the KV block of the block mask = a cache's smallest capacity
 Q_BLOCK = 128  # packed query tokens per block of the block mask
-FIRST_PAGES = 64  # pages of a fresh pool's buffer (it doubles when full)
+FIRST_PAGES = 16  # pages of a fresh pool's buffer (it doubles when full)
 
 MaskMod = Callable[[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]
 
