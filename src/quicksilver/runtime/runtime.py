@@ -254,12 +254,10 @@ class Runtime:
         if L:
             assert seg.cache is not None
             k_pos = torch.cat((seg.cache.committed_positions()[0], seg.positions))  # (L+T,)
-        draft_from = None
-        if seg.draft_from is not None:
-            draft_from = to_device([seg.draft_from], torch.long, seg.ids.device)  # (1,)
-        return build_attention_mask(
-            cfg.attention, cfg.block_size, seg.positions[None], k_pos[None], None, draft_from
-        )
+        q_pos = seg.positions  # (T,)
+        if cfg.attention == "causal" and seg.draft:  # the draft block sees the whole row
+            q_pos[T - seg.draft :] = last  # draft_horizon, without uploading draft_from
+        return build_attention_mask(cfg.attention, cfg.block_size, q_pos[None], k_pos[None], None)
 
     def _layout(
         self, segments: list[Segment], spans: list[tuple[int, int]], n_tokens: int
