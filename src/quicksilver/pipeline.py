@@ -322,7 +322,8 @@ LOAD_HELP = {
     "float32 below (faster there, and what the onnx/openvino backends run)",
     "quantize": "weight-only int8 (per channel) or int4 (groups of 128) on OpenVINO's CPU kernels, "
     "every pass through them (1/4 and 1/7 of float32 weight memory); MoE networks: "
-    "torch.ao dynamic int8",
+    "torch.ao dynamic int8; fp8: e4m3 weights with per-channel scales on GPUs with FP8 tensor "
+    "cores (compute capability 8.9+)",
     "backend": "runtime of every row's pass, alone or batched (a row's tokens never depend on "
     "its neighbours): torch (eager, the exact reference), onnx (ONNX Runtime), openvino, "
     "openvino-bf16 (OpenVINO in bf16, CPUs with bf16 only), auto (the measured winner on a "
