@@ -1,20 +1,24 @@
 """What the GPU paths promise, checked on the CPU: the per-sequence SDPA calls never reach cuDNN on
 a GPU (the bf16 per-sequence pathology: a cuDNN plan built per new key length), a verify step
 uploads nothing per row but its tokens, the static layouts keep one attention shape per bucket
-(what CUDA graphs and cuDNN's plan cache need), and one host read per diffusion step."""
+(what CUDA graphs and cuDNN's plan cache need), one host read per diffusion step, and canvas
+temporaries bounded whatever the batch."""
 
 from __future__ import annotations
 
 import contextlib
+import weakref
 from collections.abc import Iterator
 
 import pytest
 import torch
+from torch.utils._python_dispatch import TorchDispatchMode
 
 from quicksilver.bench.syncs import SyncCounter
 from quicksilver.runtime import paged, runtime
 from quicksilver.runtime.packing import sdpa_backends, token_bucket
 from quicksilver.sampling import Decoder, SamplerConfig
+from quicksilver.sampling.noise_canvas import GeneratorNoise, denoise, entropy
 from quicksilver.sampling.verify import VerifyDecoder
 from test_packing import _model
 from test_step import _mixed, _prompt
@@ -116,3 +120,52 @@ def test_static_layouts_keep_few_attention_shapes(monkeypatch: pytest.MonkeyPatc
 
 def test_token_buckets() -> None:
     assert [token_bucket(n) for n in (1, 63, 64, 65, 200, 513)] == [64, 64, 64, 128, 256, 1024]
+
+
+class LiveBytes(TorchDispatchMode):
+    """The peak bytes of new op outputs of at least ``floor`` bytes alive at once inside the block
+    (each storage counted once, from the op that made it to its tensor's death; views and in-place
+    results of an op's inputs are not new)."""
+
+    def __init__(self, floor: int) -> None:
+        super().__init__()
+        self.floor, self.live, self.peak = floor, 0, 0
+        self.ptrs: set[int] = set()
+
+    def _drop(self, ptr: int, n: int) -> None:
+        self.ptrs.discard(ptr)
+        self.live -= n
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # type: ignore[no-untyped-def]
+        out = func(*args, **(kwargs or {}))
+        flat = [a for a in args if isinstance(a, torch.Tensor)]
+        seen = {a.untyped_storage().data_ptr() for a in flat}  # views and in-place: not new
+        for t in out if isinstance(out, (tuple, list)) else (out,):
+            if not isinstance(t, torch.Tensor):
+                continue
+            n, ptr = t.untyped_storage().nbytes(), t.untyped_storage().data_ptr()
+            if n >= self.floor and ptr not in self.ptrs and ptr not in seen:
+                self.ptrs.add(ptr)
+                self.live += n
+                self.peak = max(self.peak, self.live)
+                weakref.finalize(t, self._drop, ptr, n)
+        return out
+
+
+def test_canvas_temporaries_are_bounded_whatever_the_batch() -> None:
+    """DiffusionGemma's step over B canvases of C x V float32 logits: the entropy's temporaries are
+    one canvas row at a time (two of them; the old code held four per row, 4 B), so its peak does
+    not grow with B; a whole step adds only the B rows' scaled logits (the next self-conditioning)
+    and the draw's probabilities, one draw for the batch in transformers' order (freed before the
+    entropy)."""
+    C, V = 16, 4096
+    row = C * V * 4  # one canvas row of float32 logits
+    for B in (1, 4):
+        logits = torch.randn(B, C, V)
+        with LiveBytes(row) as m:
+            entropy(logits)
+        assert m.peak <= 2 * row
+        noise = GeneratorNoise(torch.Generator().manual_seed(0))
+        with LiveBytes(row) as m:
+            denoise(torch.randn(B, C, V), 0.7, 0.1, noise)
+        assert m.peak <= (2 * B + 2) * row  # the old code held 6 B rows at its peak
