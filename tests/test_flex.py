@@ -14,7 +14,7 @@ import torch.nn.functional as F
 
 from quicksilver.models.kvcache import KVCache
 from quicksilver.models.masks import build_attention_mask
-from quicksilver.runtime import Runtime, Segment, paged
+from quicksilver.runtime import Runtime, Segment, paged, runtime
 from quicksilver.runtime.paged import PAGE, PagedPool, Row, plan_flex
 from quicksilver.sampling import Decoder, SamplerConfig
 from quicksilver.sampling.verify import VerifyDecoder
@@ -112,7 +112,7 @@ def test_one_flex_call_per_layer_and_no_sdpa(monkeypatch: pytest.MonkeyPatch) ->
         calls.append("flex")
         return orig(*a, **kw)
 
-    monkeypatch.setattr(paged, "flex_kernel", lambda _: spy)
+    monkeypatch.setattr(runtime, "flex_kernel", lambda _: spy)
     monkeypatch.setattr(F, "scaled_dot_product_attention", lambda *a, **k: calls.append("sdpa"))
     for _ in range(3):
         calls.clear()
@@ -211,3 +211,27 @@ def test_the_pool_allocates_frees_grows_and_moves_caches_in() -> None:
     own.move_to(pool)
     assert own.offset == 0 and own.length == 30
     assert bool((own.k[0][0, 0, :30] == 1.5).all()) and int(own.positions[0, 29]) == 29  # type: ignore[index]
+
+
+@pytest.mark.slow  # compiles the whole step on the CPU: ~2.5 min of inductor (make test-slow)
+def test_a_captured_flex_step_equals_eager() -> None:
+    """``compile_step`` (``compile_static`` under flex): the network, the pool writes, the block
+    mask and FlexAttention as one ``torch.compile(mode="reduce-overhead")`` function (CUDA graphs
+    on a GPU; compiled without them here) gives the eager flex layout's tokens, one graph per
+    bucket of packed tokens."""
+    from torch._dynamo.utils import counters
+
+    cfgs = [_mixed(i).replace(temperature=0.0, max_new_tokens=12) for i in range(2)]
+    prompts = [_prompt(i) for i in range(2)]
+    eager = Decoder(_model("block_causal", "flex"), MASK, [EOS], vocab_limit=96).generate(
+        prompts, cfgs
+    )
+    m = _model("block_causal", "flex")
+    m.compile_static()
+    assert m.step is not None and m.static_shapes and m.kv_pool.static  # type: ignore[union-attr]
+    before = counters["stats"]["unique_graphs"]
+    dec = Decoder(m, MASK, [EOS], vocab_limit=96)
+    for _ in range(2):  # the second run replays what the first compiled
+        got = dec.generate(prompts, cfgs)
+        assert [r.tokens for r in got] == [r.tokens for r in eager]
+    assert counters["stats"]["unique_graphs"] - before <= 2  # the prompt's bucket, the steps'

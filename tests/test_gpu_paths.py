@@ -90,7 +90,7 @@ def _attention_shapes(layout: str, monkeypatch: pytest.MonkeyPatch) -> set[tuple
             shapes.add((q.shape[2], k.shape[2]))
             return orig(q, k, v, **kw)
 
-        monkeypatch.setattr(paged, "flex_kernel", lambda _: spy_flex)
+        monkeypatch.setattr(runtime, "flex_kernel", lambda _: spy_flex)
     else:
         orig_sdpa = runtime.sdpa
 

@@ -334,9 +334,11 @@ LOAD_HELP = {
     "(0: at block starts only)",
     "compile": "torch.compile the per-token parts of each block (GPU; measured slower on a "
     "2-core CPU)",
-    "attention_layout": "attention over a batch: per_sequence, batched (one call per layer), "
-    "auto (batched on a GPU)",
-    "cuda_graphs": "static bucketed shapes + torch.compile(mode='reduce-overhead') (GPU)",
+    "attention_layout": "attention over a batch: per_sequence, batched (one call per layer over "
+    "padded rows), flex (one FlexAttention call per layer over the paged KV pool), auto (flex on "
+    "a GPU, per_sequence on a CPU)",
+    "cuda_graphs": "static bucketed shapes + torch.compile(mode='reduce-overhead') (GPU): whole "
+    "steps under the flex layout",
     "revision": "branch, tag or commit of a Hub id --model (same as org/name@REVISION)",
     "decoding_mode": "the family's named decoding settings (LLaDA2.1: quality, its default, or "
     "speed); default: the family's published ones",

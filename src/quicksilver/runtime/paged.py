@@ -22,9 +22,11 @@ Contract:
 - A row's numbers do not depend on its batch-mates: its keys sit page-aligned, so the kernel cuts
   them into the same blocks wherever the row lives, and other rows' pages in a query block are
   fully masked for it (a no-op in the online softmax). Tested bit-equal on the CPU.
-- ``flex_kernel``: ``torch.compile(flex_attention)`` on a GPU (static shapes: the packed tokens
-  padded to ``packing.token_bucket``, the buffer's size fixed until it doubles), eager elsewhere
-  (the unfused reference: tests).
+- ``flex_kernel``: ``torch.compile(flex_attention)`` on a GPU (the packed tokens padded to
+  ``packing.token_bucket``, the buffer's size fixed until it doubles: a second shape recompiles it
+  with dynamic sizes, inductor's CPU template fails there, docs/LOG.md), eager elsewhere (the
+  unfused reference: tests). ``flex_layout`` builds the block mask from the step's one upload
+  without host reads, so a whole step can be captured (runtime.Runtime.compile_step).
 """
 
 from __future__ import annotations
@@ -69,6 +71,7 @@ class PagedPool:
         self.kv = torch.empty(0)
         self.positions = torch.empty(0)
         self.valid = torch.empty(0)
+        self.static = False  # captured steps (Runtime.compile_step) write the buffer in place
         self._grow(pages)
 
     @property
@@ -101,10 +104,19 @@ class PagedPool:
             self._free[pages] = {0}
         self.pages = pages
         self._merge(old_pages)
+        if self.static:
+            self.mark_static()
         for off, (ref, cap) in self._live.items():
             a = ref()
             if a is not None:
                 a.repoint(*self._views(off, cap))
+
+    def mark_static(self) -> None:
+        """Tell torch.compile the buffer's address is fixed (CUDA graphs then replay the in-place
+        writes instead of refusing a graph whose inputs it mutates); a grown buffer is marked too."""
+        self.static = True
+        for t in (self.kv, self.positions):
+            torch._dynamo.mark_static_address(t)
 
     def _merge(self, size: int) -> None:
         """Join the free span that ended the old buffer with its new buddy, upwards."""
@@ -273,6 +285,8 @@ class Flex:
         kb.index_copy_(2, self.dest, k)
         vb.index_copy_(2, self.dest, v)
         gqa = kb.shape[1] != q.shape[1]
+        if torch.compiler.is_compiling():  # a captured step (Runtime.compile_step)
+            return self.kernel(q, kb, vb, block_mask=self.block_mask, enable_gqa=gqa)
         return outside_modes(self.kernel, q, kb, vb, block_mask=self.block_mask, enable_gqa=gqa)
 
 
@@ -286,21 +300,28 @@ def outside_modes(fn: Callable[..., torch.Tensor], *args: Any, **kwargs: Any) ->
         return outside_modes(fn, *args, **kwargs)
 
 
-def plan_flex(
+def upload_plan(
+    pool: PagedPool, rows: list[Row], n_tokens: int, device: torch.device
+) -> torch.Tensor:
+    """A step's one upload (long): per packed token its slot (Tpad), the mask metadata (4 x Tpad),
+    then per query block its page count (nQ) and pages (nQ x pages of the pool)."""
+    dest, meta = host_meta(rows, n_tokens, pool.scratch)
+    nums, idx = block_tables(rows, n_tokens, pool.slots // PAGE)
+    return to_device(dest + meta + nums + idx, torch.long, device)
+
+
+def flex_layout(
     pool: PagedPool,
-    rows: list[Row],
+    plan: torch.Tensor,
     n_tokens: int,
     pattern: str,
     block_size: int,
-    device: torch.device,
+    kernel: Callable[..., torch.Tensor],
 ) -> Flex:
-    """A step's ``Flex`` layout (one upload: the per-token metadata and the block tables)."""
-    n_pages = pool.slots // PAGE
-    dest, meta = host_meta(rows, n_tokens, pool.scratch)
-    nums, idx = block_tables(rows, n_tokens, n_pages)
-    host = to_device(dest + meta + nums + idx, torch.long, device)  # the step's one upload
-    tok, tables = host[: 5 * n_tokens], host[5 * n_tokens :].to(torch.int32)
-    n_q = len(nums)
+    """The ``Flex`` layout of an uploaded ``plan`` (no host reads: it also runs inside a captured
+    step, runtime.Runtime.compile_step)."""
+    n_q, n_pages = -(-n_tokens // Q_BLOCK), pool.slots // PAGE
+    tok, tables = plan[: 5 * n_tokens], plan[5 * n_tokens :].to(torch.int32)
     kv_num = tables[:n_q].view(1, 1, n_q)  # (1, 1, nQ)
     kv_idx = tables[n_q:].view(1, 1, n_q, n_pages)  # (1, 1, nQ, nPages)
     mod = mask_mod(pattern, block_size, tok[n_tokens:].view(4, n_tokens), pool.positions[0])
@@ -312,12 +333,25 @@ def plan_flex(
         seq_lengths=(n_tokens, pool.slots),
         compute_q_blocks=False,
     )
-    return Flex(pool, tok[:n_tokens], bm, flex_kernel(device.type))
+    return Flex(pool, tok[:n_tokens], bm, kernel)
+
+
+def plan_flex(
+    pool: PagedPool,
+    rows: list[Row],
+    n_tokens: int,
+    pattern: str,
+    block_size: int,
+    device: torch.device,
+) -> Flex:
+    """A step's ``Flex`` layout (one upload: the per-token metadata and the block tables)."""
+    plan = upload_plan(pool, rows, n_tokens, device)
+    return flex_layout(pool, plan, n_tokens, pattern, block_size, flex_kernel(device.type))
 
 
 @functools.lru_cache(maxsize=4)
 def flex_kernel(device_type: str) -> Callable[..., torch.Tensor]:
     """FlexAttention compiled on a GPU (the fused kernel); eager on the CPU (the reference)."""
-    if device_type == "cuda":
-        return torch.compile(flex_attention, dynamic=False)  # type: ignore[return-value]
+    if device_type == "cuda":  # static first, then one dynamic recompile (buckets, pool growth)
+        return torch.compile(flex_attention)  # type: ignore[return-value]
     return flex_attention  # type: ignore[return-value]

@@ -14,8 +14,11 @@ depend on the other rows of its pass.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import torch
 import torch.nn.functional as F
+from torch.nn.attention.flex_attention import flex_attention
 
 from ..errors import ConfigError
 from ..models.host import to_device
@@ -23,7 +26,7 @@ from ..models.kvcache import KVCache, KVPool
 from ..models.masks import build_attention_mask
 from ..models.transformer import Block, Transformer, sdpa
 from .packing import LAYOUTS, Layout, PerSequence, plan_batched, sdpa_backends, token_bucket
-from .paged import PagedPool, Row, plan_flex
+from .paged import PagedPool, Row, flex_kernel, flex_layout, upload_plan
 from .pass_plan import RUNTIMES, PassPlanner
 from .segment import Segment, StepBackend
 
@@ -43,6 +46,7 @@ class Runtime:
         self.static_shapes = False  # pad packed tokens to buckets (batched layout; CUDA graphs)
         self.step_backend: StepBackend | None = None  # e.g. OpenVINO for every row's CPU passes
         self.quantized = "none"  # weight format (runtime/quantize.py)
+        self.step: Callable[..., torch.Tensor] | None = None  # a captured flex step (compile_step)
         self.attention_layout = "per_sequence"
         self.set_attention_layout(attention_layout)
 
@@ -83,12 +87,13 @@ class Runtime:
         net.model.norm.forward = torch.compile(net.model.norm.forward, mode=mode, dynamic=dynamic)  # type: ignore[method-assign]
 
     def compile_static(self) -> None:
-        """CUDA graphs: bucketed static shapes (packed tokens padded to a power of two; the flex
-        layout kept, else the batched one) and ``torch.compile(mode="reduce-overhead")`` of the
-        per-token parts, one graph per bucket. On a CPU the same code compiles without graphs (for
-        tests)."""
-        if self.attention_layout != "flex":
-            self.set_attention_layout("batched")
+        """CUDA graphs: under the flex layout whole steps (``compile_step``); otherwise bucketed
+        static shapes (the batched layout, packed tokens padded to a power of two) and
+        ``torch.compile(mode="reduce-overhead")`` of the per-token parts, one graph per bucket. On
+        a CPU the same code compiles without graphs (for tests)."""
+        if self.attention_layout == "flex":
+            return self.compile_step()
+        self.set_attention_layout("batched")
         self.static_shapes = True
         self.compile_blocks(mode="reduce-overhead", dynamic=False)
 
@@ -159,18 +164,18 @@ class Runtime:
             pad = token_bucket(start) - start
             ids, pos = F.pad(ids, (0, pad)), F.pad(pos, (0, pad))  # (1, Tpad)
         n = int(ids.shape[1])
-        layout = (
-            self._flex_layout(segments, spans, scratch, n)
-            if flex
-            else self._layout(segments, spans, n)  # caches know the positions
-        )
-        max_pos = max(s.start + s.length for s in segments) - 1
+        if flex:
+            plan = self._flex_plan(segments, spans, scratch, n)
+            h = self.step(ids, pos, plan)[0] if self.step else self._flex_hidden(ids, pos, plan)[0]
+        else:
+            layout = self._layout(segments, spans, n)  # caches know the positions
+            max_pos = max(s.start + s.length for s in segments) - 1
 
-        def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, i: int) -> torch.Tensor:
-            return layout.attend(sdpa, q, k, v, i)
+            def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, i: int) -> torch.Tensor:
+                return layout.attend(sdpa, q, k, v, i)
 
-        with sdpa_backends(self.device, self.attention_layout):
-            h = self.net.hidden(ids, pos, attend, max_pos)[0]  # (Ttot, C)
+            with sdpa_backends(self.device, self.attention_layout):
+                h = self.net.hidden(ids, pos, attend, max_pos)[0]  # (Ttot, C)
         for c in scratch:
             if c is not None:
                 c.release()
@@ -195,14 +200,14 @@ class Runtime:
             out.append(c)
         return out
 
-    def _flex_layout(
+    def _flex_plan(
         self,
         segments: list[Segment],
         spans: list[tuple[int, int]],
         scratch: list[KVCache | None],
         n_tokens: int,
-    ) -> Layout:
-        """The flex layout of a pass (runtime/paged.py): each row's keys are its span of the pool."""
+    ) -> torch.Tensor:
+        """The flex step's one upload (runtime/paged.py): each row's keys are its span of the pool."""
         cfg, rows = self.config, []
         for s, span, tmp in zip(segments, spans, scratch):
             cache = s.cache if s.cache is not None else tmp
@@ -214,7 +219,38 @@ class Runtime:
             off = cache.offset
             rows.append(Row(span, s.start, off + write, off, off + keys, draft))
         assert isinstance(self.kv_pool, PagedPool)
-        return plan_flex(self.kv_pool, rows, n_tokens, cfg.attention, cfg.block_size, self.device)
+        return upload_plan(self.kv_pool, rows, n_tokens, self.device)
+
+    def _flex_hidden(
+        self, ids: torch.Tensor, pos: torch.Tensor, plan: torch.Tensor
+    ) -> torch.Tensor:
+        """The network over packed ``ids``/``pos`` (1, Tpad) under the flex plan: (1, Tpad, C). No
+        host reads (the rotary tables cover the context), so ``compile_step`` can capture it."""
+        cfg, pool = self.config, self.kv_pool
+        assert isinstance(pool, PagedPool)
+        kernel: Callable[..., torch.Tensor] = (  # inside a captured step: the raw op
+            flex_attention if self.step else flex_kernel(self.device.type)  # type: ignore[assignment]
+        )
+        flex = flex_layout(pool, plan, int(ids.shape[1]), cfg.attention, cfg.block_size, kernel)
+
+        def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, i: int) -> torch.Tensor:
+            return flex.attend(None, q, k, v, i)
+
+        return self.net.hidden(ids, pos, attend, cfg.max_seq_len - 1)
+
+    def compile_step(self) -> None:
+        """CUDA graphs of whole steps: the flex layout with static shapes, and the network with
+        its attention, writes and block mask as one ``torch.compile(mode="reduce-overhead")``
+        function of the step's token ids, positions and one upload: one graph per bucket of packed
+        tokens (and pool size), replayed each step. On a CPU it compiles without graphs (tests)."""
+        self.set_attention_layout("flex")
+        self.static_shapes = True
+        assert isinstance(self.kv_pool, PagedPool)
+        self.kv_pool.mark_static()
+        self.net.rotary(
+            torch.zeros(1, 1, dtype=torch.long, device=self.device), self.config.max_seq_len - 1
+        )
+        self.step = torch.compile(self._flex_hidden, mode="reduce-overhead", dynamic=False)
 
     def _segment_logits(self, s: Segment, h: torch.Tensor, a: int) -> torch.Tensor:
         """Segment ``s``'s logits (hi - lo, V) from the packed hidden states ``h`` (Ttot, C), its
