@@ -228,7 +228,7 @@ def test_a_captured_flex_step_equals_eager() -> None:
     )
     m = _model("block_causal", "flex")
     m.compile_static()
-    assert m.step is not None and m.static_shapes and m.kv_pool.static  # type: ignore[union-attr]
+    assert m.captured_step is not None and m.static_shapes and m.kv_pool.static  # type: ignore[union-attr]
     before = counters["stats"]["unique_graphs"]
     dec = Decoder(m, MASK, [EOS], vocab_limit=96)
     for _ in range(2):  # the second run replays what the first compiled

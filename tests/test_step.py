@@ -248,7 +248,8 @@ def test_the_prepared_gpu_run_works_on_the_cpu_with_tiny_shapes(tmp_path) -> Non
     first, last = proc.stdout.splitlines()[0], proc.stdout.splitlines()[-1]
     assert "quicksilver gpu_run on CPU" in first  # the device is named
     summary = json.loads(last)
-    stages = ["llada-8b", "dream-7b", "diffusiongemma-26b-a4b", "llada-8b-fp8", "speed"]
+    stages = ["llada-8b", "dream-7b", "diffusiongemma-26b-a4b", "llada-8b-fp8", "llada-8b-graphs"]
+    stages.append("speed")
     assert [s["stage"] for s in summary["stages"]] == stages
     assert all(s["rc"] == 0 for s in summary["stages"])
     decode = summary["stages"][0]["result"]["results"][0]["decode"]
@@ -264,3 +265,6 @@ def test_the_prepared_gpu_run_works_on_the_cpu_with_tiny_shapes(tmp_path) -> Non
     assert all(r["loop_tok_s_per_request"] > 0 and "peak_memory_bytes" in r for r in gemma)
     fp8 = summary["stages"][3]["result"]["results"][0]
     assert fp8["quantize"] == "fp8" and fp8["decode"][0]["tokens_per_step"] == 5
+    graphs = summary["stages"][4]["result"]["results"][0]["decode"]
+    assert {r["cuda_graphs"] for r in graphs} == {False, True}
+    assert all("error" not in r for r in graphs)

@@ -6,13 +6,15 @@ left of the budget as its timeout (a stage that runs over is cut and recorded, t
 1. ``bench families`` at the LLaDA-8B shape, then at the Dream-7B shape (random bf16 weights):
    forward passes per second, then the real decoder at batch 1, 8, 16 and 32, forced 1 and 5 tokens
    per step and the family's default decoding, in the automatic attention layout (flex over the
-   paged KV pool on a GPU), CUDA graphs at batch 1 (a failure is recorded as a row, the others
-   stand); every decode row has tok/s per request and aggregate and its peak memory;
+   paged KV pool on a GPU; a failure is recorded as a row, the others stand); every decode row
+   has tok/s per request and aggregate and its peak memory;
 2. DiffusionGemma-26B-A4B (~52 GB of random bf16 weights) at batch 1 and 4: vLLM's published
    setting (canvas 256, 16 denoising steps) and the family's default decoding, with each row's peak
    memory (bench/gemma_shape.py; running out of memory is a row too);
 3. the LLaDA-8B shape in FP8 (``--quantize fp8``, runtime/fp8.py) at batch 1 and 8, 5 tokens per
-   step (recorded as refused on a GPU without FP8 tensor cores);
+   step (recorded as refused on a GPU without FP8 tensor cores); then at batch 1, 5 tokens per
+   step, eager and with CUDA graphs (``--cuda-graphs``: whole captured steps, a stage of its own
+   because compiling an 8B step may take minutes);
 4. with ``--idlm DIR`` only (a local I-DLM checkpoint, models/families/idlm.py): greedy verify
    decoding of one chat prompt at draft 0 (plain AR, the baseline) and at the model's draft length
    on the same loaded weights: tok/s, NFE, TPF and whether the two outputs agree. Without the flag
@@ -56,12 +58,11 @@ Stage = tuple[str, list[str]]  # a name and the command of its own process
 
 def family_stage(name: str, shape: str, extra: list[str], tiny: bool, out: Path) -> Stage:
     """``bench families`` at one shape: batch 1 / 8 / 16 / 32, forced 1 and 5 tokens per step and
-    the default decoding, the automatic attention layout, CUDA graphs at batch 1."""
+    the default decoding, the automatic attention layout (``extra`` narrows or adds)."""
     cmd = [sys.executable, "-m", "quicksilver.bench.gpu_families", "--shapes", shape]
-    cmd += ["--batch", "1", "2"] if tiny else ["--batch", "1", "8", "16", "32"]
+    cmd += ["--batch", "1", "2"] if tiny else ["--batch", "1", "8", "16", "32", "--iters", "10"]
     cmd += ["--tokens-per-step", "1", "5", "--gen", "20" if tiny else "120"]
     cmd += ["--tiny", "--block", "8", "--decode-block", "10"] if tiny else ["--dtype", "bfloat16"]
-    cmd += [] if tiny else ["--cuda-graphs", "--graph-batches", "1"]
     return name, cmd + extra + ["--out", str(out / f"{name}.json")]
 
 
@@ -74,6 +75,9 @@ def stages(args: argparse.Namespace, out: Path) -> list[Stage]:
     plan.append((GEMMA_SHAPE, gemma + ["--out", str(out / f"{GEMMA_SHAPE}.json")]))
     fp8 = ["--quantize", "fp8", "--batch", "1", "8", "--tokens-per-step", "5"]
     plan.append(family_stage("llada-8b-fp8", "llada-8b", fp8, tiny, out))
+    # last but speed: compiling a whole 8B step may take minutes, and a cut stage keeps nothing
+    graphs = ["--batch", "1", "--tokens-per-step", "5", "--cuda-graphs"]
+    plan.append(family_stage("llada-8b-graphs", "llada-8b", graphs, tiny, out))
     if getattr(args, "idlm", None):
         cmd = [*py, "quicksilver.bench.gpu_run", "--idlm-stage", str(args.idlm)]
         plan.append(("idlm", cmd + ["--out", str(out)] + (["--tiny"] if tiny else [])))

@@ -46,7 +46,8 @@ class Runtime:
         self.static_shapes = False  # pad packed tokens to buckets (batched layout; CUDA graphs)
         self.step_backend: StepBackend | None = None  # e.g. OpenVINO for every row's CPU passes
         self.quantized = "none"  # weight format (runtime/quantize.py)
-        self.step: Callable[..., torch.Tensor] | None = None  # a captured flex step (compile_step)
+        # the whole flex step under torch.compile(mode="reduce-overhead") (compile_step)
+        self.captured_step: Callable[..., torch.Tensor] | None = None
         self.attention_layout = "per_sequence"
         self.set_attention_layout(attention_layout)
 
@@ -164,12 +165,15 @@ class Runtime:
             pad = token_bucket(start) - start
             ids, pos = F.pad(ids, (0, pad)), F.pad(pos, (0, pad))  # (1, Tpad)
         n = int(ids.shape[1])
+        max_pos = max(s.start + s.length for s in segments) - 1
         if flex:
             plan = self._flex_plan(segments, spans, scratch, n)
-            h = self.step(ids, pos, plan)[0] if self.step else self._flex_hidden(ids, pos, plan)[0]
+            if self.captured_step is not None:  # static: the rotary tables cover the context
+                h = self.captured_step(ids, pos, plan, self.config.max_seq_len - 1)[0]
+            else:
+                h = self._flex_hidden(ids, pos, plan, max_pos)[0]  # (Tpad, C)
         else:
             layout = self._layout(segments, spans, n)  # caches know the positions
-            max_pos = max(s.start + s.length for s in segments) - 1
 
             def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, i: int) -> torch.Tensor:
                 return layout.attend(sdpa, q, k, v, i)
@@ -222,21 +226,24 @@ class Runtime:
         return upload_plan(self.kv_pool, rows, n_tokens, self.device)
 
     def _flex_hidden(
-        self, ids: torch.Tensor, pos: torch.Tensor, plan: torch.Tensor
+        self, ids: torch.Tensor, pos: torch.Tensor, plan: torch.Tensor, max_pos: int
     ) -> torch.Tensor:
-        """The network over packed ``ids``/``pos`` (1, Tpad) under the flex plan: (1, Tpad, C). No
-        host reads (the rotary tables cover the context), so ``compile_step`` can capture it."""
+        """The network over packed ``ids``/``pos`` (1, Tpad) under the flex plan: (1, Tpad, C).
+        No host reads (``max_pos``: the positions' maximum or above), so ``compile_step`` can
+        capture it."""
         cfg, pool = self.config, self.kv_pool
         assert isinstance(pool, PagedPool)
         kernel: Callable[..., torch.Tensor] = (  # inside a captured step: the raw op
-            flex_attention if self.step else flex_kernel(self.device.type)  # type: ignore[assignment]
+            flex_attention  # type: ignore[assignment]
+            if self.captured_step is not None
+            else flex_kernel(self.device.type)
         )
         flex = flex_layout(pool, plan, int(ids.shape[1]), cfg.attention, cfg.block_size, kernel)
 
         def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, i: int) -> torch.Tensor:
             return flex.attend(None, q, k, v, i)
 
-        return self.net.hidden(ids, pos, attend, cfg.max_seq_len - 1)
+        return self.net.hidden(ids, pos, attend, max_pos)
 
     def compile_step(self) -> None:
         """CUDA graphs of whole steps: the flex layout with static shapes, and the network with
@@ -250,7 +257,7 @@ class Runtime:
         self.net.rotary(
             torch.zeros(1, 1, dtype=torch.long, device=self.device), self.config.max_seq_len - 1
         )
-        self.step = torch.compile(self._flex_hidden, mode="reduce-overhead", dynamic=False)
+        self.captured_step = torch.compile(self._flex_hidden, mode="reduce-overhead", dynamic=False)
 
     def _segment_logits(self, s: Segment, h: torch.Tensor, a: int) -> torch.Tensor:
         """Segment ``s``'s logits (hi - lo, V) from the packed hidden states ``h`` (Ttot, C), its
