@@ -12,6 +12,11 @@ Attention is where a row could see its batch-mates' numerics, so a layout decide
   model's context, rounded up to 8), and a row alone runs the same padded shape. Query padding and
   other rows never change a row's result (tested). Static bucketed shapes also let a GPU capture
   CUDA graphs.
+- ``flex`` (runtime/paged.py): one FlexAttention call per layer over a paged pool that holds every
+  row's keys, no padding of rows, no copies (the GPU default).
+
+On a GPU the per-sequence SDPA calls never go to cuDNN (``sdpa_backends``): its plan per new key
+length made per-sequence bf16 decoding 10x slower than batched on an H200 (docs/LOG.md).
 """
 
 from __future__ import annotations

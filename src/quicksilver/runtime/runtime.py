@@ -1,7 +1,8 @@
 """``Runtime``: what makes a ``Transformer`` run fast on one machine, kept apart from its weights.
 
-A runtime owns the pool of decode caches, the attention layout of packed passes (per sequence or
-batched), static shapes and compilation (CUDA graphs), the step backend that serves single-segment
+A runtime owns the pool of decode caches, the attention layout of packed passes (per sequence,
+batched, or flex: one FlexAttention call per layer over a paged KV pool, runtime/paged.py), static
+shapes and compilation (CUDA graphs of whole flex steps: ``compile_step``), the step backend that serves single-segment
 passes outside torch (an exported graph on ONNX Runtime or OpenVINO, or a quantized OpenVINO graph:
 runtime/cpu_backends.py, runtime/ov_graph.py), the weight format, and the pass planner with that
 backend's cost curve. Decoders and the engine hold a runtime; the network never does.
