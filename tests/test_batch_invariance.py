@@ -73,3 +73,18 @@ def test_greedy_replies_are_the_same_alone_and_in_any_batch(path) -> None:  # ty
         assert same == len(prompts), f"batch {max_batch}, a request every {every} steps: {same}"
     if engine.prefix_cache is not None:
         assert engine.prefix_cache.hit_tokens > 0
+
+
+@pytest.mark.slow  # eager FlexAttention is the CPU's unfused reference: ~0.1 s a layer call
+def test_the_flex_layout_serves_the_same_replies_through_the_engine() -> None:
+    """The shipped model on torch with the flex layout (the GPU default: the paged KV pool, one
+    FlexAttention call per layer): replies through one engine, requests joining while others run
+    and the prefix cache filling, equal the per-sequence SDPA path's replies alone."""
+    ref = quicksilver.load(embedded_model_path(), backend="torch", attention_layout="per_sequence")
+    pipe = quicksilver.load(embedded_model_path(), backend="torch", attention_layout="flex")
+    prompts = _prompts(pipe)[::6]  # a few of every kind
+    alone = [_replies(Engine(ref.decoder), ref, [p], 0)[0] for p in prompts]
+    engine = Engine(pipe.decoder)
+    for max_batch, every in ((4, 1), (8, 0)):
+        engine.config.max_batch = max_batch
+        assert _replies(engine, pipe, prompts, every) == alone

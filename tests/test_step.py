@@ -235,7 +235,7 @@ def test_each_cache_mode_runs_the_positions_it_promises() -> None:
     assert (first.start, first.append) == (0, P // 8 * 8)  # complete model blocks are kept
 
 
-@pytest.mark.slow  # re-proves the GPU script on the CPU: ~25 s (make test-slow, CI)
+@pytest.mark.slow  # re-proves the GPU script on the CPU: ~2 min (make test-slow, CI)
 def test_the_prepared_gpu_run_works_on_the_cpu_with_tiny_shapes(tmp_path) -> None:  # type: ignore[no-untyped-def]
     import json
     import subprocess
@@ -248,10 +248,23 @@ def test_the_prepared_gpu_run_works_on_the_cpu_with_tiny_shapes(tmp_path) -> Non
     first, last = proc.stdout.splitlines()[0], proc.stdout.splitlines()[-1]
     assert "quicksilver gpu_run on CPU" in first  # the device is named
     summary = json.loads(last)
-    stages = ["llada-8b", "dream-7b", "diffusiongemma-26b-a4b", "speed"]
+    stages = ["llada-8b", "dream-7b", "diffusiongemma-26b-a4b", "llada-8b-fp8", "llada-8b-graphs"]
+    stages.append("speed")
     assert [s["stage"] for s in summary["stages"]] == stages
+    assert all(s["rc"] == 0 for s in summary["stages"])
     decode = summary["stages"][0]["result"]["results"][0]["decode"]
     assert {(r["batch"], r["tokens_per_step"]) for r in decode} == {
-        (b, k) for b in (1, 4) for k in (1, 2, 5, 8)
+        (b, k) for b in (1, 2) for k in (1, 5, "default")
     }
-    assert all(r["tpf"] == r["tokens_per_step"] and r["syncs_per_step"] == 1 for r in decode)
+    forced = [r for r in decode if r["tokens_per_step"] != "default"]
+    assert all(r["tpf"] == r["tokens_per_step"] for r in forced)
+    assert all(r["syncs_per_step"] == 1 and r["peak_memory_bytes"] > 0 for r in decode)
+    assert all(r["tok_s_aggregate"] >= r["tok_s_per_request"] for r in decode)
+    gemma = summary["stages"][2]["result"]["results"][0]["rows"]
+    assert [r["batch"] for r in gemma] == [1, 4]
+    assert all(r["loop_tok_s_per_request"] > 0 and "peak_memory_bytes" in r for r in gemma)
+    fp8 = summary["stages"][3]["result"]["results"][0]
+    assert fp8["quantize"] == "fp8" and fp8["decode"][0]["tokens_per_step"] == 5
+    graphs = summary["stages"][4]["result"]["results"][0]["decode"]
+    assert {r["cuda_graphs"] for r in graphs} == {False, True}
+    assert all("error" not in r for r in graphs)

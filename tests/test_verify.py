@@ -52,7 +52,7 @@ def explicit(model: Transformer, stream: list[int], k: int) -> torch.Tensor:
     return model(ids, positions=pos, attn_mask=m, raw=True)[0]
 
 
-@pytest.mark.parametrize("layout", ["per_sequence", "batched"])
+@pytest.mark.parametrize("layout", ["per_sequence", "batched", "flex"])
 def test_draft_block_layout_matches_the_training_mask(layout: str) -> None:
     model = causal_model()
     rt = Runtime(model, layout)

@@ -322,7 +322,8 @@ LOAD_HELP = {
     "float32 below (faster there, and what the onnx/openvino backends run)",
     "quantize": "weight-only int8 (per channel) or int4 (groups of 128) on OpenVINO's CPU kernels, "
     "every pass through them (1/4 and 1/7 of float32 weight memory); MoE networks: "
-    "torch.ao dynamic int8",
+    "torch.ao dynamic int8; fp8: e4m3 weights with per-channel scales on GPUs with FP8 tensor "
+    "cores (compute capability 8.9+)",
     "backend": "runtime of every row's pass, alone or batched (a row's tokens never depend on "
     "its neighbours): torch (eager, the exact reference), onnx (ONNX Runtime), openvino, "
     "openvino-bf16 (OpenVINO in bf16, CPUs with bf16 only), auto (the measured winner on a "
@@ -333,9 +334,11 @@ LOAD_HELP = {
     "(0: at block starts only)",
     "compile": "torch.compile the per-token parts of each block (GPU; measured slower on a "
     "2-core CPU)",
-    "attention_layout": "attention over a batch: per_sequence, batched (one call per layer), "
-    "auto (batched on a GPU)",
-    "cuda_graphs": "static bucketed shapes + torch.compile(mode='reduce-overhead') (GPU)",
+    "attention_layout": "attention over a batch: per_sequence, batched (one call per layer over "
+    "padded rows), flex (one FlexAttention call per layer over the paged KV pool), auto (flex on "
+    "a GPU, per_sequence on a CPU)",
+    "cuda_graphs": "static bucketed shapes + torch.compile(mode='reduce-overhead') (GPU): whole "
+    "steps under the flex layout",
     "revision": "branch, tag or commit of a Hub id --model (same as org/name@REVISION)",
     "decoding_mode": "the family's named decoding settings (LLaDA2.1: quality, its default, or "
     "speed); default: the family's published ones",

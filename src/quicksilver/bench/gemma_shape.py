@@ -21,7 +21,11 @@ For each batch size it times, against a prompt of ``--context`` tokens already e
   entropy-bound acceptance included) at the published vLLM setting, ``max_denoising_steps`` 16 and
   no adaptive stop: 256 tokens per 16 decoder passes + 1 encoder pass;
 - ``projected_tok_s_per_request``: 256 / (16 / decode rate + 1 / encode rate), the same figure
-  from the pass rates alone.
+  from the pass rates alone;
+- ``default_tok_s_per_request``: one canvas at the family's default decoding (48 steps, adaptive
+  stop, which random weights never meet);
+- ``peak_memory_bytes``: the device's peak over the row (reset before it); a row that runs out of
+  memory is recorded with its ``error``, and the next batch size still runs.
 
 vLLM publishes 1,756 tok/s at batch 1 on an H100 in FP8 with 16.02 tokens per denoising step
 (families_2026 reference): that is the number to set the GPU row beside. Random weights give no
@@ -134,6 +138,41 @@ def _prompt_cache(
     return cache
 
 
+def peak_bytes(device: torch.device) -> int | None:
+    """The device's peak allocation since the last reset (None on the CPU)."""
+    return int(torch.cuda.max_memory_allocated(device)) if device.type == "cuda" else None
+
+
+@torch.no_grad()
+def timed_loop(
+    net: DiffusionGemmaLM, prompt: torch.Tensor, cfg: NoiseCanvasConfig, device: torch.device
+) -> tuple[int, float]:
+    """New tokens per row and seconds of ``generate`` over ``prompt`` (B, P) under ``cfg``."""
+    g = torch.Generator(device=device).manual_seed(0)
+    sync(device)
+    t0 = time.perf_counter()
+    res = generate(net, prompt, cfg, g)
+    sync(device)
+    return int(res.new_tokens.shape[1]), time.perf_counter() - t0
+
+
+def guarded_row(
+    net: DiffusionGemmaLM, batch: int, args: argparse.Namespace, device: torch.device
+) -> dict[str, Any]:
+    """``bench_row`` with the device's peak reset first; running out of memory is a row too."""
+    if device.type == "cuda":
+        torch.cuda.empty_cache()
+        torch.cuda.reset_peak_memory_stats(device)
+    try:
+        return bench_row(net, batch, args, device)
+    except torch.OutOfMemoryError as e:
+        return {
+            "batch": batch,
+            "error": f"OutOfMemoryError: {e}"[:300],
+            "peak_memory_bytes": peak_bytes(device),
+        }
+
+
 @torch.no_grad()
 def bench_row(
     net: DiffusionGemmaLM, batch: int, args: argparse.Namespace, device: torch.device
@@ -153,20 +192,16 @@ def bench_row(
         cache.length = length
 
     t_enc = 1 / calls_per_second(encode_canvas, device, max(1, args.iters // 2), 1)
-    loop_cfg = NoiseCanvasConfig(
+    gen = torch.Generator().manual_seed(11)
+    prompt = torch.randint(3, V, (batch, args.context), generator=gen).to(device)  # (B, P)
+    published = NoiseCanvasConfig(
         max_new_tokens=C * args.canvases,
         max_denoising_steps=STEPS,
         stability_threshold=None,
         confidence_threshold=None,
     )
-    prompt = torch.randint(3, V, (batch, args.context), generator=gen).to(device)  # (B, P)
-    g = torch.Generator(device=device).manual_seed(0)
-    sync(device)
-    t0 = time.perf_counter()
-    res = generate(net, prompt, loop_cfg, g)
-    sync(device)
-    loop_s = time.perf_counter() - t0
-    new = res.new_tokens.shape[1]
+    new, loop_s = timed_loop(net, prompt, published, device)
+    default_new, default_s = timed_loop(net, prompt, NoiseCanvasConfig(max_new_tokens=C), device)
     projected = C / (STEPS * t_dec + t_enc)
     row = {
         "batch": batch,
@@ -181,6 +216,10 @@ def bench_row(
         "loop_tok_s_aggregate": round(batch * new / loop_s, 1),
         "loop_seconds": round(loop_s, 3),
         "loop_tokens": new,
+        # the family's default decoding (48 steps, adaptive stop: random weights never settle)
+        "default_tok_s_per_request": round(default_new / default_s, 1),
+        "default_tok_s_aggregate": round(batch * default_new / default_s, 1),
+        "peak_memory_bytes": peak_bytes(device),
     }
     print(
         f"{SHAPE} batch {batch}: {1 / t_dec:7.2f} decoder passes/s, {1 / t_enc:7.2f} encoder "
@@ -201,7 +240,7 @@ def bench_gemma(
     t0 = time.perf_counter()
     net = random_network(cj, device, dtype)
     build_s = time.perf_counter() - t0
-    rows = [bench_row(net, b, args, device) for b in args.batch]
+    rows = [guarded_row(net, b, args, device) for b in args.batch]
     n_full = sum(t == FULL for t in net.config.layer_types)
     out = {
         "shape": SHAPE,

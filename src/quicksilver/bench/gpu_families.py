@@ -13,9 +13,13 @@ one a real checkpoint would get) it measures, at batch 1 and batch 8:
   forward; 1 = one token per step): per request = block_fwd_per_s x TPF, aggregate x batch.
 
 With ``--tokens-per-step`` it also runs the real decoder (forward + batched selection + the one
-event transfer per step) at forced TPF k (``low_confidence``, steps = canvas / k, no early stop) for
-every batch size, with CUDA graphs off and, with ``--cuda-graphs``, on (``compile_static``):
-``decode`` rows give tok/s per request and aggregate, ms per step and syncs per step.
+event transfer per step) for every batch size at forced TPF k (``low_confidence``, steps = canvas /
+k, no early stop) and at the default decoding (``threshold``), in each ``--layouts`` attention
+layout (auto: flex over the paged KV pool on a GPU), with CUDA graphs off and, with
+``--cuda-graphs``, on (``compile_static``, at ``--graph-batches``): ``decode`` rows give tok/s per
+request and aggregate, ms per step, syncs per step and the peak memory of the row's runs.
+``--quantize fp8`` runs the dense shapes' linears in e4m3 (runtime/fp8.py; refused on a device
+without FP8 tensor cores, but for ``--tiny``).
 
 The weights are random, so these are speeds of the network shape only — no quality, no real TPF.
 For LLaDA and Dream (bidirectional) a KV cache is an approximation (Fast-dLLM's prefix cache); the
@@ -45,7 +49,8 @@ from ..models.families.common import qwen_config
 from ..models.families.llada import llada_config
 from ..models.transformer import KVCache, Rotary, Transformer
 from ..runtime import Runtime
-from ..runtime.packing import resolve_layout
+from ..runtime.fp8 import fp8_unsupported, to_fp8
+from ..runtime.packing import LAYOUTS, resolve_layout
 from ..sampling import Decoder, SamplerConfig
 from .common import calls_per_second, sync
 from .gemma_shape import SHAPE as GEMMA_SHAPE
@@ -182,6 +187,12 @@ def bench_shape(
         torch.cuda.reset_peak_memory_stats(device)
     t0 = time.perf_counter()
     model = random_model(cfg, device, dtype)
+    params = model.num_params()
+    if args.quantize == "fp8":  # on a CPU only for --tiny (the script's test): torch has the op
+        why = fp8_unsupported(device)
+        if why is not None and not args.tiny:
+            return {"shape": name, "quantize": "fp8", "error": why}
+        to_fp8(model)
     build_s = time.perf_counter() - t0
     rows = []
     for batch in args.batch:
@@ -220,21 +231,13 @@ def bench_shape(
             + ", ".join(f"{t}: {block_rate * t:.0f}" for t in args.tpf),
             file=sys.stderr,
         )
-    decode = []
-    if args.tokens_per_step:
-        runtime = Runtime(model, resolve_layout("auto", device))
-        decode = bench_decode(runtime, args, device, graphs=False)
-        if args.cuda_graphs:
-            try:
-                runtime.compile_static()
-                decode += bench_decode(runtime, args, device, graphs=True)
-            except Exception as e:  # a failed capture is a result too; the eager rows stand
-                decode.append({"cuda_graphs": True, "error": f"{type(e).__name__}: {e}"[:500]})
+    decode = bench_decodes(model, args, device) if args.tokens_per_step else []
     out = {
         "shape": name,
         "architecture": cfg.architecture,
-        "parameters": model.num_params(),
+        "parameters": params,
         "dtype": str(dtype),
+        "quantize": args.quantize,
         "attention": cfg.attention,
         "logit_shift": cfg.logit_shift,
         "build_seconds": round(build_s, 2),
@@ -246,59 +249,119 @@ def bench_shape(
     return out
 
 
-@torch.no_grad()
-def bench_decode(
-    model: Runtime, args: argparse.Namespace, device: torch.device, graphs: bool
-) -> list[dict[str, Any]]:
-    """The real decoder at forced tokens per step, for every batch size (random prompts)."""
-    cfg = model.config
-    dec = Decoder(model, cfg.mask_token_id, [], vocab_limit=cfg.vocab_size, cache_mode=args.cache)
-    rows = []
-    for batch in args.batch:
-        gen = torch.Generator().manual_seed(batch)
-        prompts = [
-            torch.randint(3, cfg.mask_token_id, (args.context,), generator=gen).tolist()
-            for _ in range(batch)
-        ]
-        for k in args.tokens_per_step:
-            sc = SamplerConfig(
+def bench_decodes(model: Transformer, args: argparse.Namespace, device: torch.device) -> list[Any]:
+    """The decoder rows of every ``--layouts`` entry: eager, then (``--cuda-graphs``) static
+    shapes + compiled per-token parts at the ``--graph-batches``. A failure (a capture, a kernel
+    that does not compile, out of memory) is a row with an ``error``; the other rows stand."""
+    rows: list[dict[str, Any]] = []
+    for layout in args.layouts:
+        runtime = Runtime(model, resolve_layout(layout, device))
+        for graphs in (False, True) if args.cuda_graphs else (False,):
+            batches = args.graph_batches or args.batch if graphs else args.batch
+            try:
+                if graphs:
+                    runtime.compile_static()
+                rows += bench_decode(runtime, args, device, graphs, batches)
+            except Exception as e:  # a result too: the eager rows stand
+                err = f"{type(e).__name__}: {e}"[:500]
+                rows.append(
+                    {"layout": runtime.attention_layout, "cuda_graphs": graphs, "error": err}
+                )
+    return rows
+
+
+def decode_configs(args: argparse.Namespace) -> list[tuple[int | str, SamplerConfig]]:
+    """Forced k tokens per step (``low_confidence``, steps = canvas / k, no early stop), then the
+    default decoding (``threshold``: random weights rarely reach it, so about 1 a step)."""
+    forced: list[tuple[int | str, SamplerConfig]] = [
+        (
+            k,
+            SamplerConfig(
                 max_new_tokens=args.gen,
                 policy="low_confidence",
                 steps=max(1, args.gen // k),
                 block_length=args.decode_block,
                 stop_at_eos=False,
-            )
+            ),
+        )
+        for k in args.tokens_per_step
+    ]
+    default = SamplerConfig(
+        max_new_tokens=args.gen, block_length=args.decode_block, stop_at_eos=False
+    )
+    return forced + [("default", default)]
+
+
+def _reset_peak(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.reset_peak_memory_stats(device)
+
+
+@torch.no_grad()
+def bench_decode(
+    model: Runtime,
+    args: argparse.Namespace,
+    device: torch.device,
+    graphs: bool,
+    batches: list[int],
+) -> list[dict[str, Any]]:
+    """The real decoder at each ``decode_configs`` entry, for every batch size (random prompts)."""
+    cfg = model.config
+    dec = Decoder(model, cfg.mask_token_id, [], vocab_limit=cfg.vocab_size, cache_mode=args.cache)
+    rows = []
+    for batch in batches:
+        gen = torch.Generator().manual_seed(batch)
+        prompts = [
+            torch.randint(3, cfg.mask_token_id, (args.context,), generator=gen).tolist()
+            for _ in range(batch)
+        ]
+        for k, sc in decode_configs(args):
+            _reset_peak(device)
             dec.generate(prompts, sc)  # warm-up (and graph capture)
             sync(device)
             t0 = time.perf_counter()
             res = dec.generate(prompts, sc)
             sync(device)
             dt = time.perf_counter() - t0
-            fresh = [dec.new_row(p, sc) for p in prompts]
-            with SyncCounter() as syncs, sync_debug(device) as flagged:
-                dec.step(fresh)
-            nfe = res[0].nfe
-            rows.append(
-                {
-                    "cuda_graphs": graphs,
-                    "batch": batch,
-                    "tokens_per_step": k,
-                    "tpf": round(res[0].tpf, 2),
-                    "tok_s_per_request": round(args.gen / dt, 1),
-                    "tok_s_aggregate": round(batch * args.gen / dt, 1),
-                    "ms_per_step": round(dt / nfe * 1e3, 3),
-                    "syncs_per_step": syncs.total,
-                    "uploads_per_step": syncs.uploads,
-                    "blocking_uploads_per_step": syncs.blocking_uploads,
-                    "sync_debug_warnings": len(flagged),
-                }
-            )
+            rows.append(decode_row(dec, prompts, sc, res, dt, device) | {"tokens_per_step": k})
+            rows[-1] |= {"layout": model.attention_layout, "cuda_graphs": graphs, "batch": batch}
             print(
-                f"  decode graphs={'on' if graphs else 'off'} batch {batch} k={k}: "
-                f"{args.gen / dt:8.1f} tok/s per request, {dt / nfe * 1e3:.2f} ms/step",
+                f"  decode {model.attention_layout} graphs={'on' if graphs else 'off'} batch "
+                f"{batch} k={k}: {rows[-1]['tok_s_per_request']:8.1f} tok/s per request, "
+                f"{rows[-1]['ms_per_step']:.2f} ms/step",
                 file=sys.stderr,
             )
     return rows
+
+
+def decode_row(
+    dec: Decoder,
+    prompts: list[list[int]],
+    sc: SamplerConfig,
+    res: list[Any],
+    dt: float,
+    device: torch.device,
+) -> dict[str, Any]:
+    """One decoder row's figures; the host syncs and uploads counted on a fresh batch's first step."""
+    fresh = [dec.new_row(p, sc) for p in prompts]
+    with SyncCounter() as syncs, sync_debug(device) as flagged:
+        dec.step(fresh)
+    for r in fresh:
+        if r.cache is not None:
+            r.cache.release()
+    tokens = sum(len(r.tokens) for r in res)
+    nfe = max(r.nfe for r in res)
+    return {
+        "tpf": round(res[0].tpf, 2),
+        "tok_s_per_request": round(tokens / len(res) / dt, 1),
+        "tok_s_aggregate": round(tokens / dt, 1),
+        "ms_per_step": round(dt / nfe * 1e3, 3),
+        "syncs_per_step": syncs.total,
+        "uploads_per_step": syncs.uploads,
+        "blocking_uploads_per_step": syncs.blocking_uploads,
+        "sync_debug_warnings": len(flagged),
+        "peak_memory_bytes": _peak_bytes(device),
+    }
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -362,6 +425,27 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument(
         "--cache", default="dual", help="decoder cache mode (dual: Fast-dLLM's, bidirectional)"
+    )
+    p.add_argument(
+        "--layouts",
+        nargs="+",
+        default=["auto"],
+        choices=["auto", *LAYOUTS],
+        help="attention layouts of the decoder runs (auto: flex on a GPU, per_sequence on a CPU)",
+    )
+    p.add_argument(
+        "--graph-batches",
+        dest="graph_batches",
+        nargs="*",
+        type=int,
+        default=[],
+        help="batch sizes of the --cuda-graphs runs (default: every --batch)",
+    )
+    p.add_argument(
+        "--quantize",
+        default="none",
+        choices=["none", "fp8"],
+        help="fp8: the dense shapes' linears in e4m3 with per-channel scales (runtime/fp8.py)",
     )
     p.add_argument(
         "--cuda-graphs",

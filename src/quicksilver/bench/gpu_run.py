@@ -4,16 +4,24 @@
 left of the budget as its timeout (a stage that runs over is cut and recorded, the next one runs):
 
 1. ``bench families`` at the LLaDA-8B shape, then at the Dream-7B shape (random bf16 weights):
-   forward passes per second, then the real decoder at batch 1 and 16, forced 1/2/5/8 tokens per
-   step, CUDA graphs off and on (a failed graph capture is recorded, the eager rows stand);
-   then DiffusionGemma-26B-A4B (~52 GB of random bf16 weights: an H200) at batch 1 and 16 with the
-   published canvas of 256 and 16 denoising steps (bench/gemma_shape.py);
-2. with ``--idlm DIR`` only (a local I-DLM checkpoint, models/families/idlm.py): greedy verify
+   forward passes per second, then the real decoder at batch 1, 8, 16 and 32, forced 1 and 5 tokens
+   per step and the family's default decoding, in the automatic attention layout (flex over the
+   paged KV pool on a GPU; a failure is recorded as a row, the others stand); every decode row
+   has tok/s per request and aggregate and its peak memory;
+2. DiffusionGemma-26B-A4B (~52 GB of random bf16 weights) at batch 1 and 4: vLLM's published
+   setting (canvas 256, 16 denoising steps) and the family's default decoding, with each row's peak
+   memory (bench/gemma_shape.py; running out of memory is a row too);
+3. the LLaDA-8B shape in FP8 (``--quantize fp8``, runtime/fp8.py) at batch 1 and 8, 5 tokens per
+   step (recorded as refused on a GPU without FP8 tensor cores); then at batch 1, 5 tokens per
+   step, eager and with CUDA graphs (``--cuda-graphs``: whole captured steps, a stage of its own
+   because compiling an 8B step may take minutes);
+4. with ``--idlm DIR`` only (a local I-DLM checkpoint, models/families/idlm.py): greedy verify
    decoding of one chat prompt at draft 0 (plain AR, the baseline) and at the model's draft length
    on the same loaded weights: tok/s, NFE, TPF and whether the two outputs agree. Without the flag
    the stage is not planned at all;
-3. ``bench speed`` on the shipped model (4 items per task, 3 repeats, single stream), with
-   ``SPEED_RESERVE`` seconds kept for it.
+5. ``bench speed`` on the shipped model on the GPU in bf16 (4 items per task, 3 repeats, single
+   stream): its verify decoding against its AR twin (``ratio_vs_ar``), with ``SPEED_RESERVE``
+   seconds kept for it.
 
 The first line printed and ``DIR/gpu_run.json`` name the device. ``--tiny`` runs toy shapes and one
 item on the CPU in about a minute (the test of this script).
@@ -45,30 +53,40 @@ def device_name() -> str:
 
 
 SPEED_RESERVE = 100.0  # seconds kept for the last stage, bench speed
+Stage = tuple[str, list[str]]  # a name and the command of its own process
 
 
-def stages(args: argparse.Namespace, out: Path) -> list[tuple[str, list[str]]]:
-    py = [sys.executable, "-m"]
-    families = []
-    for shape in ("llada-8b", "dream-7b"):
-        cmd = [*py, "quicksilver.bench.gpu_families", "--shapes", shape, "--batch"]
-        cmd += ["1", "4"] if args.tiny else ["1", "16"]
-        cmd += ["--tokens-per-step", "1", "2", "5", "8", "--gen", "40" if args.tiny else "120"]
-        cmd += ["--out", str(out / f"{shape}.json")]
-        cmd += ["--tiny", "--block", "8"] if args.tiny else ["--dtype", "bfloat16", "--cuda-graphs"]
-        families.append((shape, cmd))
-    gemma = [*py, "quicksilver.bench.gpu_families", "--shapes", GEMMA_SHAPE, "--batch"]
-    gemma += ["1", "2", "--tiny"] if args.tiny else ["1", "16", "--dtype", "bfloat16"]
-    families.append((GEMMA_SHAPE, gemma + ["--out", str(out / f"{GEMMA_SHAPE}.json")]))
-    speed = [*py, "quicksilver.cli", "bench", "speed", "--skip-reference"]
-    speed += ["--limit", "1", "--repeats", "1", "--tasks", "multiply"] if args.tiny else []
-    speed += [] if args.tiny else ["--limit", "4", "--repeats", "3"]
-    speed += ["--out", str(out / "speed")]
-    idlm = []
+def family_stage(name: str, shape: str, extra: list[str], tiny: bool, out: Path) -> Stage:
+    """``bench families`` at one shape: batch 1 / 8 / 16 / 32, forced 1 and 5 tokens per step and
+    the default decoding, the automatic attention layout (``extra`` narrows or adds)."""
+    cmd = [sys.executable, "-m", "quicksilver.bench.gpu_families", "--shapes", shape]
+    cmd += ["--batch", "1", "2"] if tiny else ["--batch", "1", "8", "16", "32", "--iters", "10"]
+    cmd += ["--tokens-per-step", "1", "5", "--gen", "20" if tiny else "120"]
+    cmd += ["--tiny", "--block", "8", "--decode-block", "10"] if tiny else ["--dtype", "bfloat16"]
+    return name, cmd + extra + ["--out", str(out / f"{name}.json")]
+
+
+def stages(args: argparse.Namespace, out: Path) -> list[Stage]:
+    """The run's stages in order (see the module docstring)."""
+    py, tiny = [sys.executable, "-m"], args.tiny
+    plan = [family_stage(shape, shape, [], tiny, out) for shape in ("llada-8b", "dream-7b")]
+    gemma = [*py, "quicksilver.bench.gpu_families", "--shapes", GEMMA_SHAPE, "--batch", "1", "4"]
+    gemma += ["--tiny"] if tiny else ["--dtype", "bfloat16"]
+    plan.append((GEMMA_SHAPE, gemma + ["--out", str(out / f"{GEMMA_SHAPE}.json")]))
+    fp8 = ["--quantize", "fp8", "--batch", "1", "8", "--tokens-per-step", "5"]
+    plan.append(family_stage("llada-8b-fp8", "llada-8b", fp8, tiny, out))
+    # last but speed: compiling a whole 8B step may take minutes, and a cut stage keeps nothing
+    graphs = ["--batch", "1", "--tokens-per-step", "5", "--cuda-graphs"]
+    plan.append(family_stage("llada-8b-graphs", "llada-8b", graphs, tiny, out))
     if getattr(args, "idlm", None):
         cmd = [*py, "quicksilver.bench.gpu_run", "--idlm-stage", str(args.idlm)]
-        idlm.append(("idlm", cmd + ["--out", str(out)] + (["--tiny"] if args.tiny else [])))
-    return [*families, *idlm, ("speed", speed)]
+        plan.append(("idlm", cmd + ["--out", str(out)] + (["--tiny"] if tiny else [])))
+    speed = [*py, "quicksilver.cli", "bench", "speed", "--skip-reference"]
+    speed += ["--limit", "1", "--repeats", "1", "--tasks", "multiply"] if tiny else []
+    speed += [] if tiny else ["--limit", "4", "--repeats", "3"]
+    if torch.cuda.is_available() and not tiny:
+        speed += ["--device", "cuda", "--dtype", "bfloat16"]
+    return [*plan, ("speed", speed + ["--out", str(out / "speed")])]
 
 
 IDLM_PROMPT = "Prove that sqrt(2) is irrational."  # the example prompt of I-DLM's README

@@ -18,6 +18,7 @@ from __future__ import annotations
 import collections
 import threading
 from dataclasses import dataclass, field
+from typing import Protocol
 
 import numpy as np
 import torch
@@ -34,6 +35,18 @@ class Allocation:
     valid: torch.Tensor  # (B, capacity) bool
     step_slots: dict[object, object] = field(default_factory=dict)  # see ``KVCache.step_slots``
     numpy: tuple[np.ndarray, np.ndarray, np.ndarray] | None = None
+    offset: int | None = None  # first slot in a paged pool's one buffer (runtime/paged.py)
+    k: list[torch.Tensor] = field(init=False)  # per layer (B, Hkv, capacity, hd), views of ``kv``
+    v: list[torch.Tensor] = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.repoint(self.kv, self.positions, self.valid)
+
+    def repoint(self, kv: torch.Tensor, positions: torch.Tensor, valid: torch.Tensor) -> None:
+        """Use new memory of the same shape (a paged pool that grew moves its allocations)."""
+        self.kv, self.positions, self.valid = kv, positions, valid
+        n = kv.shape[0] // 2
+        self.k, self.v = list(kv[:n]), list(kv[n:])
 
     @property
     def key(self) -> ShapeKey:
@@ -42,6 +55,17 @@ class Allocation:
 
     def nbytes(self) -> int:
         return sum(t.numel() * t.element_size() for t in (self.kv, self.positions, self.valid))
+
+
+class Pool(Protocol):
+    """Where caches take memory from: ``KVPool`` (allocations of their own, reused) or a paged
+    pool (spans of one buffer, runtime/paged.py)."""
+
+    def take(self, key: ShapeKey) -> Allocation | None: ...
+
+    def give(self, a: Allocation) -> None: ...
+
+    def clear(self) -> None: ...
 
 
 class KVPool:
@@ -96,14 +120,9 @@ def grown_capacity(capacity: int, need: int) -> int:
 
 
 class KVCache:
-    def __init__(self, pool: KVPool | None = None) -> None:
+    def __init__(self, pool: Pool | None = None) -> None:
         self.pool = pool
         self._alloc: Allocation | None = None
-        self.kv: torch.Tensor | None = None  # (2 * layers, B, Hkv, capacity, hd): keys, then values
-        self.k: list[torch.Tensor] = []  # per layer (B, Hkv, capacity, hd), views of ``kv``
-        self.v: list[torch.Tensor] = []
-        self.positions: torch.Tensor | None = None  # (B, capacity) long
-        self.valid: torch.Tensor | None = None  # (B, capacity) bool
         # per allocation: buffers an exported step bound to this cache's memory (cpu_backends.py)
         self.step_slots: dict[object, object] = {}
         self.length = 0  # committed positions
@@ -111,6 +130,32 @@ class KVCache:
         self.last_logits: torch.Tensor | None = (
             None  # (B, V) raw output at the last committed position
         )
+
+    # the allocation's memory, read through it (a paged pool may move it, runtime/paged.py)
+    @property
+    def kv(self) -> torch.Tensor | None:  # (2 * layers, B, Hkv, capacity, hd): keys, then values
+        return None if self._alloc is None else self._alloc.kv
+
+    @property
+    def k(self) -> list[torch.Tensor]:  # per layer (B, Hkv, capacity, hd), views of ``kv``
+        return [] if self._alloc is None else self._alloc.k
+
+    @property
+    def v(self) -> list[torch.Tensor]:
+        return [] if self._alloc is None else self._alloc.v
+
+    @property
+    def positions(self) -> torch.Tensor | None:  # (B, capacity) long
+        return None if self._alloc is None else self._alloc.positions
+
+    @property
+    def valid(self) -> torch.Tensor | None:  # (B, capacity) bool
+        return None if self._alloc is None else self._alloc.valid
+
+    @property
+    def offset(self) -> int | None:
+        """The first slot of this cache in a paged pool's buffer (None: memory of its own)."""
+        return None if self._alloc is None else self._alloc.offset
 
     @property
     def capacity(self) -> int:
@@ -149,12 +194,24 @@ class KVCache:
 
     def _use(self, a: Allocation | None) -> None:
         self._alloc = a
-        self.kv = a.kv if a else None
-        self.positions = a.positions if a else None
-        self.valid = a.valid if a else None
-        n = 0 if a is None else a.kv.shape[0] // 2
-        self.k, self.v = ([], []) if a is None else (list(a.kv[:n]), list(a.kv[n:]))
         self.step_slots = {} if a is None else a.step_slots
+
+    def move_to(self, pool: Pool) -> None:
+        """Keep what is committed, in memory from ``pool`` from now on (a paged pool's buffer)."""
+        if self.pool is pool:
+            return
+        old, old_pool, L = self._alloc, self.pool, self.length
+        self.pool, self._alloc, self.length = pool, None, 0
+        if old is not None:
+            n2, B, n_kv, cap, hd = old.kv.shape
+            self.reserve(n2 // 2, B, n_kv, hd, cap, old.kv.dtype, old.kv.device)
+            assert self._alloc is not None
+            self._alloc.kv[:, :, :, :L] = old.kv[:, :, :, :L]
+            self._alloc.positions[:, :L] = old.positions[:, :L]
+            self._alloc.valid[:, :L] = old.valid[:, :L]
+            if old_pool is not None:
+                old_pool.give(old)
+        self.length = L
 
     def _give_back(self) -> None:
         if self._alloc is not None and self.pool is not None:

@@ -12,14 +12,21 @@ Attention is where a row could see its batch-mates' numerics, so a layout decide
   model's context, rounded up to 8), and a row alone runs the same padded shape. Query padding and
   other rows never change a row's result (tested). Static bucketed shapes also let a GPU capture
   CUDA graphs.
+- ``flex`` (runtime/paged.py): one FlexAttention call per layer over a paged pool that holds every
+  row's keys, no padding of rows, no copies (the GPU default).
+
+On a GPU the per-sequence SDPA calls never go to cuDNN (``sdpa_backends``): its plan per new key
+length made per-sequence bf16 decoding 10x slower than batched on an H200 (docs/LOG.md).
 """
 
 from __future__ import annotations
 
+import contextlib
 from dataclasses import dataclass
 from typing import Protocol
 
 import torch
+from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from ..models.kvcache import KVCache
 
@@ -155,12 +162,30 @@ class MaskFn(Protocol):
     ) -> torch.Tensor: ...
 
 
-LAYOUTS = ("per_sequence", "batched")
+LAYOUTS = ("per_sequence", "batched", "flex")  # flex: runtime/paged.py
+
+# SDPA kernels for attention whose shapes change every step: all but cuDNN's, which builds (and
+# caches) an execution plan per new shape, 23-37 ms of host each on an sm90 GPU where torch puts it
+# first for masked bf16/fp16 calls (docs/LOG.md, 2026-12-08: the per-sequence bf16 pathology)
+DYNAMIC_SHAPE_BACKENDS = [
+    SDPBackend.FLASH_ATTENTION,
+    SDPBackend.EFFICIENT_ATTENTION,
+    SDPBackend.MATH,
+]
+
+
+def sdpa_backends(device: torch.device, layout: str) -> contextlib.AbstractContextManager[None]:
+    """Where a pass's SDPA calls may go: on a GPU under the per-sequence layout (a new key length
+    per row and step) never cuDNN (``DYNAMIC_SHAPE_BACKENDS``); elsewhere torch's own choice."""
+    if device.type != "cuda" or layout != "per_sequence":
+        return contextlib.nullcontext()
+    return sdpa_kernel(DYNAMIC_SHAPE_BACKENDS)
 
 
 def resolve_layout(name: str, device: torch.device) -> str:
-    """auto: one call per layer on a GPU; per sequence on a CPU, where padding the key axis costs
-    more than the calls it saves (measured, docs/LOG.md)."""
+    """auto: flex (one call per layer over the paged pool, runtime/paged.py) on a GPU; per sequence
+    on a CPU, where padding the key axis costs more than the calls it saves and eager flex
+    materialises its scores (measured, docs/LOG.md)."""
     if name == "auto":
-        return "batched" if device.type == "cuda" else "per_sequence"
+        return "flex" if device.type == "cuda" else "per_sequence"
     return name

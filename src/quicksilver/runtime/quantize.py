@@ -1,4 +1,4 @@
-"""Quantized weights on the CPU: ``--quantize int8|int4``.
+"""Quantized weights on the CPU: ``--quantize int8|int4`` (on FP8 GPUs ``fp8``: runtime/fp8.py).
 
 Dense networks run through their step graph with weight-only int8 (one scale per output channel) or
 int4 (one scale per group of 128 inputs) weights on OpenVINO's CPU kernels (runtime/ov_graph.py):
@@ -22,10 +22,11 @@ from ..models.checkpoint import check_state
 from ..models.config import ModelConfig
 from ..models.transformer import MLP, Attention, Transformer
 from .cpu_backends import installed, native_bf16
+from .fp8 import fp8_unsupported, to_fp8
 from .ov_graph import attach_graph
 from .runtime import Runtime
 
-QUANTIZE_CHOICES = ("none", "int8", "int4")
+QUANTIZE_CHOICES = ("none", "int8", "int4", "fp8")  # fp8: GPUs only (runtime/fp8.py)
 # what --backend may say beside --quantize on a dense network: its step is the quantized graph on
 # OpenVINO whichever of these is asked (torch is load's default, not a request for eager torch)
 GRAPH_BACKENDS = ("auto", "torch", "openvino")
@@ -62,6 +63,11 @@ def check_mode(mode: str, device: torch.device, backend: str, moe: bool) -> None
     if mode not in QUANTIZE_CHOICES:
         raise ConfigError(f"quantize must be one of {', '.join(QUANTIZE_CHOICES)}, got {mode!r}")
     if mode == "none":
+        return
+    if mode == "fp8":
+        why = fp8_unsupported(device)
+        if why is not None or moe:
+            raise ConfigError(why or "--quantize fp8 is for dense networks (MoE experts: bf16)")
         return
     if device.type != "cpu":
         raise ConfigError(f"--quantize {mode} runs on the CPU only (the model is on {device})")
@@ -117,6 +123,10 @@ def quantize(runtime: Runtime, mode: str, backend: str = "auto") -> Runtime:
     for the step, which a quantized dense network must leave to OpenVINO) and return it."""
     check_mode(mode, runtime.device, backend, runtime.config.moe is not None)
     if mode == "none":
+        return runtime
+    if mode == "fp8":
+        to_fp8(runtime.net)
+        runtime.quantized = "fp8"
         return runtime
     if runtime.config.moe is not None:
         return quantize_dynamic_int8(runtime)

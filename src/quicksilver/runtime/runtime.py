@@ -1,7 +1,8 @@
 """``Runtime``: what makes a ``Transformer`` run fast on one machine, kept apart from its weights.
 
-A runtime owns the pool of decode caches, the attention layout of packed passes (per sequence or
-batched), static shapes and compilation (CUDA graphs), the step backend that serves single-segment
+A runtime owns the pool of decode caches, the attention layout of packed passes (per sequence,
+batched, or flex: one FlexAttention call per layer over a paged KV pool, runtime/paged.py), static
+shapes and compilation (CUDA graphs of whole flex steps: ``compile_step``), the step backend that serves single-segment
 passes outside torch (an exported graph on ONNX Runtime or OpenVINO, or a quantized OpenVINO graph:
 runtime/cpu_backends.py, runtime/ov_graph.py), the weight format, and the pass planner with that
 backend's cost curve. Decoders and the engine hold a runtime; the network never does.
@@ -15,16 +16,19 @@ depend on the other rows of its pass.
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 
 import torch
 import torch.nn.functional as F
+from torch.nn.attention.flex_attention import flex_attention
 
 from ..errors import ConfigError
 from ..models.host import to_device
 from ..models.kvcache import KVCache, KVPool
 from ..models.masks import build_attention_mask
 from ..models.transformer import Block, Transformer, sdpa
-from .packing import LAYOUTS, Layout, PerSequence, plan_batched, token_bucket
+from .packing import LAYOUTS, Layout, PerSequence, plan_batched, sdpa_backends, token_bucket
+from .paged import PagedPool, Row, flex_kernel, flex_layout, upload_plan
 from .pass_plan import RUNTIMES, PassPlanner, best_draft_count
 from .segment import Segment, StepBackend
 
@@ -42,12 +46,16 @@ class Runtime:
         # where rows' tensors live: the network's device, or the CPU for a step graph that holds
         # the weights itself (its network on the meta device)
         self.device = net.lm_head.weight.device
-        self.kv_pool = KVPool()  # freed decode caches, reused with what a step backend bound
+        # freed decode caches, reused with what a step backend bound; under the flex layout one
+        # paged buffer for every cache (runtime/paged.py)
+        self.kv_pool: KVPool | PagedPool = KVPool()
         self.static_shapes = False  # pad packed tokens to buckets (batched layout; CUDA graphs)
         self.step_backend: StepBackend | None = None  # e.g. OpenVINO for every row's CPU passes
         self.quantized = "none"  # weight format (runtime/quantize.py)
         # measured milliseconds of a 1 + k position pass against a cache, by k (measure_passes)
         self.pass_ms: dict[int, float] = {}
+        # the whole flex step under torch.compile(mode="reduce-overhead") (compile_step)
+        self.captured_step: Callable[..., torch.Tensor] | None = None
         self.attention_layout = "per_sequence"
         self.set_attention_layout(attention_layout)
 
@@ -57,11 +65,18 @@ class Runtime:
         return "torch" if self.step_backend is None else self.step_backend.name
 
     def set_attention_layout(self, name: str) -> None:
-        """``per_sequence`` (one attention call per sequence) or ``batched`` (one per layer)."""
+        """``per_sequence`` (one attention call per sequence), ``batched`` (one per layer over
+        padded rows) or ``flex`` (one per layer over the paged pool, runtime/paged.py)."""
         if name not in LAYOUTS:
             raise ConfigError(f"attention layout must be one of {LAYOUTS}, got {name!r}")
-        if self.static_shapes and name != "batched":
-            raise ConfigError("static shapes need the batched attention layout")
+        if self.static_shapes and name == "per_sequence":
+            raise ConfigError("static shapes need the batched or flex attention layout")
+        if name == "flex" and not isinstance(self.kv_pool, PagedPool):
+            cfg, net = self.config, self.net
+            dtype = net.model.embed_tokens.weight.dtype
+            self.kv_pool = PagedPool(cfg.n_layers, net.kv_heads, cfg.dim_head, dtype, self.device)
+        elif name != "flex" and isinstance(self.kv_pool, PagedPool):
+            self.kv_pool = KVPool()  # caches made before keep their spans until released
         self.attention_layout = name
 
     def attach(self, backend: StepBackend | None) -> None:
@@ -81,9 +96,12 @@ class Runtime:
         net.model.norm.forward = torch.compile(net.model.norm.forward, mode=mode, dynamic=dynamic)  # type: ignore[method-assign]
 
     def compile_static(self) -> None:
-        """CUDA graphs: bucketed static shapes (the batched attention layout, packed tokens padded
-        to a power of two) and ``torch.compile(mode="reduce-overhead")`` of the per-token parts, one
-        graph per bucket. On a CPU the same code compiles without graphs (for tests)."""
+        """CUDA graphs: under the flex layout whole steps (``compile_step``); otherwise bucketed
+        static shapes (the batched layout, packed tokens padded to a power of two) and
+        ``torch.compile(mode="reduce-overhead")`` of the per-token parts, one graph per bucket. On
+        a CPU the same code compiles without graphs (for tests)."""
+        if self.attention_layout == "flex":
+            return self.compile_step()
         self.set_attention_layout("batched")
         self.static_shapes = True
         self.compile_blocks(mode="reduce-overhead", dynamic=False)
@@ -183,19 +201,106 @@ class Runtime:
         for s in segments:
             spans.append((start, start + s.length))
             start = spans[-1][1]
+        flex = self.attention_layout == "flex"
+        scratch = self._scratch_caches(segments) if flex else []
         self._prepare_caches(segments, ids.device)
-        if self.static_shapes:  # padding tokens at position 0, in no segment: never read
+        if self.static_shapes or flex:  # padding tokens at position 0, in no segment: never read
             pad = token_bucket(start) - start
             ids, pos = F.pad(ids, (0, pad)), F.pad(pos, (0, pad))  # (1, Tpad)
-        layout = self._layout(segments, spans, int(ids.shape[1]))  # caches know the positions
+        n = int(ids.shape[1])
         max_pos = max(s.start + s.length for s in segments) - 1
+        if flex:
+            plan = self._flex_plan(segments, spans, scratch, n)
+            if self.captured_step is not None:  # static: the rotary tables cover the context
+                h = self.captured_step(ids, pos, plan, self.config.max_seq_len - 1)[0]
+            else:
+                h = self._flex_hidden(ids, pos, plan, max_pos)[0]  # (Tpad, C)
+        else:
+            layout = self._layout(segments, spans, n)  # caches know the positions
+
+            def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, i: int) -> torch.Tensor:
+                return layout.attend(sdpa, q, k, v, i)
+
+            with sdpa_backends(self.device, self.attention_layout):
+                h = self.net.hidden(ids, pos, attend, max_pos)[0]  # (Ttot, C)
+        for c in scratch:
+            if c is not None:
+                c.release()
+        return [self._segment_logits(s, h, a) for s, (a, _) in zip(segments, spans)]
+
+    def _scratch_caches(self, segments: list[Segment]) -> list[KVCache | None]:
+        """Flex: every segment's keys live in the pool, so an uncached segment gets a cache for
+        this pass (released after it); a cache made under another pool moves into it."""
+        out: list[KVCache | None] = []
+        for s in segments:
+            if s.cache is not None:
+                s.cache.move_to(self.kv_pool)
+                out.append(None)
+                continue
+            c = KVCache(self.kv_pool)
+            dtype = self.net.model.embed_tokens.weight.dtype
+            cfg = self.config
+            c.reserve(
+                cfg.n_layers, 1, self.net.kv_heads, cfg.dim_head, s.length, dtype, self.device
+            )
+            c.write_meta(s.positions[None], None)
+            out.append(c)
+        return out
+
+    def _flex_plan(
+        self,
+        segments: list[Segment],
+        spans: list[tuple[int, int]],
+        scratch: list[KVCache | None],
+        n_tokens: int,
+    ) -> torch.Tensor:
+        """The flex step's one upload (runtime/paged.py): each row's keys are its span of the pool."""
+        cfg, rows = self.config, []
+        for s, span, tmp in zip(segments, spans, scratch):
+            cache = s.cache if s.cache is not None else tmp
+            assert cache is not None and cache.offset is not None
+            L = 0 if s.cache is None else cache.length
+            write = s.start if s.overwrite else L
+            keys = L if s.overwrite else L + s.length
+            draft = s.draft_from if cfg.attention == "causal" else None
+            off = cache.offset
+            rows.append(Row(span, s.start, off + write, off, off + keys, draft))
+        assert isinstance(self.kv_pool, PagedPool)
+        return upload_plan(self.kv_pool, rows, n_tokens, self.device)
+
+    def _flex_hidden(
+        self, ids: torch.Tensor, pos: torch.Tensor, plan: torch.Tensor, max_pos: int
+    ) -> torch.Tensor:
+        """The network over packed ``ids``/``pos`` (1, Tpad) under the flex plan: (1, Tpad, C).
+        No host reads (``max_pos``: the positions' maximum or above), so ``compile_step`` can
+        capture it."""
+        cfg, pool = self.config, self.kv_pool
+        assert isinstance(pool, PagedPool)
+        kernel: Callable[..., torch.Tensor] = (  # inside a captured step: the raw op
+            flex_attention  # type: ignore[assignment]
+            if self.captured_step is not None
+            else flex_kernel(self.device.type)
+        )
+        flex = flex_layout(pool, plan, int(ids.shape[1]), cfg.attention, cfg.block_size, kernel)
 
         def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, i: int) -> torch.Tensor:
-            return layout.attend(sdpa, q, k, v, i)
+            return flex.attend(None, q, k, v, i)
 
-        h = self.net.hidden(ids, pos, attend, max_pos)[0]  # (Ttot, C)
-        out = [self._segment_logits(s, h, a) for s, (a, _) in zip(segments, spans)]
-        return out
+        return self.net.hidden(ids, pos, attend, max_pos)
+
+    def compile_step(self) -> None:
+        """CUDA graphs of whole steps: the flex layout with static shapes, and the network with
+        its attention, writes and block mask as one ``torch.compile(mode="reduce-overhead")``
+        function of the step's token ids, positions and one upload: one graph per bucket of packed
+        tokens (and pool size), replayed each step. On a CPU it compiles without graphs (tests)."""
+        self.set_attention_layout("flex")
+        self.static_shapes = True
+        assert isinstance(self.kv_pool, PagedPool)
+        self.kv_pool.mark_static()
+        self.net.rotary(
+            torch.zeros(1, 1, dtype=torch.long, device=self.device), self.config.max_seq_len - 1
+        )
+        self.captured_step = torch.compile(self._flex_hidden, mode="reduce-overhead", dynamic=False)
 
     def _segment_logits(self, s: Segment, h: torch.Tensor, a: int) -> torch.Tensor:
         """Segment ``s``'s logits (hi - lo, V) from the packed hidden states ``h`` (Ttot, C), its
@@ -235,12 +340,10 @@ class Runtime:
         if L:
             assert seg.cache is not None
             k_pos = torch.cat((seg.cache.committed_positions()[0], seg.positions))  # (L+T,)
-        draft_from = None
-        if seg.draft_from is not None:
-            draft_from = to_device([seg.draft_from], torch.long, seg.ids.device)  # (1,)
-        return build_attention_mask(
-            cfg.attention, cfg.block_size, seg.positions[None], k_pos[None], None, draft_from
-        )
+        q_pos = seg.positions  # (T,)
+        if cfg.attention == "causal" and seg.draft:  # the draft block sees the whole row
+            q_pos[T - seg.draft :] = last  # draft_horizon, without uploading draft_from
+        return build_attention_mask(cfg.attention, cfg.block_size, q_pos[None], k_pos[None], None)
 
     def _layout(
         self, segments: list[Segment], spans: list[tuple[int, int]], n_tokens: int

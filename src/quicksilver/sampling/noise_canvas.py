@@ -175,10 +175,17 @@ class NoiseCanvasResult:
 
 def entropy(logits: torch.Tensor) -> torch.Tensor:
     """Entropy of softmax(logits) over the last dim (B, C, V) -> (B, C), computed as
-    ``torch.distributions.Categorical`` does (bit-equal, so sort orders and thresholds agree)."""
-    logp = logits - logits.logsumexp(-1, keepdim=True)  # (B, C, V)
-    p = logp.softmax(-1)
-    return -(logp.clamp(min=torch.finfo(logp.dtype).min) * p).sum(-1)
+    ``torch.distributions.Categorical`` does (bit-equal, so sort orders and thresholds agree).
+    One row at a time, in place: two (C, V) temporaries at most, whatever B (DiffusionGemma's
+    262,144-id vocabulary makes one 268 MB in float32)."""
+    return torch.cat([_row_entropy(row) for row in logits.split(1)])  # (B, C)
+
+
+def _row_entropy(logits: torch.Tensor) -> torch.Tensor:
+    """``entropy`` of one row (1, C, V), the same ops in the same order, two of them in place."""
+    logp = logits - logits.logsumexp(-1, keepdim=True)  # (1, C, V)
+    p = logp.softmax(-1)  # (1, C, V)
+    return -p.mul_(logp.clamp_(min=torch.finfo(logp.dtype).min)).sum(-1)  # (1, C)
 
 
 def entropy_bound_accept(ent: torch.Tensor, bound: float) -> torch.Tensor:
@@ -248,9 +255,10 @@ def denoise(
     if greedy:
         sampled = argmax
     else:
-        probs = logits.softmax(-1, dtype=torch.float32)  # (B, C, V)
+        probs = logits.softmax(-1, dtype=torch.float32)  # (B, C, V): one draw, transformers' order
         sampled = noise.categorical(probs.view(-1, V)).view(B, C).to(dev)  # (B, C)
-    ent = entropy(logits)  # (B, C)
+        del probs  # freed before the entropy's temporaries
+    ent = entropy(logits)  # (B, C), a row at a time
     if certain is not None:
         ent = ent.masked_fill(certain, 0.0)
     accept = entropy_bound_accept(ent, entropy_bound)  # (B, C)

@@ -150,7 +150,7 @@ LOAD_HIDDEN = frozenset(
     {
         "refresh_every",  # approximate caches of bidirectional models: no served model is one
         "compile",  # torch.compile: measured slower on a 2-core CPU; rows step on exported passes
-        "attention_layout",  # auto: batched on a GPU, per sequence on a CPU
+        "attention_layout",  # auto: flex on a GPU, per sequence on a CPU
         "cuda_graphs",  # static shapes for a GPU: never measured to help a served request
     }
 )

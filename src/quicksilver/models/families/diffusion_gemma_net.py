@@ -361,7 +361,7 @@ class DiffusionGemmaLM(nn.Module):
         """Final norm, the tied LM head and the soft cap: (B, T, C) -> (B, T, V) float32."""
         out = F.linear(self.norm(x), self.embed_tokens.weight).float()  # (B, T, V)
         cap = self.config.final_logit_softcapping
-        return out if cap is None else torch.tanh(out / cap) * cap
+        return out if cap is None else out.div_(cap).tanh_().mul_(cap)  # in place: one (B, T, V)
 
     def _tables(self, positions: torch.Tensor) -> dict[str, tuple[torch.Tensor, torch.Tensor]]:
         return {name: rope(positions) for name, rope in self.rope.items()}  # (B, 1, T, hd_type)
