@@ -310,9 +310,9 @@ EDIT = then(
     "edit",
     64,
     tasks=EDIT_MIX,
-    steps=1500,
+    steps=600,
     lr=3e-4,
-    eval_every=500,
+    eval_every=300,
     eval_tasks=EDIT_EVAL,
 )
 
