@@ -28,8 +28,8 @@ from quicksilver.runtime.cpu_backends import (
 )
 from quicksilver.runtime.segment import Segment
 from quicksilver.sampling import SamplerConfig
-from quicksilver.sampling.autoregressive import ar_generate
-from quicksilver.sampling.caches import resolve_window
+from quicksilver.sampling.core.caches import resolve_window
+from quicksilver.sampling.decoders.autoregressive import ar_generate
 
 RUNTIMES = ["onnx", "openvino"]
 ATOL = 1e-4

@@ -1,7 +1,7 @@
 """Where the package's shipped files live: the embedded model, its AR twin and the diffusion model.
 
 The embedded default (``assets/model``) is the joint network (causal, drafts by diffusion and
-verifies itself: sampling/verify.py); ``assets/model-ar`` its equal-size AR twin (separate weights,
+verifies itself: sampling/decoders/verify.py); ``assets/model-ar`` its equal-size AR twin (separate weights,
 the speed baseline); ``assets/model-diffusion`` the block-diffusion model it replaced (the diffusion
 decoder's own shipped model: threshold decoding, revision, infilling with a suffix, canvas views).
 """

@@ -24,9 +24,9 @@ runtime/cpu_backends.py) and ``--window`` the default's decode window; both are 
 with every repeat) instead of each method's repeats back to back (A A A B B B), so a slow spell of a
 shared VM lands on every method alike: the A/B statistic for models that differ by a few percent.
 
-Verify decoding (sampling/verify.py) of a causal drafting model (``--verify-model``, default: the
+Verify decoding (sampling/decoders/verify.py) of a causal drafting model (``--verify-model``, default: the
 embedded model when it is one) runs beside them: ``verify`` (k = ``--draft``, default the model's)
-``verify_no_copy`` (the same without copy drafts: sampling/copy_drafts.py) and ``verify_ar`` (the
+``verify_no_copy`` (the same without copy drafts: sampling/decoders/copy_drafts.py) and ``verify_ar`` (the
 same weights, ``draft = 0``: one token per pass), with ``identical_to_ar``
 (the fraction of items whose verify output equals the ``draft = 0`` output, and for each item that
 differs the top-2 logit gap at the first difference) and the histogram of drafts kept per pass;
@@ -54,8 +54,8 @@ from ..errors import QuicksilverError
 from ..models.checkpoint import dtype_name
 from ..pipeline import DTYPE_CHOICES, LoadConfig, Pipeline, load
 from ..sampling import SamplerConfig, reference_generate
-from ..sampling.autoregressive import ar_stream
-from ..sampling.caches import resolve_window
+from ..sampling.core.caches import resolve_window
+from ..sampling.decoders.autoregressive import ar_stream
 from ..suite.render import prompt_text
 from ..suite.tasks import get_task, split_reply
 from .common import bar_plot, emit_json, hardware, median, print_table

@@ -22,7 +22,7 @@ from .common import line_plot
 
 def verify_configs(draft: int | None, sweep: list[int]) -> dict[str, SamplerConfig]:
     """Method name -> settings: verify at k (the model's when None), the same without copy
-    drafts (the A/B of sampling/copy_drafts.py), draft 0, and the sweep's ks."""
+    drafts (the A/B of sampling/decoders/copy_drafts.py), draft 0, and the sweep's ks."""
     out = {
         "verify": SamplerConfig(policy="verify", draft=draft),
         "verify_no_copy": SamplerConfig(policy="verify", draft=draft, copy_drafts=False),

@@ -24,9 +24,9 @@ from typing import Any, Generic
 
 from ..errors import ConfigError, QuicksilverError
 from ..sampling import SamplerConfig
-from ..sampling.hooks import Constraint
-from ..sampling.row_decoder import R, RowDecoder, release
-from ..sampling.state import DecodeResult
+from ..sampling.core.hooks import Constraint
+from ..sampling.core.state import DecodeResult
+from ..sampling.decoders.row_decoder import R, RowDecoder, release
 from .prefix_cache import PrefixCache
 
 

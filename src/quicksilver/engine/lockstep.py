@@ -15,7 +15,7 @@ from typing import Any
 
 import torch.distributed as dist
 
-from ..sampling.row_decoder import RowDecoder
+from ..sampling.decoders.row_decoder import RowDecoder
 from .engine import Engine, EngineConfig
 
 STOP = None  # what rank 0 broadcasts when it shuts down

@@ -14,7 +14,7 @@ from ..assets import resolve_model
 from ..cli_util import MODEL_HELP, add_dataclass_args, add_load_args, dataclass_from_args
 from ..errors import ConfigError
 from ..pipeline import LoadConfig, load
-from ..sampling.config import SamplerConfig
+from ..sampling.core.config import SamplerConfig
 from ..suite.evaluate import evaluate
 from ..suite.tasks.phrasing import PHRASINGS
 from ..train.likelihood import heldout_loss

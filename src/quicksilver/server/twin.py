@@ -22,7 +22,7 @@ from ..engine import Engine, EngineConfig
 from ..errors import ConfigError
 from ..models.checkpoint import load_tokenizer
 from ..pipeline import load
-from ..sampling.verify import VerifyDecoder
+from ..sampling.decoders.verify import VerifyDecoder
 from .config import ServerConfig
 from .served import engine_client, pipeline_facts
 from .serving.generation import ServedModel

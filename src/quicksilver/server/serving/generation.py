@@ -38,7 +38,7 @@ from typing import Any, Literal
 
 from ...engine import EngineEvent, EngineRequest, IncrementalDetokenizer
 from ...sampling import SamplerConfig
-from ...sampling.canvas import AllowTokens, BanTokens, StructuredCanvas
+from ...sampling.structured.canvas import AllowTokens, BanTokens, StructuredCanvas
 from ...tokenizer import Tokenizer
 from ..async_engine import EngineClient
 from ..metrics import Metrics

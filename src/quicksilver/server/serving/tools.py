@@ -8,7 +8,13 @@ import re
 import uuid
 from typing import Any
 
-from ...sampling.constrained import Budgets, Piece, SchemaError, compile_cached, schema_pieces
+from ...sampling.structured.constrained import (
+    Budgets,
+    Piece,
+    SchemaError,
+    compile_cached,
+    schema_pieces,
+)
 from ...tokenizer import Tokenizer
 from ..protocol.chat import ChatMessage, Tool
 from ..protocol.errors import bad_request

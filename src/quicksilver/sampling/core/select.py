@@ -16,7 +16,7 @@ from collections.abc import Sequence
 import numpy as np
 import torch
 
-from ..models.host import to_device
+from ...models.host import to_device
 from .noise import sample_tokens
 from .policies import POLICIES
 

@@ -16,13 +16,13 @@ import abc
 from collections.abc import Generator, Sequence
 from typing import TYPE_CHECKING, Generic, Protocol, TypeVar
 
-from ..errors import ConfigError
-from .config import SamplerConfig
-from .hooks import Constraint
-from .state import DecodeResult, RowEvent
+from ...errors import ConfigError
+from ..core.config import SamplerConfig
+from ..core.hooks import Constraint
+from ..core.state import DecodeResult, RowEvent
 
 if TYPE_CHECKING:
-    from ..models.kvcache import KVCache
+    from ...models.kvcache import KVCache
 
 
 def row_stops(

@@ -18,14 +18,14 @@ from dataclasses import dataclass
 
 import torch
 
-from ..errors import ConfigError
-from ..models.host import to_device
-from ..models.kvcache import KVCache
-from ..models.transformer import Transformer
-from ..runtime import Runtime, as_runtime
-from .caches import CACHE_CHOICES, resolve_cache_mode, resolve_window
-from .config import SamplerConfig
-from .hooks import (
+from ...errors import ConfigError
+from ...models.host import to_device
+from ...models.kvcache import KVCache
+from ...models.transformer import Transformer
+from ...runtime import Runtime, as_runtime
+from ..core.caches import CACHE_CHOICES, resolve_cache_mode, resolve_window
+from ..core.config import SamplerConfig
+from ..core.hooks import (
     Constraint,
     apply_stop,
     commit_constrained,
@@ -34,11 +34,11 @@ from .hooks import (
     revision_inputs,
     rewrite,
 )
-from .noise import request_generator
-from .policies import POLICIES
+from ..core.noise import request_generator
+from ..core.policies import POLICIES
+from ..core.select import choose, draw_noise, draw_tokens, forbid, pad_windows, policy_scores
+from ..core.state import DecodeResult, Row, RowEvent
 from .row_decoder import RowDecoder, row_stops
-from .select import choose, draw_noise, draw_tokens, forbid, pad_windows, policy_scores
-from .state import DecodeResult, Row, RowEvent
 
 NOTHING, REMASKED = -1, -2  # event codes besides committed tokens; an edit to token t: EDITED - t
 EDITED = -3

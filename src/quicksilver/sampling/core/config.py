@@ -6,7 +6,7 @@ import dataclasses
 from dataclasses import dataclass
 from typing import Any
 
-from ..errors import ConfigError
+from ...errors import ConfigError
 from .policies import POLICIES
 
 
@@ -27,7 +27,7 @@ class SamplerConfig:
     # verify policy (causal models): masks drafted per pass; None: the model's draft_length; 0: AR
     draft: int | None = None
     # verify policy: drafts may also be copied from the row's own context where its last tokens
-    # recur (sampling/copy_drafts.py); lossless either way. Off with draft = 0 (plain AR).
+    # recur (sampling/decoders/copy_drafts.py); lossless either way. Off with draft = 0 (plain AR).
     copy_drafts: bool = True
     revise_threshold: float | None = None  # re-mask committed tokens whose confidence falls below
     max_revisions: int = 1  # per position: bounds revision so decoding always terminates

@@ -17,15 +17,15 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from ..models.kvcache import KVCache
-from ..runtime.segment import Segment
+from ...models.kvcache import KVCache
+from ...runtime.segment import Segment
 from .caches import CACHE_MODES
 from .config import SamplerConfig
 from .policies import POLICIES
 
 if TYPE_CHECKING:
+    from ..decoders.row_decoder import RowLike
     from .hooks import Constraint
-    from .row_decoder import RowLike
 
 
 @dataclass
