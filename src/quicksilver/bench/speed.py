@@ -195,9 +195,8 @@ def reference_run(pipe: Pipeline, ids: list[int], n: int, block: int) -> Run:
     )
     dt = time.perf_counter() - t0
     out = res.canvas
-    for i, t in enumerate(
-        out
-    ):  # the answer ends at the first stop token; nothing is streamed before the end
+    # the answer ends at the first stop token; nothing is streamed before the end
+    for i, t in enumerate(out):
         if t in pipe.stop_ids:
             out = out[:i]
             break

@@ -51,9 +51,8 @@ class EngineRequest:
     suffix: list[int] | None = None  # tokens after the canvas (infilling)
     constraint: Constraint | None = None
     arrival: float = field(default_factory=time.perf_counter)
-    stop_token_ids: list[int] | None = (
-        None  # extra stop tokens for this request (e.g. </think> ends reasoning)
-    )
+    # extra stop tokens for this request (e.g. </think> ends reasoning)
+    stop_token_ids: list[int] | None = None
 
 
 @dataclass

@@ -36,9 +36,8 @@ class SamplerConfig:
     # (0.0: wherever it differs); None: off. See state.Row.advance for when a block ends.
     editing_threshold: float | None = None
     max_post_steps: int = 16  # editing: extra passes over a filled block while they still edit
-    stop_at_eos: bool = (
-        True  # honest length: stop once a stop token and all before it are committed
-    )
+    # honest length: stop once a stop token and all before it are committed
+    stop_at_eos: bool = True
     record_canvas: bool = False  # put the whole canvas in every step event (live views)
 
     def validate(self, max_context: int | None = None, prompt_len: int = 0) -> SamplerConfig:

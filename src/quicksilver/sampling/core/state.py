@@ -41,9 +41,8 @@ class RowEvent:
     done: bool
     finish_reason: str | None = None  # "stop" (stop token) | "length" (canvas full)
     canvas: list[int] | None = None  # canvas[:end] (mask id where masked) when record_canvas
-    edited: list[int] = field(
-        default_factory=list
-    )  # positions rewritten by editing (also in committed)
+    # positions rewritten by editing (also in committed)
+    edited: list[int] = field(default_factory=list)
 
 
 @dataclass

@@ -78,13 +78,11 @@ class VerifyRow:
     constraint: Constraint | None = None
     host_tokens: list[int] = field(default_factory=list)  # final output tokens
     drafts: list[int] = field(default_factory=list)  # unverified, after host_tokens
-    conf: list[float] = field(
-        default_factory=list
-    )  # the drafts' own probabilities (p, or q sampled)
+    # the drafts' own probabilities (p, or q sampled)
+    conf: list[float] = field(default_factory=list)
     q: torch.Tensor | None = None  # (n, V) the drafts' distributions (sampling only)
-    accepted: list[int] = field(
-        default_factory=list
-    )  # per pass that verified drafts: how many kept
+    # per pass that verified drafts: how many kept
+    accepted: list[int] = field(default_factory=list)
     wide: int = 0  # passes that fed more than k positions after the final tokens
     copied: int = 0  # how many of ``drafts`` were copied from the context (copy_drafts.py)
     copy_kept: int = 0  # copied tokens kept, and tried (each up to the first rejected one)
