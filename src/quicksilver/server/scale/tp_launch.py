@@ -63,7 +63,7 @@ def _rank_main(rank: int, cfg: ServerConfig, port: int) -> None:
     parallelize(pipe.model, mesh)
     try:
         if rank == 0:
-            engine = LockstepEngine(pipe.decoder, engine_config(cfg), objects)
+            engine: LockstepEngine = LockstepEngine(pipe.decoder, engine_config(cfg), objects)
             try:
                 note = f" (tensor parallel over {cfg.tensor_parallel} ranks)"
                 run_server(cfg, served_pipeline(cfg, pipe, engine), [], note)

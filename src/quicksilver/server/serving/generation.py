@@ -38,6 +38,7 @@ from typing import Any, Literal
 
 from ...engine import EngineEvent, EngineRequest, IncrementalDetokenizer
 from ...sampling import SamplerConfig
+from ...sampling.core.hooks import Constraint
 from ...sampling.structured.canvas import AllowTokens, BanTokens, StructuredCanvas
 from ...tokenizer import Tokenizer
 from ..async_engine import EngineClient
@@ -259,7 +260,7 @@ class ChoiceRunner:
         prompt: list[int],
         sampler: SamplerConfig,
         prefill: dict[int, int] | None = None,
-        constraint: Any = None,
+        constraint: Constraint | None = None,
         suffix: list[int] | None = None,
         stop_ids: list[int] | None = None,
     ) -> AsyncGenerator[EngineEvent, None]:
@@ -390,7 +391,7 @@ class ChoiceRunner:
         plan, res = self.plan, self.result
         calls = plan.calls
         prefill: dict[int, int] | None = None
-        constraint: Any = None
+        constraint: Constraint | None = None
         stop_ids: list[int] | None = None
         stops = [] if plan.canvas is not None else list(plan.stop)
         length = plan.answer_tokens
