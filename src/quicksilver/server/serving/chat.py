@@ -28,7 +28,7 @@ from ..protocol.errors import bad_request
 from ..protocol.sse import sse_chunk
 from ..reliability.limits import check_strings
 from .engine import GenerationServing, usage_chunk, usage_extras
-from .generation import ChoiceResult, Delta, Plan, ServedModel
+from .generation import ChoiceResult, ChoiceRunner, Delta, Plan, ServedModel
 from .logprobs import chat_logprobs
 from .planner import CHAT_FIELDS, FieldNames, TurnPlanner, TurnSpec
 from .tools import template_messages
@@ -133,7 +133,7 @@ class OpenAIServingChat(GenerationServing):
         return self._stream(req, plan, runners)
 
     async def _stream(
-        self, req: ChatCompletionRequest, plan: Plan, runners: list[Any]
+        self, req: ChatCompletionRequest, plan: Plan, runners: list[ChoiceRunner]
     ) -> AsyncGenerator[str, None]:
         cid, created = f"chatcmpl-{uuid.uuid4().hex}", int(time.time())
         include_usage = bool(req.stream_options and req.stream_options.include_usage)

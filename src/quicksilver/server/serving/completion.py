@@ -20,7 +20,7 @@ from ..protocol.sse import sse_chunk
 from ..reliability.limits import check_strings
 from .budgets import check_explicit, split
 from .engine import GenerationServing, usage_chunk, usage_extras
-from .generation import EFFORTS, ChoiceResult, Delta, Plan
+from .generation import EFFORTS, ChoiceResult, ChoiceRunner, Delta, Plan
 from .logprobs import completion_logprobs
 
 FIM_TOKENS = ("<|fim_prefix|>", "<|fim_suffix|>", "<|fim_middle|>")
@@ -154,7 +154,7 @@ class OpenAIServingCompletion(GenerationServing):
         return self._stream(req, plans, runners)
 
     async def _stream(
-        self, req: CompletionRequest, plans: list[Plan], runners: list[Any]
+        self, req: CompletionRequest, plans: list[Plan], runners: list[ChoiceRunner]
     ) -> AsyncGenerator[str, None]:
         cid, created, prompt_tokens = self._result(req, plans)
         include_usage = bool(req.stream_options and req.stream_options.include_usage)

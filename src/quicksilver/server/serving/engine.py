@@ -47,8 +47,8 @@ class GenerationServing:
         self,
         n: int | None,
         stop: str | list[str] | None,
-        logit_bias: Any,
-        penalties: tuple[Any, ...],
+        logit_bias: dict[str, float] | None,
+        penalties: tuple[float | None, ...],
         top_logprobs: int | None = None,
     ) -> list[str]:
         if (n or 1) > self.cfg.max_n:

@@ -26,7 +26,7 @@ from ..protocol.chat import ChatCompletionRequest
 from ..protocol.errors import bad_request
 from ..protocol.messages import Block, CountTokensRequest, MessagesRequest
 from .chat import OpenAIServingChat, chat_request
-from .generation import ChoiceResult, Delta, Plan
+from .generation import ChoiceResult, ChoiceRunner, Delta, Plan
 from .planner import MESSAGES_FIELDS, TurnSpec
 
 TOOL_CHOICES = {"auto": "auto", "any": "required", "none": "none"}
@@ -201,7 +201,7 @@ class AnthropicServingMessages:
         plan = self.plan(req)  # errors here are plain HTTP errors, before the stream starts
         return self._stream(plan, self.chat.runners([plan], 1, None, arrival))
 
-    async def _stream(self, plan: Plan, runners: list[Any]) -> AsyncGenerator[str, None]:
+    async def _stream(self, plan: Plan, runners: list[ChoiceRunner]) -> AsyncGenerator[str, None]:
         mid = f"msg_{uuid.uuid4().hex}"
         ev = BlockEvents()
         result: ChoiceResult | None = None

@@ -26,7 +26,7 @@ from ..protocol.chat import ChatCompletionRequest
 from ..protocol.errors import bad_request
 from ..protocol.responses import ResponseNamedTool, ResponsesRequest
 from .chat import OpenAIServingChat, chat_request
-from .generation import ChoiceResult
+from .generation import ChoiceResult, ChoiceRunner
 from .planner import RESPONSES_FIELDS
 
 ROLES = ("user", "system", "developer", "assistant")
@@ -259,7 +259,7 @@ class OpenAIServingResponses:
         return self._stream(req, runners, len(plan.prompt_ids))
 
     async def _stream(
-        self, req: ResponsesRequest, runners: list[Any], prompt_tokens: int
+        self, req: ResponsesRequest, runners: list[ChoiceRunner], prompt_tokens: int
     ) -> AsyncGenerator[str, None]:
         rid, created = f"resp_{uuid.uuid4().hex}", int(time.time())
         ev = StreamEvents()
