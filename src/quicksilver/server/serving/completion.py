@@ -12,7 +12,6 @@ import asyncio
 import time
 import uuid
 from collections.abc import AsyncGenerator
-from typing import Any
 
 from ..protocol.completion import CompletionRequest
 from ..protocol.errors import bad_request
@@ -114,12 +113,12 @@ class OpenAIServingCompletion(GenerationServing):
     def _result(self, req: CompletionRequest, plans: list[Plan]) -> tuple[str, int, int]:
         return f"cmpl-{uuid.uuid4().hex}", int(time.time()), sum(len(p.prompt_ids) for p in plans)
 
-    def _logprobs(self, r: ChoiceResult) -> dict[str, Any] | None:
+    def _logprobs(self, r: ChoiceResult) -> dict[str, object] | None:
         return (
             None if r.logprobs is None else completion_logprobs(self.served.tokenizer, r.logprobs)
         )
 
-    async def create(self, req: CompletionRequest, arrival: float, fim: bool) -> dict[str, Any]:
+    async def create(self, req: CompletionRequest, arrival: float, fim: bool) -> dict[str, object]:
         plans = await asyncio.to_thread(self.plans, req, fim)  # off the event loop
         results = await self.collect(self.runners(plans, req.n or 1, req.seed, arrival))
         n = req.n or 1
@@ -159,7 +158,7 @@ class OpenAIServingCompletion(GenerationServing):
         cid, created, prompt_tokens = self._result(req, plans)
         include_usage = bool(req.stream_options and req.stream_options.include_usage)
 
-        def chunk(index: int, text: str, finish: str | None = None, **extra: Any) -> str:
+        def chunk(index: int, text: str, finish: str | None = None, **extra: object) -> str:
             choice = {"index": index, "text": text, "logprobs": None, "finish_reason": finish}
             return sse_chunk(
                 cid,

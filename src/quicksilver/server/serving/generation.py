@@ -45,7 +45,7 @@ from ..async_engine import EngineClient
 from ..metrics import Metrics
 from ..protocol.errors import APIError
 from .logprobs import LogprobRecorder, TokenLogprob
-from .tools import OPEN_TAG, parse_tool_calls
+from .tools import OPEN_TAG, ToolCall, parse_tool_calls
 
 MASK_GLYPH = "░"
 
@@ -141,7 +141,7 @@ class Delta:
     kind: Literal["reasoning", "content", "canvas", "tool_call"]
     text: str = ""
     canvas: dict[str, Any] | None = None
-    call: dict[str, Any] | None = None  # an OpenAI tool call (kind tool_call)
+    call: ToolCall | None = None  # an OpenAI tool call (kind tool_call)
 
 
 @dataclass
@@ -157,7 +157,7 @@ class ChoiceResult:
     steps: int = 0
     structured: bool = False
     cached_tokens: int = 0  # prompt tokens the prefix cache served (first phase)
-    tool_calls: list[dict[str, Any]] = field(default_factory=list)
+    tool_calls: list[ToolCall] = field(default_factory=list)
     logprobs: list[TokenLogprob] | None = None  # the answer's tokens, when the request asked
     stop_string: str | None = None  # the client's stop string that ended the text, if one did
 

@@ -16,7 +16,6 @@ commit as it happens (``allow``, asked with the token about to be committed).
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
 
 import torch
 
@@ -84,11 +83,11 @@ def _piece(tok: Tokenizer, t: int) -> str:
     return tok.decode([t], skip_special_tokens=False)
 
 
-def chat_logprobs(tok: Tokenizer, entries: list[TokenLogprob]) -> dict[str, Any]:
+def chat_logprobs(tok: Tokenizer, entries: list[TokenLogprob]) -> dict[str, object]:
     """``choices[].logprobs`` of a chat completion: ``{"content": [{token, logprob, bytes,
     top_logprobs}]}``."""
 
-    def one(t: int, lp: float) -> dict[str, Any]:
+    def one(t: int, lp: float) -> dict[str, object]:
         s = _piece(tok, t)
         return {"token": s, "logprob": lp, "bytes": list(s.encode())}
 
@@ -101,7 +100,7 @@ def chat_logprobs(tok: Tokenizer, entries: list[TokenLogprob]) -> dict[str, Any]
     }
 
 
-def completion_logprobs(tok: Tokenizer, entries: list[TokenLogprob]) -> dict[str, Any]:
+def completion_logprobs(tok: Tokenizer, entries: list[TokenLogprob]) -> dict[str, object]:
     """``choices[].logprobs`` of a text completion: parallel lists and character offsets."""
     tokens = [_piece(tok, e.token) for e in entries]
     offsets, at = [], 0
