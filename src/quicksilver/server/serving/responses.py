@@ -33,7 +33,7 @@ from .tools import ToolCall
 ROLES = ("user", "system", "developer", "assistant")
 
 
-def _text(content: Any, where: str) -> str:
+def _text(content: object, where: str) -> str:
     if isinstance(content, str):
         return content
     if isinstance(content, list):
