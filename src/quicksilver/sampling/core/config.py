@@ -13,7 +13,7 @@ from .policies import POLICIES
 @dataclass
 class SamplerConfig:
     max_new_tokens: int = 128  # canvas length (CLI --max-tokens)
-    policy: str = "threshold"  # a name from sampling.policies.POLICIES
+    policy: str = "threshold"  # a name from sampling.core.policies.POLICIES
     threshold: float = 0.9  # confidence bound of the `threshold` policy, in (0, 1]
     steps: int | None = None  # total refinement steps (schedule policies; a cap for `threshold`)
     block_length: int | None = None  # semi-AR block; default: the model's block size or 32

@@ -76,7 +76,7 @@ class Row:
     model_block: int | None  # the model's attention block size if block_causal, else None
     vocab_limit: int | None = None
     cache: KVCache | None = None
-    cache_mode: str = "none"  # a name from sampling.caches.CACHE_MODES
+    cache_mode: str = "none"  # a name from sampling.core.caches.CACHE_MODES
     refresh_every: int = 0  # approximate caches: full recompute every k steps in a block (0: off)
     exact: int = 0  # window cache: the cached prefix whose keys/values are final
     shift: bool = False  # the model's logit shift (token j predicted from position j - 1)

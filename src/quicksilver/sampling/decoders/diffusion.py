@@ -1,16 +1,17 @@
-"""The fast parallel-refinement decoder: only the loop.
+"""``Decoder``: parallel refinement of masked canvases (bidirectional and block-causal models); only
+the loop, built from the shared primitives of ``sampling/core/``.
 
-One step: gather every live row's window (``caches``) -> one forward pass over all of them ->
-pure batched selection on the device (``select``, with the revision and editing hooks) -> write
-the commits and edits into the device canvases -> one device-to-host transfer of the step's events -> host bookkeeping per row
-(``state``: stops, blocks, finish). Constrained rows (structured output) add their own reads
-(``hooks.commit_constrained``); nothing else in a step reads the device.
+One step: gather every live row's window (``core/caches``) -> one forward pass over all of them ->
+pure batched selection on the device (``core/select``, with the revision and editing hooks of
+``core/hooks``) -> write the commits and edits into the device canvases -> one device-to-host
+transfer of the step's events -> host bookkeeping per row (``core/state``: stops, blocks, finish).
+Constrained rows (structured output) add their own reads (``hooks.commit_constrained``); nothing
+else in a step reads the device.
 
 Rows are independent: their own sampler settings, seeded generator, canvas length and block
 position, and the packed forward pass keeps them apart, so a row's output does not depend on what
 else is in the batch. Rows may join and leave between steps (``step`` takes any list of rows).
 """
-
 from __future__ import annotations
 
 from collections.abc import Sequence
