@@ -12,6 +12,7 @@ Rows are independent: their own sampler settings, seeded generator, canvas lengt
 position, and the packed forward pass keeps them apart, so a row's output does not depend on what
 else is in the batch. Rows may join and leave between steps (``step`` takes any list of rows).
 """
+
 from __future__ import annotations
 
 from collections.abc import Sequence
