@@ -437,9 +437,25 @@ def peer_extra(d: dict[str, Any], peers: Peers) -> dict[str, Any]:
     return extra
 
 
+def settings(m: Models, default: SamplerConfig, block: int, window: int) -> dict[str, Any]:
+    """The decoding and load settings every method ran under."""
+    return {
+        "policy": default.policy,
+        "threshold": default.threshold,
+        "block": block,
+        "window": window or None,
+        "dtype": dtype_name(m.pipe.model.model.embed_tokens.weight.dtype),
+        "ar_dtype": dtype_name(m.ar.model.model.embed_tokens.weight.dtype),
+        "compile": m.lcfg.compile,
+        "quantize": m.lcfg.quantize,
+        "backend": m.pipe.runtime_name,
+        "ar_backend": m.ar.runtime_name,
+    }
+
+
 def run_speed_bench(args: argparse.Namespace) -> int:
     m = load_models(args)
-    pipe, ar, vpipe, lcfg = m.pipe, m.ar, m.vpipe, m.lcfg
+    pipe, vpipe = m.pipe, m.vpipe
     block = pipe.config.block_size if pipe.config.attention == "block_causal" else 32
     tasks = [t for t in args.tasks.split(",") if t]
     items = [it for name in tasks for it in get_task(name).test_items(args.limit, args.seed)]
@@ -498,18 +514,7 @@ def run_speed_bench(args: argparse.Namespace) -> int:
             "items": len(items),
             "repeats": args.repeats,
             "interleave": bool(getattr(args, "interleave", False)),
-            "settings": {
-                "policy": default.policy,
-                "threshold": default.threshold,
-                "block": block,
-                "window": window or None,
-                "dtype": dtype_name(pipe.model.model.embed_tokens.weight.dtype),
-                "ar_dtype": dtype_name(ar.model.model.embed_tokens.weight.dtype),
-                "compile": lcfg.compile,
-                "quantize": lcfg.quantize,
-                "backend": pipe.runtime_name,
-                "ar_backend": ar.runtime_name,
-            },
+            "settings": settings(m, default, block, window),
             "plot": str(png),
             "hardware": hardware(),
             "date": datetime.date.today().isoformat(),
