@@ -252,7 +252,7 @@ def test_diffusion_step_equals_eager(dlm_pipes, name: str, window: int) -> None:
 
 def test_window_of_the_whole_block_is_the_block_cache(dlm_pipes, monkeypatch) -> None:  # type: ignore[no-untyped-def]
     """window = the model block is exact: the plain block cache (what a GPU runs by default)."""
-    from quicksilver.sampling import caches
+    from quicksilver.sampling.core import caches
 
     dec = dlm_pipes["torch"].decoder
     items = _items(dlm_pipes["torch"])
