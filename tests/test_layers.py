@@ -58,9 +58,9 @@ def _modules() -> dict[str, Path]:
 
 def _unit(module: str) -> str:
     """The stack entry of a module: its top-level package below quicksilver, or, inside sampling/,
-    its subpackage."""
+    its subpackage (a module of sampling/ outside them names no entry of the stack)."""
     parts = module.split(".")
-    if len(parts) > 3 and parts[1] == "sampling":
+    if len(parts) > 2 and parts[1] == "sampling":
         return f"sampling.{parts[2]}"
     return parts[1] if len(parts) > 1 else ""
 
