@@ -28,8 +28,8 @@ from quicksilver.runtime.cpu_backends import (
 )
 from quicksilver.runtime.segment import Segment
 from quicksilver.sampling import SamplerConfig
-from quicksilver.sampling.autoregressive import ar_generate
-from quicksilver.sampling.caches import resolve_window
+from quicksilver.sampling.core.caches import resolve_window
+from quicksilver.sampling.decoders.autoregressive import ar_generate
 
 RUNTIMES = ["onnx", "openvino"]
 ATOL = 1e-4
@@ -252,7 +252,7 @@ def test_diffusion_step_equals_eager(dlm_pipes, name: str, window: int) -> None:
 
 def test_window_of_the_whole_block_is_the_block_cache(dlm_pipes, monkeypatch) -> None:  # type: ignore[no-untyped-def]
     """window = the model block is exact: the plain block cache (what a GPU runs by default)."""
-    from quicksilver.sampling import caches
+    from quicksilver.sampling.core import caches
 
     dec = dlm_pipes["torch"].decoder
     items = _items(dlm_pipes["torch"])

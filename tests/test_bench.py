@@ -216,6 +216,7 @@ def bench_serve(diff: Path, out: Path, *extra: str) -> dict[str, Any]:
     return report
 
 
+@pytest.mark.slow  # a served model at two concurrency levels, end to end (make test-slow, CI)
 def test_bench_serve_levels(pair: tuple[Path, Path], tmp_path: Path) -> None:
     assert "agent_loop" not in bench_serve(pair[0], tmp_path, "--agent-turns", "0")
 

@@ -11,9 +11,9 @@ import pytest
 
 import quicksilver
 from quicksilver.sampling import SamplerConfig
-from quicksilver.sampling.canvas import BanTokens, build_canvas
-from quicksilver.sampling.constrained import Budgets, SchemaError, Slot, schema_pieces
-from quicksilver.sampling.grammar import (
+from quicksilver.sampling.structured.canvas import BanTokens, build_canvas
+from quicksilver.sampling.structured.constrained import Budgets, SchemaError, Slot, schema_pieces
+from quicksilver.sampling.structured.grammar import (
     SEP_COMMA,
     Alt,
     Lit,

@@ -12,7 +12,7 @@ import torch
 from quicksilver.errors import ConfigError
 from quicksilver.models import Transformer, preset
 from quicksilver.sampling import POLICIES, Decoder, SamplerConfig, reference_generate, sample_tokens
-from quicksilver.sampling.noise import filter_top_p
+from quicksilver.sampling.core.noise import filter_top_p
 
 MASK, EOS = 2, 1
 PROMPTS = [list(range(20, 37)), list(range(50, 59)), list(range(70, 75))]

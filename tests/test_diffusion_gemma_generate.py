@@ -1,4 +1,4 @@
-"""DiffusionGemma's generation loop (sampling/noise_canvas.py) token for token against
+"""DiffusionGemma's generation loop (sampling/decoders/noise_canvas.py) token for token against
 ``transformers``' ``DiffusionGemmaForBlockDiffusion.generate``.
 
 A tiny random checkpoint (tests/test_parity_diffusion_gemma.py writes it with transformers' own
@@ -35,7 +35,7 @@ gen = pytest.importorskip("transformers.models.diffusion_gemma.generation_diffus
 
 from quicksilver.models.families.diffusion_gemma import load_network  # noqa: E402
 from quicksilver.models.families.diffusion_gemma_net import GemmaKVCache  # noqa: E402
-from quicksilver.sampling.noise_canvas import (  # noqa: E402
+from quicksilver.sampling.decoders.noise_canvas import (  # noqa: E402
     GeneratorNoise,
     NoiseCanvasConfig,
     entropy,

@@ -12,7 +12,7 @@ from quicksilver.engine import Engine, EngineConfig, EngineOverloaded, EngineReq
 from quicksilver.errors import ConfigError
 from quicksilver.models import Transformer, preset
 from quicksilver.sampling import Decoder, SamplerConfig
-from quicksilver.sampling.verify import VerifyDecoder
+from quicksilver.sampling.decoders.verify import VerifyDecoder
 
 MASK, EOS = 2, 1
 

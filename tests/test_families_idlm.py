@@ -17,7 +17,7 @@ from quicksilver import CheckpointError
 from quicksilver.models.checkpoint import load_checkpoint
 from quicksilver.models.families import family_of, generation_defaults
 from quicksilver.sampling import SamplerConfig
-from quicksilver.sampling.verify import VerifyDecoder
+from quicksilver.sampling.decoders.verify import VerifyDecoder
 from test_verify import uncached_greedy
 
 TOL = 1e-4

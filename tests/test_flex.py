@@ -17,7 +17,7 @@ from quicksilver.models.masks import build_attention_mask
 from quicksilver.runtime import Runtime, Segment, paged, runtime
 from quicksilver.runtime.paged import PAGE, PagedPool, Row, plan_flex
 from quicksilver.sampling import Decoder, SamplerConfig
-from quicksilver.sampling.verify import VerifyDecoder
+from quicksilver.sampling.decoders.verify import VerifyDecoder
 from test_packing import BITWISE, _model, _run, _segments
 from test_step import _mixed, _prompt
 

@@ -134,6 +134,7 @@ def test_pydantic_ai_structured_output(url: str) -> None:
 
 
 # ---- litellm ---------------------------------------------------------------------------------
+@pytest.mark.slow  # importing litellm alone takes most of it (make test-slow, CI)
 def test_litellm_completion_tools_and_stream(url: str) -> None:
     import litellm
 
@@ -168,6 +169,7 @@ def test_litellm_completion_tools_and_stream(url: str) -> None:
 
 
 # ---- the embedded model -----------------------------------------------------------------------
+@pytest.mark.slow  # the mock-engine tests above cover the protocol; this re-proves it on the model
 @pytest.mark.skipif(embedded_model_path() is None, reason="this build ships no embedded model")
 def test_langchain_and_agents_sdk_on_the_embedded_model() -> None:
     from langchain_core.messages import HumanMessage

@@ -18,7 +18,7 @@ from quicksilver.assets import (
 from quicksilver.errors import ConfigError
 from quicksilver.models.checkpoint import load_checkpoint
 from quicksilver.models.gguf_export import export_gguf, neox_to_interleaved
-from quicksilver.sampling.autoregressive import ar_generate
+from quicksilver.sampling.decoders.autoregressive import ar_generate
 
 gguf = pytest.importorskip("gguf")
 

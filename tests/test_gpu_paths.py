@@ -18,8 +18,8 @@ from quicksilver.bench.syncs import SyncCounter
 from quicksilver.runtime import paged, runtime
 from quicksilver.runtime.packing import sdpa_backends, token_bucket
 from quicksilver.sampling import Decoder, SamplerConfig
-from quicksilver.sampling.noise_canvas import GeneratorNoise, denoise, entropy
-from quicksilver.sampling.verify import VerifyDecoder
+from quicksilver.sampling.decoders.noise_canvas import GeneratorNoise, denoise, entropy
+from quicksilver.sampling.decoders.verify import VerifyDecoder
 from test_packing import _model
 from test_step import _mixed, _prompt
 

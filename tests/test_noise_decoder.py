@@ -1,4 +1,4 @@
-"""DiffusionGemma through the one decoder contract (sampling/noise_decoder.py), the pipeline, the engine
+"""DiffusionGemma through the one decoder contract (sampling/decoders/noise_decoder.py), the pipeline, the engine
 and the command line, on a tiny random checkpoint in save_pretrained's layout
 (tests/diffusion_gemma_fixture.py). Random weights write gibberish: these test the contract —
 determinism, batch invariance, the row equal to the generation loop, streaming, constraints that
@@ -22,11 +22,11 @@ from quicksilver.engine import Engine, EngineRequest
 from quicksilver.errors import CheckpointError, ConfigError
 from quicksilver.models.checkpoint import load_checkpoint
 from quicksilver.pipeline import Pipeline
-from quicksilver.sampling.canvas import AllowTokens, build_canvas
-from quicksilver.sampling.constrained import Budgets, schema_pieces
-from quicksilver.sampling.noise_canvas import generate
-from quicksilver.sampling.noise_decoder import NoiseCanvasDecoder, NoiseRow
-from quicksilver.sampling.state import DecodeResult
+from quicksilver.sampling.core.state import DecodeResult
+from quicksilver.sampling.decoders.noise_canvas import generate
+from quicksilver.sampling.decoders.noise_decoder import NoiseCanvasDecoder, NoiseRow
+from quicksilver.sampling.structured.canvas import AllowTokens, build_canvas
+from quicksilver.sampling.structured.constrained import Budgets, schema_pieces
 
 SCHEMA = {
     "type": "object",

@@ -21,7 +21,7 @@ from quicksilver.assets import (
 from quicksilver.engine import Engine, EngineRequest
 from quicksilver.errors import ConfigError
 from quicksilver.sampling import SamplerConfig
-from quicksilver.sampling.autoregressive import ar_generate
+from quicksilver.sampling.decoders.autoregressive import ar_generate
 from quicksilver.server import ServerConfig, build_app, build_served_model
 from quicksilver.server.playground import STATIC, parse_origins
 from quicksilver.server.serving.generation import MASK_GLYPH

@@ -21,7 +21,7 @@ from quicksilver.models.kvcache import KVCache
 from quicksilver.runtime import Runtime, Segment
 from quicksilver.runtime.ov_graph import graph_step, quantize_groups, state_weights
 from quicksilver.runtime.quantize import quantize
-from quicksilver.sampling.autoregressive import ar_generate
+from quicksilver.sampling.decoders.autoregressive import ar_generate
 
 PROMPT = [{"role": "user", "content": "What is 23 times 47?"}]
 

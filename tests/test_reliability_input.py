@@ -13,8 +13,8 @@ import pytest
 from fastapi.testclient import TestClient
 
 from quicksilver.errors import ConfigError
-from quicksilver.sampling.grammar import LitSet
-from quicksilver.sampling.layout_cache import ByteLRU
+from quicksilver.sampling.structured.grammar import LitSet
+from quicksilver.sampling.structured.layout_cache import ByteLRU
 from quicksilver.server import ServerConfig, build_app, build_served_model
 from quicksilver.server.mock_engine import MockEngine
 from quicksilver.server.reliability.limits import SchemaLimits, check_schema

@@ -13,9 +13,9 @@ from typing import Any
 import jsonschema
 import pytest
 
-from quicksilver.sampling.constrained import SchemaError, schema_pieces
-from quicksilver.sampling.grammar import MAX_INT_DIGITS, Bounds, Machine, Number
-from quicksilver.sampling.pattern import pattern_body
+from quicksilver.sampling.structured.constrained import SchemaError, schema_pieces
+from quicksilver.sampling.structured.grammar import MAX_INT_DIGITS, Bounds, Machine, Number
+from quicksilver.sampling.structured.pattern import pattern_body
 from quicksilver.tokenizer import Tokenizer
 
 

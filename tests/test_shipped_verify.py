@@ -22,11 +22,12 @@ from quicksilver.suite.tasks import get_task
 PATH = embedded_model_path()
 pytestmark = pytest.mark.skipif(PATH is None, reason="no embedded model in this build")
 TASKS = ["path_star", "sudoku4", "countdown3", "multiply", "tool_call", "chat", "fim", "tool_loop"]
-# torch and the default CPU runtime in the default suite; the other runtimes under -m slow
+# torch (every check, batched and without copy drafts too) in the default suite; the exported CPU
+# runtimes under -m slow (make test-slow, CI)
 BACKENDS = [
     "torch",
     *(
-        b if b == "openvino-bf16" else pytest.param(b, marks=pytest.mark.slow)
+        pytest.param(b, marks=pytest.mark.slow)
         for b in ("onnx", "openvino", "openvino-bf16")
         if available(b)
     ),

@@ -11,10 +11,10 @@ from quicksilver.engine import Engine, EngineConfig, EngineRequest
 from quicksilver.errors import ConfigError
 from quicksilver.models import Transformer, preset
 from quicksilver.sampling import POLICIES, Decoder, SamplerConfig
-from quicksilver.sampling.caches import CACHE_MODES, resolve_cache_mode
-from quicksilver.sampling.canvas import BanTokens
-from quicksilver.sampling.hooks import apply_stop, commit_constrained, remask
-from quicksilver.sampling.select import choose, forbid, forbid_host, policy_scores
+from quicksilver.sampling.core.caches import CACHE_MODES, resolve_cache_mode
+from quicksilver.sampling.core.hooks import apply_stop, commit_constrained, remask
+from quicksilver.sampling.core.select import choose, forbid, forbid_host, policy_scores
+from quicksilver.sampling.structured.canvas import BanTokens
 
 MASK, EOS = 2, 1
 INF = float("inf")

@@ -17,8 +17,8 @@ from quicksilver.runtime.pass_plan import RUNTIMES, PassPlanner, PassPolicy
 from quicksilver.runtime.runtime import Runtime
 from quicksilver.runtime.segment import Segment
 from quicksilver.sampling import SamplerConfig
-from quicksilver.sampling.autoregressive import ar_generate
-from quicksilver.sampling.verify import VerifyDecoder, VerifyRow
+from quicksilver.sampling.decoders.autoregressive import ar_generate
+from quicksilver.sampling.decoders.verify import VerifyDecoder, VerifyRow
 from quicksilver.train.objective import draft_mask
 
 MASK = 2
@@ -373,7 +373,7 @@ def test_copy_drafts_are_lossless_and_keep_long_runs() -> None:
     """A model that continues its prompt by repeating it (an oracle: the prompt's own next token)
     keeps whole copied runs, many tokens a pass; greedy output is the same with copy drafts off,
     on garbage copies (a random model), alone and batched."""
-    from quicksilver.sampling.copy_drafts import NgramIndex
+    from quicksilver.sampling.decoders.copy_drafts import NgramIndex
 
     idx = NgramIndex([5, 6, 7, 8, 9, 5, 6, 7])
     assert idx.lookup(3) == ([8, 9, 5], 3)  # the suffix 5 6 7 recurs: what followed it
@@ -393,7 +393,7 @@ def test_copy_drafts_are_lossless_and_keep_long_runs() -> None:
 def test_a_copy_extends_the_drafts_it_repeats() -> None:
     """A copy is fed past the pass-rate estimate only when it repeats every draft held (or none
     are held), on a long match, for a row that keeps its copies."""
-    from quicksilver.sampling.copy_drafts import EXTEND_MIN_MATCH, agreement, extends
+    from quicksilver.sampling.decoders.copy_drafts import EXTEND_MIN_MATCH, agreement, extends
 
     assert agreement([1, 2, 3], [1, 2]) == 2 and agreement([1, 2], [1, 5]) == 1
     assert agreement([], [1]) == 0

@@ -2,9 +2,9 @@
 diffusion model.
 
 The embedded default (``assets/model``) is the joint network (causal, drafts by diffusion and
-verifies itself: sampling/verify.py); ``assets/model-ar`` its equal-size AR twin (separate weights,
-the speed baseline); ``assets/model-edit`` the edit model (``quicksilver-edit``: the same
-architecture trained to merge edits, behind the apply and next-edit routes);
+verifies itself: sampling/decoders/verify.py); ``assets/model-ar`` its equal-size AR twin
+(separate weights, the speed baseline); ``assets/model-edit`` the edit model (``quicksilver-edit``:
+the same architecture trained to merge edits, behind the apply and next-edit routes);
 ``assets/model-diffusion`` the block-diffusion model it replaced (the diffusion decoder's own
 shipped model: threshold decoding, revision, infilling with a suffix, canvas views).
 """

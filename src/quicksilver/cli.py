@@ -99,9 +99,8 @@ def sampler_from_args(args: argparse.Namespace) -> Any:
 def cmd_generate(args: argparse.Namespace) -> int:
 
     pipe = load_pipeline(args)
-    cfg = dataclass_from_args(
-        type(pipe.sampler_config()), args, base=pipe.sampler_config()
-    )  # family defaults < flags
+    # family defaults < flags
+    cfg = dataclass_from_args(type(pipe.sampler_config()), args, base=pipe.sampler_config())
     opts = {f: getattr(cfg, f) for f in cfg.__dataclass_fields__}
     chat = not args.raw and pipe.tokenizer.chat_template is not None
     prompt: Any = args.prompt

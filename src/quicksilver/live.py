@@ -10,7 +10,7 @@ from rich.live import Live
 from rich.text import Text
 
 from .pipeline import GenerationResult
-from .sampling.state import RowEvent
+from .sampling.core.state import RowEvent
 from .tokenizer import Tokenizer
 
 MASK_GLYPH = "░"

@@ -1,7 +1,7 @@
 """``quicksilver.load(path)``: a loaded model with its tokenizer and a one-call ``generate``.
 
 The network is the generic ``Transformer`` (mask-diffusion and causal families: ``Decoder`` or
-``VerifyDecoder``, ``sampling/verify.decoder_for``) or a family's own (DiffusionGemma's
+``VerifyDecoder``, ``sampling/decoders.decoder_for``) or a family's own (DiffusionGemma's
 ``DiffusionGemmaLM``: ``NoiseCanvasDecoder``, its settings from the checkpoint's
 ``generation_config.json``). The load options that only the generic transformer has (other
 backends, int8, compile, CUDA graphs, the attention layout, other caches, decoding modes) are
@@ -48,12 +48,12 @@ from .runtime.quantize import (
     quantized_runtime,
 )
 from .sampling import SamplerConfig
-from .sampling.caches import CACHE_CHOICES
-from .sampling.decoder import Decoder
-from .sampling.noise_canvas import NoiseCanvasConfig
-from .sampling.noise_decoder import NoiseCanvasDecoder
-from .sampling.state import RowEvent
-from .sampling.verify import VerifyDecoder, decoder_for
+from .sampling.core.caches import CACHE_CHOICES
+from .sampling.core.state import RowEvent
+from .sampling.decoders import VerifyDecoder, decoder_for
+from .sampling.decoders.diffusion import Decoder
+from .sampling.decoders.noise_canvas import NoiseCanvasConfig
+from .sampling.decoders.noise_decoder import NoiseCanvasDecoder
 from .tokenizer import Tokenizer
 
 Messages = list[dict[str, Any]]

@@ -39,9 +39,8 @@ def _reference_tokens(pipe: Pipeline, ids: list[int], n: int, block: int) -> tup
         pipe.model, ids, pipe.config.mask_token_id, gen_length=n, steps=n, block_length=block
     )
     out = res.canvas
-    for i, t in enumerate(
-        out
-    ):  # the reference fills the whole canvas; the answer ends at a stop token
+    # the reference fills the whole canvas; the answer ends at a stop token
+    for i, t in enumerate(out):
         if t in pipe.stop_ids:
             out = out[:i]
             break

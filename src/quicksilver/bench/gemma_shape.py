@@ -17,7 +17,7 @@ For each batch size it times, against a prompt of ``--context`` tokens already e
 - ``decode_fwd_per_s``: decoder passes per second over one canvas (``canvas_length`` 256) with
   self-conditioning logits (every step after a canvas's first has them);
 - ``encode_fwd_per_s``: encoder passes per second over one finished canvas (written to the cache);
-- ``loop_tok_s_per_request``: the real generation loop (sampling/noise_canvas.py, sampling and
+- ``loop_tok_s_per_request``: the real generation loop (sampling/decoders/noise_canvas.py, sampling and
   entropy-bound acceptance included) at the published vLLM setting, ``max_denoising_steps`` 16 and
   no adaptive stop: 256 tokens per 16 decoder passes + 1 encoder pass;
 - ``projected_tok_s_per_request``: 256 / (16 / decode rate + 1 / encode rate), the same figure
@@ -45,7 +45,7 @@ import torch
 
 from ..models.families.diffusion_gemma import ARCHITECTURE, gemma_config
 from ..models.families.diffusion_gemma_net import FULL, DiffusionGemmaLM, GemmaKVCache
-from ..sampling.noise_canvas import NoiseCanvasConfig, generate
+from ..sampling.decoders.noise_canvas import NoiseCanvasConfig, generate
 from .common import calls_per_second, sync
 
 SHAPE = "diffusiongemma-26b-a4b"

@@ -172,9 +172,8 @@ def sync_debug(device: torch.device) -> Iterator[list[warnings.WarningMessage]]:
 def _peak_bytes(device: torch.device) -> int:
     if device.type == "cuda":
         return int(torch.cuda.max_memory_allocated(device))
-    return (
-        int(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss) * 1024
-    )  # process peak RSS (Linux: KiB)
+    # process peak RSS (Linux: KiB)
+    return int(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss) * 1024
 
 
 @torch.no_grad()
@@ -197,12 +196,10 @@ def bench_shape(
     rows = []
     for batch in args.batch:
         gen = torch.Generator(device="cpu").manual_seed(batch)
-        ctx = torch.randint(0, cfg.vocab_size, (batch, args.context), generator=gen).to(
-            device
-        )  # (B, P)
-        blk = torch.full(
-            (batch, args.block), cfg.mask_token_id, dtype=torch.long, device=device
-        )  # (B, 32)
+        # (B, P)
+        ctx = torch.randint(0, cfg.vocab_size, (batch, args.context), generator=gen).to(device)
+        # (B, 32)
+        blk = torch.full((batch, args.block), cfg.mask_token_id, dtype=torch.long, device=device)
         cache = KVCache()
         model(ctx, cache=cache, append=True)  # prefill the context once
         block_rate = calls_per_second(

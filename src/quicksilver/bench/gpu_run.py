@@ -41,7 +41,7 @@ from typing import Any
 import torch
 
 from ..pipeline import load
-from ..sampling.verify import VerifyDecoder
+from ..sampling.decoders.verify import VerifyDecoder
 from .gemma_shape import SHAPE as GEMMA_SHAPE
 
 

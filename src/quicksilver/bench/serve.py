@@ -296,6 +296,42 @@ def chat_bodies(n: int, seed: int, max_tokens: int, route: str = "chat") -> list
     return bodies
 
 
+def turn_body(messages: list[dict[str, Any]], tools: list[Any], max_tokens: int) -> dict[str, Any]:
+    """One agent turn's request: the whole conversation so far, greedy."""
+    return {
+        "model": "quicksilver",
+        "messages": messages,
+        "tools": tools,
+        "max_tokens": max_tokens,
+        "temperature": 0,
+    }
+
+
+def tool_turn(call: dict[str, Any]) -> list[dict[str, Any]]:
+    """The assistant's tool call and the tool's (fixed) answer, as the next messages."""
+    return [
+        {
+            "role": "assistant",
+            "content": None,
+            "tool_calls": [
+                {
+                    "id": call["id"] or "call_0",
+                    "type": "function",
+                    "function": {
+                        "name": call["name"],
+                        "arguments": call["arguments"] or "{}",
+                    },
+                }
+            ],
+        },
+        {
+            "role": "tool",
+            "tool_call_id": call["id"] or "call_0",
+            "content": json.dumps({"value": 42}),
+        },
+    ]
+
+
 async def agent_loop(
     url: str, turns: int, seed: int, max_tokens: int, served: list[Result] | None = None
 ) -> tuple[list[float], list[str]]:
@@ -310,6 +346,15 @@ async def agent_loop(
     messages: list[dict[str, Any]] = [{"role": "system", "content": "Use the tools."}]
     times: list[float] = []
     errors: list[str] = []
+
+    async def turn(client: httpx.AsyncClient) -> Result:
+        r = await stream_chat(client, url, turn_body(messages, tools, max_tokens), None)
+        times.append(r.e2e if r.ok else float("nan"))
+        errors.extend([r.error] if not r.ok else [])
+        if served is not None:
+            served.append(r)
+        return r
+
     async with httpx.AsyncClient(timeout=120) as client:
         k = 0
         while len(times) < turns:
@@ -319,99 +364,18 @@ async def agent_loop(
                 (m for m in (it.messages or []) if m["role"] == "user"), {"content": "hello"}
             )
             messages.append({"role": "user", "content": user["content"]})
-            r = await stream_chat(
-                client,
-                url,
-                {
-                    "model": "quicksilver",
-                    "messages": messages,
-                    "tools": tools,
-                    "max_tokens": max_tokens,
-                    "temperature": 0,
-                },
-                None,
-            )
-            times.append(r.e2e if r.ok else float("nan"))
-            errors += [r.error] if not r.ok else []
-            if served is not None:
-                served.append(r)
+            r = await turn(client)
             if r.tool_calls and len(times) < turns:
-                call = r.tool_calls[0]
-                messages.append(
-                    {
-                        "role": "assistant",
-                        "content": None,
-                        "tool_calls": [
-                            {
-                                "id": call["id"] or "call_0",
-                                "type": "function",
-                                "function": {
-                                    "name": call["name"],
-                                    "arguments": call["arguments"] or "{}",
-                                },
-                            }
-                        ],
-                    }
-                )
-                messages.append(
-                    {
-                        "role": "tool",
-                        "tool_call_id": call["id"] or "call_0",
-                        "content": json.dumps({"value": 42}),
-                    }
-                )
-                r2 = await stream_chat(
-                    client,
-                    url,
-                    {
-                        "model": "quicksilver",
-                        "messages": messages,
-                        "tools": tools,
-                        "max_tokens": max_tokens,
-                        "temperature": 0,
-                    },
-                    None,
-                )
-                times.append(r2.e2e if r2.ok else float("nan"))
-                errors += [r2.error] if not r2.ok else []
-                if served is not None:
-                    served.append(r2)
+                messages.extend(tool_turn(r.tool_calls[0]))
+                r2 = await turn(client)
                 messages.append({"role": "assistant", "content": r2.content})
             else:
                 messages.append({"role": "assistant", "content": r.content})
     return times[:turns], errors
 
 
-def run_serve_bench(args: argparse.Namespace) -> int:
-    levels = [int(x) for x in (args.concurrency or "1,4,16,64").split(",") if x]
-    rate = float(args.rate)
-    path = ROUTES[args.route][0]
-    extra = [f"--max-batch={max(levels)}"] if not args.url else []
-    report: dict[str, Any] = {
-        "bench": "serve",
-        "route": path,
-        "levels": [],
-        "arrival_rate_per_s": args.rate,
-        "max_tokens": args.max_tokens,
-        "date": datetime.date.today().isoformat(),
-        "hardware": hardware(),
-    }
-    ctx = (
-        contextlib.nullcontext(args.url)
-        if args.url
-        else launch_server(args.model, extra, revision=args.revision)
-    )
-    with ctx as url:
-        for c in levels:
-            n = min(args.max_requests, max(args.min_requests, 2 * c))
-            bodies = chat_bodies(n, args.seed + c, args.max_tokens, args.route)
-            results, wall = asyncio.run(
-                run_level(url, bodies, c, rate, args.time_limit, args.api_key, args.seed, path)
-            )
-            report["levels"].append(level_summary(results, wall, c))
-    base = report["levels"][0]["aggregate_tok_s"] if report["levels"] else float("nan")
-    for lv in report["levels"]:
-        lv["speedup_vs_concurrency_1"] = lv["aggregate_tok_s"] / base if base else float("nan")
+def print_levels(report: dict[str, Any], path: str) -> None:
+    """The table of latencies and throughput per concurrency level."""
     print_table(
         f"bench serve — streamed completions on {path}, Poisson arrivals",
         [
@@ -444,40 +408,78 @@ def run_serve_bench(args: argparse.Namespace) -> int:
             for lv in report["levels"]
         ],
     )
+
+
+def agent_loop_report(args: argparse.Namespace) -> dict[str, Any]:
+    """``--agent-turns``: the agent loop's seconds per turn with and without the prefix cache."""
+    loop: dict[str, list[float]] = {}
+    loop_errors: list[str] = []
+    for label, flags in (("prefix_cache", []), ("no_prefix_cache", ["--prefix-cache-mb=0"])):
+        with launch_server(args.model, flags, revision=args.revision) as url:
+            # warm-up
+            asyncio.run(agent_loop(url, 2, args.seed + 99, args.agent_max_tokens))
+            runs = []
+            # the same conversation again: median per turn
+            for _ in range(max(1, args.agent_repeats)):
+                times, errs = asyncio.run(
+                    agent_loop(url, args.agent_turns, args.seed, args.agent_max_tokens)
+                )
+                runs.append(times)
+                loop_errors += errs
+            loop[label] = [median(list(ts)) for ts in zip(*runs)]
+    on, off = sum(loop["prefix_cache"]), sum(loop["no_prefix_cache"])
+    print_table(
+        "agent loop — seconds per turn",
+        ["turn", "prefix cache", "no prefix cache"],
+        [
+            [i + 1, a, b]
+            for i, (a, b) in enumerate(zip(loop["prefix_cache"], loop["no_prefix_cache"]))
+        ],
+    )
+    return {
+        "turns": args.agent_turns,
+        "repeats": args.agent_repeats,
+        "max_tokens": args.agent_max_tokens,
+        "seconds_per_turn": loop,
+        "total_s": {"prefix_cache": on, "no_prefix_cache": off},
+        "time_cut": 1 - on / off if off else float("nan"),
+        "errors": sorted(set(loop_errors))[:3],
+    }
+
+
+def run_serve_bench(args: argparse.Namespace) -> int:
+    levels = [int(x) for x in (args.concurrency or "1,4,16,64").split(",") if x]
+    rate = float(args.rate)
+    path = ROUTES[args.route][0]
+    extra = [f"--max-batch={max(levels)}"] if not args.url else []
+    report: dict[str, Any] = {
+        "bench": "serve",
+        "route": path,
+        "levels": [],
+        "arrival_rate_per_s": args.rate,
+        "max_tokens": args.max_tokens,
+        "date": datetime.date.today().isoformat(),
+        "hardware": hardware(),
+    }
+    ctx = (
+        contextlib.nullcontext(args.url)
+        if args.url
+        else launch_server(args.model, extra, revision=args.revision)
+    )
+    with ctx as url:
+        for c in levels:
+            n = min(args.max_requests, max(args.min_requests, 2 * c))
+            bodies = chat_bodies(n, args.seed + c, args.max_tokens, args.route)
+            results, wall = asyncio.run(
+                run_level(url, bodies, c, rate, args.time_limit, args.api_key, args.seed, path)
+            )
+            report["levels"].append(level_summary(results, wall, c))
+    base = report["levels"][0]["aggregate_tok_s"] if report["levels"] else float("nan")
+    for lv in report["levels"]:
+        lv["speedup_vs_concurrency_1"] = lv["aggregate_tok_s"] / base if base else float("nan")
+    print_levels(report, path)
     if args.agent_turns and not args.url and args.route == "chat":
-        loop: dict[str, list[float]] = {}
-        loop_errors: list[str] = []
-        for label, flags in (("prefix_cache", []), ("no_prefix_cache", ["--prefix-cache-mb=0"])):
-            with launch_server(args.model, flags, revision=args.revision) as url:
-                asyncio.run(agent_loop(url, 2, args.seed + 99, args.agent_max_tokens))  # warm-up
-                runs = []
-                for _ in range(
-                    max(1, args.agent_repeats)
-                ):  # the same conversation again: median per turn
-                    times, errs = asyncio.run(
-                        agent_loop(url, args.agent_turns, args.seed, args.agent_max_tokens)
-                    )
-                    runs.append(times)
-                    loop_errors += errs
-                loop[label] = [median(list(ts)) for ts in zip(*runs)]
-        on, off = sum(loop["prefix_cache"]), sum(loop["no_prefix_cache"])
-        report["agent_loop"] = {
-            "turns": args.agent_turns,
-            "repeats": args.agent_repeats,
-            "max_tokens": args.agent_max_tokens,
-            "seconds_per_turn": loop,
-            "total_s": {"prefix_cache": on, "no_prefix_cache": off},
-            "time_cut": 1 - on / off if off else float("nan"),
-            "errors": sorted(set(loop_errors))[:3],
-        }
-        print_table(
-            "agent loop — seconds per turn",
-            ["turn", "prefix cache", "no prefix cache"],
-            [
-                [i + 1, a, b]
-                for i, (a, b) in enumerate(zip(loop["prefix_cache"], loop["no_prefix_cache"]))
-            ],
-        )
+        report["agent_loop"] = agent_loop_report(args)
     _plot(report, Path(args.out))
     report["plot"] = str(Path(args.out) / "serve.png")
     emit_json(report)

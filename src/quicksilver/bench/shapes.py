@@ -17,7 +17,7 @@ into an exact KV cache, then times, against that cache:
 - one diffusion step over a window of w positions (w = 1, 4, 8, 16, 32): the positions a step
   recomputes, the rest of the block served from the cache;
 - tok/s at forced commit rates: k tokens committed per step of the default window (k = 1..8);
-- the verify pass at k = 4 and 8 (sampling/verify.py): 1 + k tokens on the stream and k masks,
+- the verify pass at k = 4 and 8 (sampling/decoders/verify.py): 1 + k tokens on the stream and k masks,
   1 + 2k positions; and the 1 + k positions of a pass without masks behind its drafts (or of the
   bonus and k masks after a rejection), which the CPU's mask gate makes most passes; with
   ``--verify-tpf`` (tokens per pass measured by ``bench speed``'s verify on our model: one figure

@@ -29,11 +29,14 @@ import time
 from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ..cli_util import add_revision_arg
 from .common import emit_json, hardware, print_table
 from .serve import launch_server, percentile
+
+if TYPE_CHECKING:
+    import httpx
 
 PROMPTS = ["Tell me about rivers.", "Count to ten.", "What is 12 + 30?", "Write a short poem."]
 
@@ -140,6 +143,43 @@ async def one_stream(
     return 0.0
 
 
+async def hostile_client(client: httpx.AsyncClient, url: str, end: float, s: Soak) -> None:
+    """Until ``end``: post the hostile schemas in turn; each must be a 400 with an error body."""
+    bodies = [
+        json.dumps(
+            {
+                "messages": [{"role": "user", "content": "hi"}],
+                "response_format": {
+                    "type": "json_schema",
+                    "json_schema": {"name": "hostile", "schema": schema},
+                },
+            }
+        )
+        for schema in HOSTILE_SCHEMAS
+    ]
+    k = 0
+    while time.perf_counter() < end:
+        t0 = time.perf_counter()
+        try:
+            r = await client.post(
+                url + "/v1/chat/completions",
+                content=bodies[k % len(bodies)],
+                headers={"content-type": "application/json"},
+            )
+            if r.status_code in (429, 503) and "retry-after" in r.headers:
+                # a burst filled every slot: overload comes first
+                s.outcomes["refused"] += 1
+                await asyncio.sleep(float(r.headers["retry-after"]))
+            elif r.status_code != 400 or "error" not in r.json():
+                s.fail(f"hostile schema: HTTP {r.status_code}")
+            else:
+                s.outcomes["hostile_refused"] += 1
+                s.refusals.append(time.perf_counter() - t0)
+        except Exception as e:  # noqa: BLE001
+            s.fail(f"hostile schema: {type(e).__name__}")
+        k += 1
+
+
 async def soak(url: str, args: argparse.Namespace, s: Soak) -> None:
     import httpx
 
@@ -163,40 +203,7 @@ async def soak(url: str, args: argparse.Namespace, s: Soak) -> None:
                 await asyncio.sleep(await one_stream(client, url, body(), drop, s))  # as asked
 
         async def hostile() -> None:
-            bodies = [
-                json.dumps(
-                    {
-                        "messages": [{"role": "user", "content": "hi"}],
-                        "response_format": {
-                            "type": "json_schema",
-                            "json_schema": {"name": "hostile", "schema": schema},
-                        },
-                    }
-                )
-                for schema in HOSTILE_SCHEMAS
-            ]
-            k = 0
-            while time.perf_counter() < end:
-                t0 = time.perf_counter()
-                try:
-                    r = await client.post(
-                        url + "/v1/chat/completions",
-                        content=bodies[k % len(bodies)],
-                        headers={"content-type": "application/json"},
-                    )
-                    if r.status_code in (429, 503) and "retry-after" in r.headers:
-                        s.outcomes["refused"] += (
-                            1  # a burst filled every slot: overload comes first
-                        )
-                        await asyncio.sleep(float(r.headers["retry-after"]))
-                    elif r.status_code != 400 or "error" not in r.json():
-                        s.fail(f"hostile schema: HTTP {r.status_code}")
-                    else:
-                        s.outcomes["hostile_refused"] += 1
-                        s.refusals.append(time.perf_counter() - t0)
-                except Exception as e:  # noqa: BLE001
-                    s.fail(f"hostile schema: {type(e).__name__}")
-                k += 1
+            await hostile_client(client, url, end, s)
 
         async def bursts() -> None:
             while time.perf_counter() < end:
@@ -267,10 +274,20 @@ def run_soak_bench(args: argparse.Namespace) -> int:
         asyncio.run(soak(url, args, s))
         wall = time.perf_counter() - t0
         rss_end = rss_mb(pid)
+    report = soak_report(args, s, wall, rss_start, rss_end)
+    print_soak(report, s)
+    emit_json(report)
+    return 0 if not s.outcomes["failed"] else 1
+
+
+def soak_report(
+    args: argparse.Namespace, s: Soak, wall: float, rss_start: float | None, rss_end: float | None
+) -> dict[str, Any]:
+    """The soak's JSON: outcomes, latency percentiles, /health under load, RSS growth."""
     growth = (
         100.0 * (rss_end - rss_start) / rss_start if rss_start and rss_end is not None else None
     )
-    report = {
+    return {
         "bench": "soak",
         "streams": args.streams,
         "minutes": args.minutes,
@@ -302,6 +319,10 @@ def run_soak_bench(args: argparse.Namespace) -> int:
         },
         "hardware": hardware(),
     }
+
+
+def print_soak(report: dict[str, Any], s: Soak) -> None:
+    """The soak's one-row table."""
     print_table(
         "soak",
         [
@@ -323,12 +344,10 @@ def run_soak_bench(args: argparse.Namespace) -> int:
                 s.outcomes["failed"],
                 f"{report['e2e_p50_s']:.2f}/{report['e2e_p99_s']:.2f}",
                 f"{report['health_p99_ms']:.1f}",
-                f"{rss_start} -> {rss_end}",
+                f"{report['rss_start_mb']} -> {report['rss_end_mb']}",
             ]
         ],
     )
-    emit_json(report)
-    return 0 if not s.outcomes["failed"] else 1
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:

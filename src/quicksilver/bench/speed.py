@@ -24,9 +24,9 @@ runtime/cpu_backends.py) and ``--window`` the default's decode window; both are 
 with every repeat) instead of each method's repeats back to back (A A A B B B), so a slow spell of a
 shared VM lands on every method alike: the A/B statistic for models that differ by a few percent.
 
-Verify decoding (sampling/verify.py) of a causal drafting model (``--verify-model``, default: the
+Verify decoding (sampling/decoders/verify.py) of a causal drafting model (``--verify-model``, default: the
 embedded model when it is one) runs beside them: ``verify`` (k = ``--draft``, default the model's)
-``verify_no_copy`` (the same without copy drafts: sampling/copy_drafts.py) and ``verify_ar`` (the
+``verify_no_copy`` (the same without copy drafts: sampling/decoders/copy_drafts.py) and ``verify_ar`` (the
 same weights, ``draft = 0``: one token per pass), with ``identical_to_ar``
 (the fraction of items whose verify output equals the ``draft = 0`` output, and for each item that
 differs the top-2 logit gap at the first difference) and the histogram of drafts kept per pass;
@@ -54,10 +54,10 @@ from ..errors import QuicksilverError
 from ..models.checkpoint import dtype_name
 from ..pipeline import DTYPE_CHOICES, LoadConfig, Pipeline, load
 from ..sampling import SamplerConfig, reference_generate
-from ..sampling.autoregressive import ar_stream
-from ..sampling.caches import resolve_window
+from ..sampling.core.caches import resolve_window
+from ..sampling.decoders.autoregressive import ar_stream
 from ..suite.render import prompt_text
-from ..suite.tasks import get_task, split_reply
+from ..suite.tasks import Item, get_task, split_reply
 from .common import bar_plot, emit_json, hardware, median, print_table
 from .llama_cpp import (
     NGRAM_FLAGS,
@@ -67,7 +67,7 @@ from .llama_cpp import (
     server_has_ngram,
 )
 from .peers import llama_server_built
-from .verify import identity, k_plot, verify_configs, verify_pipeline
+from .verify import identity, verify_configs, verify_entry, verify_pipeline
 
 DEFAULT_TASKS = "chat,tool_call,sudoku4,countdown3,path_star,multiply"
 PLOT_TITLE = "single stream: the same items and prompt tokens for every method"
@@ -195,9 +195,8 @@ def reference_run(pipe: Pipeline, ids: list[int], n: int, block: int) -> Run:
     )
     dt = time.perf_counter() - t0
     out = res.canvas
-    for i, t in enumerate(
-        out
-    ):  # the answer ends at the first stop token; nothing is streamed before the end
+    # the answer ends at the first stop token; nothing is streamed before the end
+    for i, t in enumerate(out):
         if t in pipe.stop_ids:
             out = out[:i]
             break
@@ -244,7 +243,31 @@ def verify_method(
     return lambda p, a, ids, n: engine_run(v, ids, cfg.replace(max_new_tokens=n))
 
 
-def run_speed_bench(args: argparse.Namespace) -> int:
+Method = Callable[[Pipeline, Pipeline, list[int], int], Run]
+
+
+@dataclass
+class Models:
+    """What one ``bench speed`` run loads: the diffusion model, its AR twin and the drafting model."""
+
+    model_path: Path
+    ar_path: Path
+    lcfg: LoadConfig
+    pipe: Pipeline
+    ar: Pipeline
+    vpipe: Pipeline | None
+
+
+@dataclass
+class Peers:
+    """llama.cpp's ways of running the AR twin, where ``--vs-llama-cpp`` started them."""
+
+    llama: LlamaCppRunner | None = None
+    server: LlamaServerRunner | None = None
+    ngram: LlamaServerRunner | None = None
+
+
+def load_models(args: argparse.Namespace) -> Models:
     model_path = Path(args.model) if args.model else embedded_diffusion_model_path()
     ar_path = Path(args.ar_model) if args.ar_model else embedded_ar_model_path()
     if model_path is None:
@@ -255,29 +278,24 @@ def run_speed_bench(args: argparse.Namespace) -> int:
     lcfg = dataclass_from_args(LoadConfig, args)
     pipe = load(model_path, lcfg)
     ar_dtype = getattr(args, "ar_dtype", None) or lcfg.dtype
-    ar = load(ar_path, lcfg, dtype=ar_dtype, revision=None)  # --revision: --model's
+    # --revision: --model's
+    ar = load(ar_path, lcfg, dtype=ar_dtype, revision=None)
     if ar.config.attention != "causal":
         raise QuicksilverError(f"{ar_path} is not a causal (AR) model")
     given = getattr(args, "verify_model", None)
     vpath = Path(given) if given else embedded_model_path()
     vpipe = verify_pipeline(vpath, bool(given), pipe, lcfg)
-    diffusion = pipe.config.attention != "causal"
-    tok = pipe.tokenizer
-    block = pipe.config.block_size if pipe.config.attention == "block_causal" else 32
-    tasks = [t for t in args.tasks.split(",") if t]
-    items = [it for name in tasks for it in get_task(name).test_items(args.limit, args.seed)]
-    default = SamplerConfig(threshold=args.threshold, window=getattr(args, "window", None))
-    window = resolve_window(
-        default.window,
-        block if pipe.config.attention == "block_causal" else None,
-        pipe.decoder.resolve_cache_mode(),
-        pipe.decoder.device.type,
-    )
+    return Models(model_path, ar_path, lcfg, pipe, ar, vpipe)
 
-    methods: dict[str, Callable[[Pipeline, Pipeline, list[int], int], Run]] = {
+
+def decoding_methods(
+    args: argparse.Namespace, m: Models, block: int, default: SamplerConfig
+) -> dict[str, Method]:
+    """The AR twin, the diffusion methods (a diffusion model only) and the verify methods."""
+    methods: dict[str, Method] = {
         "ar_kv_cache": lambda p, a, ids, n: ar_run(a, ids, n),
     }
-    if diffusion:
+    if m.pipe.config.attention != "causal":
         methods |= {
             "reference": lambda p, a, ids, n: reference_run(p, ids, n, block),
             "one_token_per_step": lambda p, a, ids, n: engine_run(
@@ -288,27 +306,68 @@ def run_speed_bench(args: argparse.Namespace) -> int:
     if args.skip_reference:
         methods.pop("reference", None)
     sweep = [int(k) for k in (getattr(args, "draft_sweep", None) or "").split(",") if k.strip()]
-    if vpipe is not None:
+    if m.vpipe is not None:
         for name, vcfg in verify_configs(getattr(args, "draft", None), sweep).items():
-            methods[name] = verify_method(vpipe, vcfg)
-    llama, server, ngram = None, None, None
-    if getattr(args, "vs_llama_cpp", False):
-        if binding_installed() or not llama_server_built():
-            llama = LlamaCppRunner(
-                ar_path, torch.get_num_threads(), args.llama_cpp_dtype, ar.config.max_seq_len
-            )
-            methods["llama_cpp_ar"] = lambda p, a, ids, n: Run(*llama.run(ids, n, a.stop_ids))
-        if llama_server_built():  # llama.cpp's own C++ loop, beside or instead of the binding
-            server = LlamaServerRunner(ar_path, args.llama_cpp_dtype)
-            methods["llama_server_ar"] = lambda p, a, ids, n: Run(*server.run(ids, n, a.stop_ids))
-            if server_has_ngram(server.binary):  # and its own prompt-lookup speculation
-                ngram = LlamaServerRunner(ar_path, args.llama_cpp_dtype, NGRAM_FLAGS)
-                methods["llama_server_ngram"] = lambda p, a, ids, n: Run(
-                    *ngram.run(ids, n, a.stop_ids)
-                )
-    stats = {m: MethodStats() for m in methods}
+            methods[name] = verify_method(m.vpipe, vcfg)
+    return methods
+
+
+def llama_methods(args: argparse.Namespace, m: Models, methods: dict[str, Method]) -> Peers:
+    """Add llama.cpp's methods under ``--vs-llama-cpp``: its binding and, once built, its server."""
+    peers = Peers()
+    if not getattr(args, "vs_llama_cpp", False):
+        return peers
+    if binding_installed() or not llama_server_built():
+        llama = LlamaCppRunner(
+            m.ar_path, torch.get_num_threads(), args.llama_cpp_dtype, m.ar.config.max_seq_len
+        )
+        methods["llama_cpp_ar"] = lambda p, a, ids, n: Run(*llama.run(ids, n, a.stop_ids))
+        peers.llama = llama
+    # llama.cpp's own C++ loop, beside or instead of the binding
+    if llama_server_built():
+        server = LlamaServerRunner(m.ar_path, args.llama_cpp_dtype)
+        methods["llama_server_ar"] = lambda p, a, ids, n: Run(*server.run(ids, n, a.stop_ids))
+        peers.server = server
+        # and its own prompt-lookup speculation
+        if server_has_ngram(server.binary):
+            ngram = LlamaServerRunner(m.ar_path, args.llama_cpp_dtype, NGRAM_FLAGS)
+            methods["llama_server_ngram"] = lambda p, a, ids, n: Run(*ngram.run(ids, n, a.stop_ids))
+            peers.ngram = ngram
+    return peers
+
+
+def record(s: MethodStats, runs: list[Run], correct: bool, task: str, ids: list[int]) -> None:
+    """One item's repeats of one method into its statistics (times: the median over repeats)."""
+    r = runs[0]
+    secs = median([x.seconds for x in runs])
+    s.tok_s.append(len(r.tokens) / secs if secs > 0 else 0.0)
+    s.seconds.append(secs)
+    ttft = median([x.ttft for x in runs])
+    # a method that streams (not the reference)
+    if len(r.tokens) > 1 and secs > ttft:
+        s.decode_tok_s.append((len(r.tokens) - 1) / (secs - ttft))
+    s.tpf.append(len(r.tokens) / max(r.nfe, 1))
+    s.ms_per_forward.append(1000 * secs / max(r.nfe, 1))
+    s.nfe.append(r.nfe)
+    s.ttft.append(ttft)
+    s.tokens.append(len(r.tokens))
+    s.correct.append(correct)
+    s.task.append(task)
+    s.outputs.append(r.tokens)
+    s.accepted += r.accepted
+    s.wide_passes.append(r.wide_passes)
+    s.prompts.append(ids)
+
+
+def measure(
+    args: argparse.Namespace, m: Models, methods: dict[str, Method], items: list[Item]
+) -> dict[str, MethodStats]:
+    """A warm-up per method, then every item through every method, in ``run_order``."""
+    pipe, ar, tok = m.pipe, m.ar, m.pipe.tokenizer
+    stats = {name: MethodStats() for name in methods}
     warm = items[0]
-    for fn in methods.values():  # warm-up
+    # warm-up
+    for fn in methods.values():
         fn(pipe, ar, tok.encode(prompt_text(warm, tok, False)), 16)
     names = list(methods)
     repeats, interleave = max(1, args.repeats), bool(getattr(args, "interleave", False))
@@ -320,38 +379,18 @@ def run_speed_bench(args: argparse.Namespace) -> int:
         for name, _ in run_order(names, i, repeats, interleave):
             timed[name].append(methods[name](pipe, ar, ids, n))
         for name, runs in timed.items():
-            r = runs[0]
-            secs = median([x.seconds for x in runs])
-            s = stats[name]
-            s.tok_s.append(len(r.tokens) / secs if secs > 0 else 0.0)
-            s.seconds.append(secs)
-            ttft = median([x.ttft for x in runs])
-            if len(r.tokens) > 1 and secs > ttft:  # a method that streams (not the reference)
-                s.decode_tok_s.append((len(r.tokens) - 1) / (secs - ttft))
-            s.tpf.append(len(r.tokens) / max(r.nfe, 1))
-            s.ms_per_forward.append(1000 * secs / max(r.nfe, 1))
-            s.nfe.append(r.nfe)
-            s.ttft.append(ttft)
-            s.tokens.append(len(r.tokens))
-            s.correct.append(bool(task.verify(it, split_reply(tok.decode(r.tokens))[1])))
-            s.task.append(it.task)
-            s.outputs.append(r.tokens)
-            s.accepted += r.accepted
-            s.wide_passes.append(r.wide_passes)
-            s.prompts.append(ids)
-    summary = {m: s.summary() for m, s in stats.items()}
-    if vpipe is not None:
-        ar_out = stats["verify_ar"].outputs
-        for m in [m for m in summary if m.startswith("verify") and m != "verify_ar"]:
-            summary[m] |= identity(vpipe.model, stats[m].prompts, stats[m].outputs, ar_out)
-    head = "verify" if vpipe is not None else "default"  # what `quicksilver serve` decodes with
-    d = summary[head]
+            reply = split_reply(tok.decode(runs[0].tokens))[1]
+            record(stats[name], runs, bool(task.verify(it, reply)), it.task, ids)
+    return stats
+
+
+def report(summary: dict[str, dict[str, Any]], title: str, out: Path) -> Path:
+    """The table on stdout and the PNG of tok/s, TPF and accuracy per method."""
     ar_tok_s = summary["ar_kv_cache"]["tok_s"]
-    ar_agg = summary["ar_kv_cache"]["tok_s_aggregate"]
     ref_tok_s = summary["reference"]["tok_s"] if "reference" in summary else float("nan")
     rows = [
         [
-            m,
+            name,
             v["accuracy"],
             v["tok_s"],
             v["tpf"],
@@ -360,16 +399,14 @@ def run_speed_bench(args: argparse.Namespace) -> int:
             v["tok_s"] / ar_tok_s,
             v["tok_s"] / ref_tok_s,
         ]
-        for m, v in summary.items()
+        for name, v in summary.items()
     ]
     print_table(
-        f"bench speed — {len(items)} items ({','.join(tasks)}), single stream, "
-        f"{torch.get_num_threads()} threads",
+        title,
         ["method", "accuracy", "tok/s", "TPF", "NFE", "TTFT ms", "× AR", "× reference"],
         rows,
     )
-    out = Path(args.out)
-    png = bar_plot(
+    return bar_plot(
         out / "speed.png",
         list(summary),
         {
@@ -379,42 +416,83 @@ def run_speed_bench(args: argparse.Namespace) -> int:
         },
         PLOT_TITLE,
     )
-    ar_ms = summary["ar_kv_cache"]["ms_per_forward"]
-    for m in ("default", "verify"):  # each decoding method's ratios, under its own entry
-        if m in summary:
-            summary[m] |= ratios(summary, m)
+
+
+def peer_extra(d: dict[str, Any], peers: Peers) -> dict[str, Any]:
+    """The headline's ratios to llama.cpp's ways and their facts; closes its servers."""
     extra: dict[str, Any] = {}
-    if llama is not None:
-        extra = {"ratio_vs_llama_cpp": d["ratio_vs_llama_cpp"], "llama_cpp": llama.info()}
-    if server is not None:
-        server.close()
+    if peers.llama is not None:
+        extra = {"ratio_vs_llama_cpp": d["ratio_vs_llama_cpp"], "llama_cpp": peers.llama.info()}
+    if peers.server is not None:
+        peers.server.close()
         extra["ratio_vs_llama_server"] = d["ratio_vs_llama_server"]
-        extra["llama_server"] = server.info()
-    if ngram is not None:
-        ngram.close()
+        extra["llama_server"] = peers.server.info()
+    if peers.ngram is not None:
+        peers.ngram.close()
         extra["ratio_vs_llama_server_ngram"] = d["ratio_vs_llama_server_ngram"]
-        extra["llama_server_ngram"] = ngram.info()
-    if "ratio_vs_llama_cpp_best" in d:  # against the fastest of llama.cpp's ways
+        extra["llama_server_ngram"] = peers.ngram.info()
+    # against the fastest of llama.cpp's ways
+    if "ratio_vs_llama_cpp_best" in d:
         extra["ratio_vs_llama_cpp_best"] = d["ratio_vs_llama_cpp_best"]
+    return extra
+
+
+def settings(m: Models, default: SamplerConfig, block: int, window: int) -> dict[str, Any]:
+    """The decoding and load settings every method ran under."""
+    return {
+        "policy": default.policy,
+        "threshold": default.threshold,
+        "block": block,
+        "window": window or None,
+        "dtype": dtype_name(m.pipe.model.model.embed_tokens.weight.dtype),
+        "ar_dtype": dtype_name(m.ar.model.model.embed_tokens.weight.dtype),
+        "compile": m.lcfg.compile,
+        "quantize": m.lcfg.quantize,
+        "backend": m.pipe.runtime_name,
+        "ar_backend": m.ar.runtime_name,
+    }
+
+
+def run_speed_bench(args: argparse.Namespace) -> int:
+    m = load_models(args)
+    pipe, vpipe = m.pipe, m.vpipe
+    block = pipe.config.block_size if pipe.config.attention == "block_causal" else 32
+    tasks = [t for t in args.tasks.split(",") if t]
+    items = [it for name in tasks for it in get_task(name).test_items(args.limit, args.seed)]
+    default = SamplerConfig(threshold=args.threshold, window=getattr(args, "window", None))
+    window = resolve_window(
+        default.window,
+        block if pipe.config.attention == "block_causal" else None,
+        pipe.decoder.resolve_cache_mode(),
+        pipe.decoder.device.type,
+    )
+    methods = decoding_methods(args, m, block, default)
+    peers = llama_methods(args, m, methods)
+    stats = measure(args, m, methods, items)
+    summary = {name: s.summary() for name, s in stats.items()}
     if vpipe is not None:
-        v = summary["verify"]
-        k = vpipe.config.draft_length if args.draft is None else args.draft
-        extra["verify"] = {
-            "tok_s": v["tok_s"],
-            "tpf": v["tpf"],
-            "ratio_vs_ar": v["tok_s"] / ar_tok_s,
-            "aggregate_ratio_vs_ar": v["tok_s_aggregate"] / ar_agg,
-            # the same without the prompt's pass, which both methods compute alike
-            "decode_ratio_vs_ar": v["decode_tok_s"] / summary["ar_kv_cache"]["decode_tok_s"],
-            "identical_to_ar": v["identical_to_ar"],
-            "model": str(vpipe.path),
-            "draft": k,
-            "backend": vpipe.runtime_name,
-            "k_plot": str(k_plot(out, summary, k, summary["ar_kv_cache"]) or ""),
-        }
-        for key in [*LLAMA_METHODS, "llama_cpp_best"]:
-            if f"ratio_vs_{key}" in v:
-                extra["verify"][f"ratio_vs_{key}"] = v[f"ratio_vs_{key}"]
+        ar_out = stats["verify_ar"].outputs
+        for name in [n for n in summary if n.startswith("verify") and n != "verify_ar"]:
+            summary[name] |= identity(vpipe.model, stats[name].prompts, stats[name].outputs, ar_out)
+    # what `quicksilver serve` decodes with
+    head = "verify" if vpipe is not None else "default"
+    d = summary[head]
+    title = (
+        f"bench speed — {len(items)} items ({','.join(tasks)}), single stream, "
+        f"{torch.get_num_threads()} threads"
+    )
+    out = Path(args.out)
+    png = report(summary, title, out)
+    ar_ms = summary["ar_kv_cache"]["ms_per_forward"]
+    # each decoding method's ratios, under its own entry
+    for name in ("default", "verify"):
+        if name in summary:
+            summary[name] |= ratios(summary, name)
+    extra = peer_extra(d, peers)
+    if vpipe is not None:
+        extra["verify"] = verify_entry(
+            summary, vpipe, args.draft, out, [*LLAMA_METHODS, "llama_cpp_best"]
+        )
     emit_json(
         {
             "bench": "speed",
@@ -430,24 +508,13 @@ def run_speed_bench(args: argparse.Namespace) -> int:
             "ratio_vs_reference": d["ratio_vs_reference"],
             "accuracy_vs_one_per_step": d["accuracy_vs_one_per_step"],
             "methods": summary,
-            "model": str(model_path),
-            "ar_model": str(ar_path),
+            "model": str(m.model_path),
+            "ar_model": str(m.ar_path),
             "tasks": tasks,
             "items": len(items),
             "repeats": args.repeats,
-            "interleave": interleave,
-            "settings": {
-                "policy": default.policy,
-                "threshold": default.threshold,
-                "block": block,
-                "window": window or None,
-                "dtype": dtype_name(pipe.model.model.embed_tokens.weight.dtype),
-                "ar_dtype": dtype_name(ar.model.model.embed_tokens.weight.dtype),
-                "compile": lcfg.compile,
-                "quantize": lcfg.quantize,
-                "backend": pipe.runtime_name,
-                "ar_backend": ar.runtime_name,
-            },
+            "interleave": bool(getattr(args, "interleave", False)),
+            "settings": settings(m, default, block, window),
             "plot": str(png),
             "hardware": hardware(),
             "date": datetime.date.today().isoformat(),

@@ -3,7 +3,7 @@
 On the shipped models (or ``--model`` / ``--ar-model``): one AR token step of the AR twin, one
 diffusion step of 8, 9 (a window of 8 with its predictor), 32 and 64 positions, and the verify pass
 of the causal model at k = 4 and 8 (1 token + k drafts on the causal stream + k masks, the draft
-block layout of sampling/verify.py) against a cache of ``--context`` committed positions, for every backend named in ``--backends`` and every thread count
+block layout of sampling/decoders/verify.py) against a cache of ``--context`` committed positions, for every backend named in ``--backends`` and every thread count
 in ``--threads``. Backends and thread counts are interleaved round by round (``--rounds``) and each
 figure is the median over rounds of the mean over ``--repeats`` steps, so a noisy machine hurts
 every candidate alike. The last line is JSON: ``ms[backend][threads][shape]``.

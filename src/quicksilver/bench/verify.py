@@ -22,7 +22,7 @@ from .common import line_plot
 
 def verify_configs(draft: int | None, sweep: list[int]) -> dict[str, SamplerConfig]:
     """Method name -> settings: verify at k (the model's when None), the same without copy
-    drafts (the A/B of sampling/copy_drafts.py), draft 0, and the sweep's ks."""
+    drafts (the A/B of sampling/decoders/copy_drafts.py), draft 0, and the sweep's ks."""
     out = {
         "verify": SamplerConfig(policy="verify", draft=draft),
         "verify_no_copy": SamplerConfig(policy="verify", draft=draft, copy_drafts=False),
@@ -107,3 +107,33 @@ def verify_pipeline(
     if v.config.attention != "causal":
         raise QuicksilverError(f"{path} is not a causal model; verify decodes causal drafters")
     return v
+
+
+def verify_entry(
+    summary: dict[str, dict[str, Any]],
+    vpipe: Pipeline,
+    draft: int | None,
+    out: Path,
+    peers: list[str],
+) -> dict[str, Any]:
+    """The verify method's entry at the top level of ``bench speed``'s JSON: its ratios (to the AR
+    twin and to each of ``peers``, llama.cpp's ways, that ran), model, draft length and k plot."""
+    v, ar = summary["verify"], summary["ar_kv_cache"]
+    k = vpipe.config.draft_length if draft is None else draft
+    entry = {
+        "tok_s": v["tok_s"],
+        "tpf": v["tpf"],
+        "ratio_vs_ar": v["tok_s"] / ar["tok_s"],
+        "aggregate_ratio_vs_ar": v["tok_s_aggregate"] / ar["tok_s_aggregate"],
+        # the same without the prompt's pass, which both methods compute alike
+        "decode_ratio_vs_ar": v["decode_tok_s"] / ar["decode_tok_s"],
+        "identical_to_ar": v["identical_to_ar"],
+        "model": str(vpipe.path),
+        "draft": k,
+        "backend": vpipe.runtime_name,
+        "k_plot": str(k_plot(out, summary, k, ar) or ""),
+    }
+    for key in peers:
+        if f"ratio_vs_{key}" in v:
+            entry[f"ratio_vs_{key}"] = v[f"ratio_vs_{key}"]
+    return entry

@@ -20,13 +20,13 @@ import threading
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
-from typing import Any, Generic
+from typing import Generic, Literal
 
 from ..errors import ConfigError, QuicksilverError
 from ..sampling import SamplerConfig
-from ..sampling.hooks import Constraint
-from ..sampling.row_decoder import R, RowDecoder, release
-from ..sampling.state import DecodeResult
+from ..sampling.core.hooks import Constraint
+from ..sampling.core.state import DecodeResult
+from ..sampling.decoders.row_decoder import R, RowDecoder, release
 from .prefix_cache import PrefixCache
 
 
@@ -51,9 +51,8 @@ class EngineRequest:
     suffix: list[int] | None = None  # tokens after the canvas (infilling)
     constraint: Constraint | None = None
     arrival: float = field(default_factory=time.perf_counter)
-    stop_token_ids: list[int] | None = (
-        None  # extra stop tokens for this request (e.g. </think> ends reasoning)
-    )
+    # extra stop tokens for this request (e.g. </think> ends reasoning)
+    stop_token_ids: list[int] | None = None
 
 
 @dataclass
@@ -107,13 +106,17 @@ class _Live(Generic[R]):
     prompt_cached: int = 0  # prompt tokens served by the prefix cache
 
 
+# a queued command: ("add", the request's live state) or ("cancel", its id)
+Command = tuple[Literal["add"], _Live[R]] | tuple[Literal["cancel"], str]
+
+
 class Engine(Generic[R]):
     """Continuous batching over the decoder's rows."""
 
     def __init__(self, decoder: RowDecoder[R], config: EngineConfig | None = None) -> None:
         self.decoder = decoder
         self.config = config or EngineConfig()
-        self._commands: collections.deque[tuple[str, Any]] = collections.deque()
+        self._commands: collections.deque[Command[R]] = collections.deque()
         self._queued_adds = 0  # "add" commands in _commands
         self._lock = threading.Lock()  # guards _commands, _queued_adds, _pending_ids
         self._waiting: collections.OrderedDict[str, _Live[R]] = collections.OrderedDict()
@@ -179,7 +182,7 @@ class Engine(Generic[R]):
         )
 
     # ---- one step -----------------------------------------------------------------------------
-    def _take_commands(self) -> list[tuple[str, Any]]:
+    def _take_commands(self) -> list[Command[R]]:
         """The adds and cancels queued since the last step (lockstep.py shares them with peers)."""
         with self._lock:
             commands, self._commands = self._commands, collections.deque()
@@ -188,8 +191,8 @@ class Engine(Generic[R]):
 
     def _drain(self, now: float) -> list[EngineEvent]:
         events = []
-        for kind, arg in self._take_commands():
-            if kind == "add":
+        for _, arg in self._take_commands():
+            if isinstance(arg, _Live):
                 self._waiting[arg.req.request_id] = arg
             else:
                 lv = self._waiting.pop(arg, None) or self._running.pop(arg, None)

@@ -11,26 +11,34 @@ The broadcast goes over a gloo group (host objects), whatever the backend of the
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING
 
 import torch.distributed as dist
 
-from ..sampling.row_decoder import RowDecoder
-from .engine import Engine, EngineConfig
+from ..sampling.decoders.row_decoder import R, RowDecoder
+from .engine import Command, Engine, EngineConfig, EngineRequest
 
-STOP = None  # what rank 0 broadcasts when it shuts down
+if TYPE_CHECKING:
+    from torch.distributed import ProcessGroup
+
+# what rank 0 broadcasts when it shuts down
+STOP = None
+# one step's commands as they cross the wire: ("add", the request) or ("cancel", its id)
+Wire = list[tuple[str, EngineRequest | str]]
 
 
-class LockstepEngine(Engine):
+class LockstepEngine(Engine[R]):
     """Rank 0's engine: each step's commands go to every rank before the step runs."""
 
-    def __init__(self, decoder: RowDecoder[Any], config: EngineConfig | None, group: Any) -> None:
+    def __init__(
+        self, decoder: RowDecoder[R], config: EngineConfig | None, group: ProcessGroup | None
+    ) -> None:
         super().__init__(decoder, config)
         self.group = group
 
-    def _take_commands(self) -> list[tuple[str, Any]]:
+    def _take_commands(self) -> list[Command[R]]:
         commands = super()._take_commands()
-        wire = [(kind, arg.req if kind == "add" else arg) for kind, arg in commands]
+        wire: Wire = [(kind, arg if isinstance(arg, str) else arg.req) for kind, arg in commands]
         dist.broadcast_object_list([wire], src=0, group=self.group)
         return commands
 
@@ -39,18 +47,19 @@ class LockstepEngine(Engine):
         dist.broadcast_object_list([STOP], src=0, group=self.group)
 
 
-def follow(engine: Engine, group: Any) -> int:
+def follow(engine: Engine[R], group: ProcessGroup | None) -> int:
     """A rank > 0: mirror rank 0's steps until it stops; returns the steps run."""
     steps = 0
     while True:
-        box: list[Any] = [STOP]
+        box: list[Wire | None] = [STOP]
         dist.broadcast_object_list(box, src=0, group=group)
-        if box[0] is STOP:
+        wire = box[0]
+        if wire is STOP:
             return steps
-        for kind, arg in box[0]:
-            if kind == "add":
-                engine.add(arg)
-            else:
+        for _, arg in wire:
+            if isinstance(arg, str):
                 engine.cancel(arg)
+            else:
+                engine.add(arg)
         engine.step()
         steps += 1

@@ -19,7 +19,7 @@ from dataclasses import dataclass
 
 import torch
 
-from ..sampling.row_decoder import RowLike
+from ..sampling.decoders.row_decoder import RowLike
 
 CACHED_MODES = ("block", "window", "verify")  # cache modes whose finished blocks are exact
 

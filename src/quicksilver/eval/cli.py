@@ -13,8 +13,8 @@ from typing import Any
 from ..assets import resolve_model
 from ..cli_util import MODEL_HELP, add_dataclass_args, add_load_args, dataclass_from_args
 from ..errors import ConfigError
-from ..pipeline import LoadConfig, load
-from ..sampling.config import SamplerConfig
+from ..pipeline import LoadConfig, Pipeline, load
+from ..sampling.core.config import SamplerConfig
 from ..suite.evaluate import evaluate
 from ..suite.tasks.phrasing import PHRASINGS
 from ..train.likelihood import heldout_loss
@@ -27,6 +27,19 @@ DEFAULT_TASKS = "path_star,sudoku4,countdown3,multiply,tool_call,chat,fim"
 
 def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     e = sub.add_parser("eval", help="held-out accuracy, NFE, TPF and tok/s on the task suite")
+    add_item_args(e)
+    add_gsm8k_args(e)
+    add_output_args(e)
+    add_dataclass_args(
+        e,
+        SamplerConfig,
+        rename={"max_new_tokens": "max-tokens"},
+        skip={"record_canvas", "max_new_tokens", "seed", "stop_at_eos"},
+    )
+
+
+def add_item_args(e: argparse.ArgumentParser) -> None:
+    """What is evaluated: the model, the tasks or benchmark, the items and how they are decoded."""
     e.add_argument("--model", help=MODEL_HELP + " (default: the embedded model)")
     e.add_argument(
         "--tasks", default=DEFAULT_TASKS, help=f"comma-separated tasks (default: {DEFAULT_TASKS})"
@@ -65,6 +78,9 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
         help="rows decoded together (default: 32; gsm8k: 1)",
     )
 
+
+def add_gsm8k_args(e: argparse.ArgumentParser) -> None:
+    """``--benchmark gsm8k``'s own flags."""
     e.add_argument(
         "--data", help="gsm8k: a GSM8K-format JSONL (question, answer ending in '#### N'); yours"
     )
@@ -86,6 +102,10 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
     e.add_argument(
         "--records", default=None, help="gsm8k: write one JSON line per item to this file"
     )
+
+
+def add_output_args(e: argparse.ArgumentParser) -> None:
+    """What is reported besides accuracy, the load flags, and the sweep and curves modes."""
     e.add_argument(
         "--stream-items",
         type=int,
@@ -97,7 +117,8 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
         "--examples", type=int, default=0, help="include this many replies per task in the JSON"
     )
     e.add_argument("--json", action="store_true", help="print only the JSON line")
-    add_load_args(e)  # packed rows always run in torch: an exported --backend wants --batch-size 1
+    # packed rows always run in torch: an exported --backend wants --batch-size 1
+    add_load_args(e)
     e.add_argument(
         "--loss",
         action="store_true",
@@ -116,12 +137,6 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
         choices=["auto", "required"],
         help="also score tool_call's call turns through the server's own path with this tool_choice "
         "(required: schema-constrained canvas); reported under tasks.tool_call.served",
-    )
-    add_dataclass_args(
-        e,
-        SamplerConfig,
-        rename={"max_new_tokens": "max-tokens"},
-        skip={"record_canvas", "max_new_tokens", "seed", "stop_at_eos"},
     )
 
 
@@ -177,23 +192,9 @@ def sweep_grid() -> list[tuple[str, str, dict[str, Any]]]:
 
 def handle(args: argparse.Namespace) -> int:
     if args.curves:
-        from .plots import plot_learning_curves  # lazy: matplotlib loads only to plot
-
-        runs = dict(part.split("=", 1) for part in args.curves.split(","))
-        path = plot_learning_curves(runs, Path(args.out) / "learning_curve.png")
-        print(json.dumps({"plot": str(path)}))
-        return 0
+        return plot_curves(args)
     if args.benchmark == "gsm8k":
-        if not args.data:
-            raise ConfigError("--benchmark gsm8k needs --data FILE.jsonl (nothing is downloaded)")
-        if args.limit is not None and args.limit <= 0:
-            raise ConfigError("--limit must be positive")
-        args.batch_size = args.batch_size or 1
-        path = resolve_model(args.model, revision=args.revision)
-        pipe = load(path, dataclass_from_args(LoadConfig, args))
-        names = set(SamplerConfig.__dataclass_fields__)
-        over = {k: v for k, v in vars(args).items() if k in names and v is not None}
-        return run_gsm8k(pipe, args, **over)
+        return gsm8k(args)
     args.limit = 200 if args.limit is None else args.limit
     args.batch_size = args.batch_size or 32
 
@@ -205,82 +206,147 @@ def handle(args: argparse.Namespace) -> int:
     names = set(SamplerConfig.__dataclass_fields__)
     base = SamplerConfig(**{k: v for k, v in vars(args).items() if k in names and v is not None})
     if not args.sweep:
-
-        def run(p: Any) -> dict[str, Any]:
-            cfg = base  # a causal drafting model decodes under its own default (verify)
-            if args.policy is None and p.config.attention == "causal":
-                cfg = base.replace(policy=p.generation_defaults.get("policy", "verify"))
-            rep = evaluate(
-                p.runtime,
-                p.tokenizer,
-                tasks,
-                args.limit,
-                cfg,
-                args.instant,
-                args.batch_size,
-                args.seed,
-                args.stream_items,
-                args.examples,
-                lcfg.cache,
-                lcfg.refresh_every,
-                args.phrasing,
-            )
-            rep["settings"]["model"] = str(p.path)
-            rep["settings"]["quantize"] = lcfg.quantize
-            rep["settings"]["backend"] = p.runtime_name  # what ran: --backend resolved
-            return rep
-
-        rep = run(pipe)
-        if args.compare:
-            other = resolve_model(None if args.compare == "ar" else args.compare, ar=True)
-            rep["compare"] = run(load(other, lcfg))
-        if args.tool_choice and "tool_call" in rep["tasks"]:
-            rep["tasks"]["tool_call"]["served"] = served_tool_calls(
-                resolve_model(args.model, revision=args.revision),
-                args.tool_choice,
-                args.limit,
-                args.seed,
-                base.threshold,
-                args.phrasing,
-            )
-        if args.loss:
-            rep["heldout_loss"] = heldout_loss(pipe.model, pipe.tokenizer, tasks, n=16, repeats=2)
-        if not args.json:
-            print_table(rep)
-        print(json.dumps(rep))
-        return 0
+        return suite(args, pipe, lcfg, base, tasks)
     if pipe.config.attention == "causal":
         raise ConfigError(
             "--sweep varies diffusion decoding settings; an AR model has none to sweep"
         )
+    return sweep(args, pipe, lcfg, base, tasks)
+
+
+def plot_curves(args: argparse.Namespace) -> int:
+    """``--curves``: learning curves of finished runs."""
+    from .plots import plot_learning_curves  # lazy: matplotlib loads only to plot
+
+    runs = dict(part.split("=", 1) for part in args.curves.split(","))
+    path = plot_learning_curves(runs, Path(args.out) / "learning_curve.png")
+    print(json.dumps({"plot": str(path)}))
+    return 0
+
+
+def gsm8k(args: argparse.Namespace) -> int:
+    """``--benchmark gsm8k``: the user's GSM8K file under published settings."""
+    if not args.data:
+        raise ConfigError("--benchmark gsm8k needs --data FILE.jsonl (nothing is downloaded)")
+    if args.limit is not None and args.limit <= 0:
+        raise ConfigError("--limit must be positive")
+    args.batch_size = args.batch_size or 1
+    path = resolve_model(args.model, revision=args.revision)
+    pipe = load(path, dataclass_from_args(LoadConfig, args))
+    names = set(SamplerConfig.__dataclass_fields__)
+    over = {k: v for k, v in vars(args).items() if k in names and v is not None}
+    return run_gsm8k(pipe, args, **over)
+
+
+def evaluate_one(
+    args: argparse.Namespace,
+    p: Pipeline,
+    lcfg: LoadConfig,
+    base: SamplerConfig,
+    tasks: list[str],
+) -> dict[str, Any]:
+    """One model's report on the suite's items, with what ran in its settings."""
+    # a causal drafting model decodes under its own default (verify)
+    cfg = base
+    if args.policy is None and p.config.attention == "causal":
+        cfg = base.replace(policy=p.generation_defaults.get("policy", "verify"))
+    rep = evaluate(
+        p.runtime,
+        p.tokenizer,
+        tasks,
+        args.limit,
+        cfg,
+        args.instant,
+        args.batch_size,
+        args.seed,
+        args.stream_items,
+        args.examples,
+        lcfg.cache,
+        lcfg.refresh_every,
+        args.phrasing,
+    )
+    rep["settings"]["model"] = str(p.path)
+    rep["settings"]["quantize"] = lcfg.quantize
+    # what ran: --backend resolved
+    rep["settings"]["backend"] = p.runtime_name
+    return rep
+
+
+def suite(
+    args: argparse.Namespace,
+    pipe: Pipeline,
+    lcfg: LoadConfig,
+    base: SamplerConfig,
+    tasks: list[str],
+) -> int:
+    """The task suite at one setting: the report (and ``--compare``'s beside it), the served
+    tool calls and the held-out loss where asked."""
+    rep = evaluate_one(args, pipe, lcfg, base, tasks)
+    if args.compare:
+        other = resolve_model(None if args.compare == "ar" else args.compare, ar=True)
+        rep["compare"] = evaluate_one(args, load(other, lcfg), lcfg, base, tasks)
+    if args.tool_choice and "tool_call" in rep["tasks"]:
+        rep["tasks"]["tool_call"]["served"] = served_tool_calls(
+            resolve_model(args.model, revision=args.revision),
+            args.tool_choice,
+            args.limit,
+            args.seed,
+            base.threshold,
+            args.phrasing,
+        )
+    if args.loss:
+        rep["heldout_loss"] = heldout_loss(pipe.model, pipe.tokenizer, tasks, n=16, repeats=2)
+    if not args.json:
+        print_table(rep)
+    print(json.dumps(rep))
+    return 0
+
+
+def sweep_row(
+    args: argparse.Namespace,
+    pipe: Pipeline,
+    lcfg: LoadConfig,
+    cfg: SamplerConfig,
+    tasks: list[str],
+) -> dict[str, Any]:
+    """One setting of the sweep: its mean accuracy, TPF and per-task accuracy."""
+    rep = evaluate(
+        pipe.runtime,
+        pipe.tokenizer,
+        tasks,
+        args.limit,
+        cfg,
+        args.instant,
+        args.batch_size,
+        args.seed,
+        cache=lcfg.cache,
+        refresh_every=lcfg.refresh_every,
+        phrasing=args.phrasing,
+    )
+    toks = sum(r["tokens"] * r["n"] for r in rep["tasks"].values())
+    nfe = sum(r["nfe"] * r["n"] for r in rep["tasks"].values())
+    return {
+        "accuracy": rep["mean_accuracy"],
+        "tpf": toks / max(nfe, 1),
+        "tasks": {k: v["accuracy"] for k, v in rep["tasks"].items()},
+    }
+
+
+def sweep(
+    args: argparse.Namespace,
+    pipe: Pipeline,
+    lcfg: LoadConfig,
+    base: SamplerConfig,
+    tasks: list[str],
+) -> int:
+    """``--sweep``: the grid of decoding settings, a table and an accuracy-vs-TPF plot."""
     rows = []
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     for group, short, over in sweep_grid():
         cfg = base.replace(**{"steps": None, "revise_threshold": None, **over})
-        rep = evaluate(
-            pipe.runtime,
-            pipe.tokenizer,
-            tasks,
-            args.limit,
-            cfg,
-            args.instant,
-            args.batch_size,
-            args.seed,
-            cache=lcfg.cache,
-            refresh_every=lcfg.refresh_every,
-            phrasing=args.phrasing,
-        )
-        toks = sum(r["tokens"] * r["n"] for r in rep["tasks"].values())
-        nfe = sum(r["nfe"] * r["n"] for r in rep["tasks"].values())
-        row = {
-            "group": group,
-            "short": short,
-            "settings": over,
-            "accuracy": rep["mean_accuracy"],
-            "tpf": toks / max(nfe, 1),
-            "tasks": {k: v["accuracy"] for k, v in rep["tasks"].items()},
-        }
+        row: dict[str, Any] = {"group": group, "short": short, "settings": over}
+        row |= sweep_row(args, pipe, lcfg, cfg, tasks)
         rows.append(row)
         if not args.json:
             print(

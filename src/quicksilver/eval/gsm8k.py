@@ -180,6 +180,32 @@ def _read_shots(path: str | Path, n: int) -> list[dict[str, str]]:
     return [{"question": it.question, "answer": it.solution} for it in load_items(path)[:n]]
 
 
+def split_shots(
+    items: list[Item], k: int, fewshot_data: str | Path | None
+) -> tuple[list[Item], list[dict[str, str]]]:
+    """(items to score, few-shot examples): the shots from ``fewshot_data``, or else the first ``k``
+    items, which are then not scored."""
+    if fewshot_data is not None:
+        return items, _read_shots(fewshot_data, k)
+    return items[k:], [{"question": it.question, "answer": it.solution} for it in items[:k]]
+
+
+def batch_prompts(chunk: list[Item], prefix: str, shots: bool, chat: bool) -> list[Any]:
+    """One batch's prompts: the few-shot prefix and 'Question: ...\\nAnswer:' as plain text, or as a
+    chat turn (the bare question when there are no shots)."""
+    if not chat:
+        return [prefix + f"Question: {it.question}\nAnswer:" for it in chunk]
+    return [
+        [
+            {
+                "role": "user",
+                "content": prefix + f"Question: {it.question}\nAnswer:" if shots else it.question,
+            }
+        ]
+        for it in chunk
+    ]
+
+
 def evaluate_gsm8k(
     pipe: Any,
     data: str | Path,
@@ -204,12 +230,7 @@ def evaluate_gsm8k(
     spec = PRESETS[preset]
     k = spec["num_fewshot"] if num_fewshot is None else num_fewshot
     use_chat = (spec["chat"] if chat is None else chat) and pipe.tokenizer.chat_template is not None
-    items = load_items(data)
-    if fewshot_data is not None:
-        shots = _read_shots(fewshot_data, k)
-    else:
-        shots = [{"question": it.question, "answer": it.solution} for it in items[:k]]
-        items = items[k:]
+    items, shots = split_shots(load_items(data), k, fewshot_data)
     if limit is not None:
         items = items[:limit]
     if not items:
@@ -221,20 +242,7 @@ def evaluate_gsm8k(
     t0 = time.perf_counter()
     for start in range(0, len(items), batch_size):
         chunk = items[start : start + batch_size]
-        if use_chat:
-            prompts: list[Any] = [
-                [
-                    {
-                        "role": "user",
-                        "content": prefix + f"Question: {it.question}\nAnswer:"
-                        if shots
-                        else it.question,
-                    }
-                ]
-                for it in chunk
-            ]
-        else:
-            prompts = [prefix + f"Question: {it.question}\nAnswer:" for it in chunk]
+        prompts = batch_prompts(chunk, prefix, bool(shots), use_chat)
         results = pipe.generate_batch(prompts, chat=use_chat, **opts)
         for it, res in zip(chunk, results):
             text = res.text if use_chat else re.split(r"\n\s*\n|Question:", res.text)[0]

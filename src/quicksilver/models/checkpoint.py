@@ -219,9 +219,8 @@ def build_model(
     model.load_state_dict(floating, strict=False, assign=True)
     if cfg.tie_embeddings:
         model.lm_head.weight = model.model.embed_tokens.weight
-    model.rotary = Rotary(cfg.rotary_dim, cfg.rope_theta, cfg.max_seq_len).to(
-        dev
-    )  # non-persistent buffer: recompute
+    # non-persistent buffer: recompute
+    model.rotary = Rotary(cfg.rotary_dim, cfg.rope_theta, cfg.max_seq_len).to(dev)
     left = [n for n, t in (*model.named_parameters(), *model.named_buffers()) if t.is_meta]
     if left:
         raise CheckpointError(f"tensors not set by the checkpoint: {left[:4]}")

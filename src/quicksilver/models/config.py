@@ -31,9 +31,8 @@ class MoEConfig:
     top_k: int = 2
     expert_hidden: int = 128  # SwiGLU width of one routed expert
     shared_hidden: int = 0  # width of the always-on shared expert (0: none)
-    layers: list[int] | None = (
-        None  # indices of the MoE layers (None: every layer); the rest are dense
-    )
+    # indices of the MoE layers (None: every layer); the rest are dense
+    layers: list[int] | None = None
     score: str = "softmax"  # softmax | sigmoid
     norm_topk: bool = False  # renormalise the top-k weights to sum to 1 (only when top_k > 1)
     scale: float = 1.0  # routed scaling factor applied to the weights
@@ -93,9 +92,8 @@ class ModelConfig:
     # Family hooks (defaults keep the plain LLaMA/Qwen network):
     partial_rotary_factor: float = 1.0  # fraction of each head that RoPE rotates (LLaDA2: 0.5)
     o_bias: bool = False  # bias on the attention output projection (LLaDA-MoE with attention_bias)
-    clip_qkv: float | None = (
-        None  # clamp q, k, v to [-clip, clip] after projection (LLaDA-MoE option)
-    )
+    # clamp q, k, v to [-clip, clip] after projection (LLaDA-MoE option)
+    clip_qkv: float | None = None
     moe: MoEConfig | None = None  # mixture-of-experts feed-forward layers (None: dense everywhere)
     draft_length: int = 0  # causal models trained to draft k masked positions per pass (0: none)
 

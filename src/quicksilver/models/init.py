@@ -22,9 +22,8 @@ def init_model(
     **overrides: Any,
 ) -> Path:
     tok = tokenizer or Tokenizer.byte_level()
-    vocab = (
-        overrides.pop("vocab_size", None) or (tok.vocab_size + 63) // 64 * 64
-    )  # pad to a multiple of 64
+    # pad to a multiple of 64
+    vocab = overrides.pop("vocab_size", None) or (tok.vocab_size + 63) // 64 * 64
     eos = sorted({i for i in (tok.eos_id, *tok.stop_ids) if i is not None})
     assert tok.mask_id is not None
     cfg: ModelConfig = preset(

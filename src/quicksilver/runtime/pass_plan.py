@@ -1,6 +1,6 @@
 """What one verify pass feeds for one row: how many of its drafts, and how many masks behind them.
 
-Verify decoding (sampling/verify.py) keeps exactly the model's own output whatever a pass feeds;
+Verify decoding (sampling/decoders/verify.py) keeps exactly the model's own output whatever a pass feeds;
 what to feed is a question of what the runtime's passes cost, so it is answered here, beside the
 runtimes. ``RUNTIMES`` holds each runtime's measured defaults (the only hardware numbers of the
 decoding path); ``PassPlanner`` applies them to one row with the runtime's cost curve. A runtime
@@ -41,7 +41,7 @@ class PassPolicy:
     draft_odds: float = 0.3
     min_masks: int = 2
     # the most positions a pass feeds after the final tokens when its drafts are copied from the
-    # row's context (sampling/copy_drafts.py): long runs of them are kept in one pass
+    # row's context (sampling/decoders/copy_drafts.py): long runs of them are kept in one pass
     copy_width: int = 32
 
 

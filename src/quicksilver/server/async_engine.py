@@ -20,11 +20,20 @@ import logging
 import threading
 from collections import Counter
 from collections.abc import AsyncGenerator, Callable
-from typing import Any, Protocol
+from typing import Protocol
 
 from ..engine import Engine, EngineEvent, EngineRequest
 
 log = logging.getLogger("quicksilver.server")
+
+
+class PrefixCounts(Protocol):
+    """What ``/metrics`` reads of a prefix cache: prompt tokens looked up, and served from it."""
+
+    @property
+    def query_tokens(self) -> int: ...
+    @property
+    def hit_tokens(self) -> int: ...
 
 
 class EngineView(Protocol):
@@ -41,7 +50,7 @@ class EngineView(Protocol):
     @property
     def totals(self) -> Counter[str]: ...
     @property
-    def prefix_cache(self) -> Any: ...
+    def prefix_cache(self) -> PrefixCounts | None: ...
 
 
 class EngineClient(Protocol):

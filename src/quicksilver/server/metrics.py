@@ -12,11 +12,14 @@ prefix cache's ``query_tokens``/``hit_tokens``) are read at scrape time by one c
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator
-from typing import Any
+from typing import TYPE_CHECKING
 
 from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
+
+if TYPE_CHECKING:
+    from .async_engine import EngineView
 
 PREFIX = "quicksilver:"
 LATENCY_BUCKETS = (
@@ -81,10 +84,16 @@ ENGINE_COUNTERS = {
 class EngineCollector(Collector):
     """The engine's numbers at scrape time: queue gauges, open HTTP requests, totals, prefix cache."""
 
-    def __init__(self, model: str, engine: Any, open_requests: Callable[[], int]) -> None:
+    def __init__(self, model: str, engine: EngineView, open_requests: Callable[[], int]) -> None:
         self.model, self.engine, self.open_requests = model, engine, open_requests
 
-    def _one(self, family: Any, name: str, help: str, value: float) -> Metric:
+    def _one(
+        self,
+        family: type[GaugeMetricFamily | CounterMetricFamily],
+        name: str,
+        help: str,
+        value: float,
+    ) -> Metric:
         m = family(PREFIX + name, help, labels=["model_name"])
         m.add_metric([self.model], value)
         return m
@@ -111,7 +120,10 @@ class Metrics:
     """The serving layer's counters and histograms, plus the engine collector, in one registry."""
 
     def __init__(
-        self, model_name: str, engine: Any = None, open_requests: Callable[[], int] = lambda: 0
+        self,
+        model_name: str,
+        engine: EngineView | None = None,
+        open_requests: Callable[[], int] = lambda: 0,
     ) -> None:
         self.model = model_name
         self.registry = CollectorRegistry()

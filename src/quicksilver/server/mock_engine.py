@@ -22,9 +22,11 @@ import torch
 
 from ..engine import Engine, EngineConfig
 from ..sampling import SamplerConfig
-from ..sampling.decoder import Constraint, Row, RowEvent, refine
-from ..sampling.policies import POLICIES
-from ..sampling.row_decoder import RowDecoder, row_stops
+from ..sampling.core.hooks import Constraint
+from ..sampling.core.policies import POLICIES
+from ..sampling.core.state import Row, RowEvent
+from ..sampling.decoders.diffusion import refine
+from ..sampling.decoders.row_decoder import RowDecoder, row_stops
 from ..tokenizer import Tokenizer
 
 Script = Callable[[str], str]  # prompt text (special tokens kept) -> reply text

@@ -29,7 +29,7 @@ from ..engine import Engine, EngineConfig
 from ..errors import ConfigError
 from ..models.checkpoint import load_tokenizer
 from ..pipeline import Pipeline, load
-from ..sampling.verify import VerifyDecoder
+from ..sampling.decoders.verify import VerifyDecoder
 from .config import ServerConfig
 from .served import engine_client, engine_config, pipeline_facts
 from .serving.generation import ServedModel

@@ -19,7 +19,7 @@ from ..errors import ConfigError
 from ..models.transformer import Transformer
 from ..runtime import Runtime, as_runtime
 from ..sampling import SamplerConfig
-from ..sampling.verify import decoder_for
+from ..sampling.decoders import decoder_for
 from ..tokenizer import Tokenizer
 from .render import prompt_text
 from .tasks import Item, get_task, split_reply

@@ -61,19 +61,16 @@ class NoiseConfig:
     eps: float = 1e-3
     sub_prob: float = 0.0  # fraction of visible answer tokens replaced by a wrong token
     sub_weight: float = 1.0  # loss weight at substituted positions
-    keep_weight: float = (
-        0.1  # loss weight at untouched visible answer positions (only when sub_prob > 0)
-    )
+    # loss weight at untouched visible answer positions (only when sub_prob > 0)
+    keep_weight: float = 0.1
     certainty_weight: float = 0.0  # entropy penalty at masked positions already predicted right
     draft_len: int = 8  # ar_draft: the decode k the appended mask blocks are sized around
     draft_blocks: int = 6  # ar_draft: mask blocks appended per sequence
-    draft_spread: int | None = (
-        None  # ar_draft: block sizes draft_len ± this (None: ± draft_len // 2)
-    )
+    # ar_draft: block sizes draft_len ± this (None: ± draft_len // 2)
+    draft_spread: int | None = None
     draft_weight: float = 1.0  # ar_draft: weight of the masked-token loss beside the AR loss
-    draft_teacher: str = (
-        "data"  # ar_draft: the blocks' targets, the data or the stream's own logits
-    )
+    # ar_draft: the blocks' targets, the data or the stream's own logits
+    draft_teacher: str = "data"
 
 
 @dataclass
@@ -191,9 +188,8 @@ def diffusion_loss(
         getattr(getattr(getattr(model, "module", model), "config", None), "logit_shift", False)
     )
     out = model(seq, positions=pos, attn_mask=mask, raw=True)  # (B, L + N, V)
-    if (
-        shift
-    ):  # Dream / Fast-dLLM v2 convention: position p is predicted from p - 1 as the block sees it:
+    # Dream / Fast-dLLM v2 convention: position p is predicted from p - 1 as the block sees it:
+    if shift:
         q = npos - 1  # the noisy copy inside the block, the clean copy across a block boundary
         same = (j > 0) & (
             torch.div(q, bs, rounding_mode="floor") == torch.div(npos, bs, rounding_mode="floor")
@@ -230,9 +226,8 @@ def mdm_loss(
     model: Transformer, batch: Batch, cfg: NoiseConfig, generator: torch.Generator | None
 ) -> LossOut:
     ids, ans, valid = batch.ids, batch.answer, batch.valid  # (B, L)
-    xt, masked, subst, t = corrupt(
-        ids, ans, torch.zeros_like(ids), cfg, generator, ids[ans]
-    )  # one t per row
+    # one t per row
+    xt, masked, subst, t = corrupt(ids, ans, torch.zeros_like(ids), cfg, generator, ids[ans])
     logits = model(xt, valid=valid)  # (B, L, V) bidirectional
     loss = weighted_ce(logits, ids, masked, subst, ans & ~masked, t, ans.sum(1), cfg)
     return LossOut(loss, int(masked.sum()), int(valid.sum()))
@@ -243,9 +238,8 @@ def next_token_ce(logits: torch.Tensor, batch: Batch) -> tuple[torch.Tensor, int
     per example then over the batch's rows that take it (``Batch.ar_rows``); and the number of
     those targets."""
     ids, ans = batch.ids, batch.answer  # (B, L)
-    tgt = ans[:, 1:] & (
-        torch.arange(1, ids.shape[1])[None, :] < batch.content_len[:, None]
-    )  # (B, L-1)
+    # (B, L-1)
+    tgt = ans[:, 1:] & (torch.arange(1, ids.shape[1])[None, :] < batch.content_len[:, None])
     tgt = tgt & batch.ar_rows[:, None]
     rows = tgt.any(1)  # (B,)
     ce = F.cross_entropy(logits.float().transpose(1, 2), ids[:, 1:], reduction="none")  # (B, L-1)
@@ -270,9 +264,10 @@ def draft_mask(L: int, anchors: torch.Tensor, k: int, valid: torch.Tensor) -> to
     is_blk = q >= L  # (T,)
     blk = torch.where(is_blk, (q - L) // k, -1)  # (T,) block index, -1 on the stream
     # every query's horizon on the stream: itself (stream) or its block's anchor
+    # (B, T)
     horizon = torch.where(
         is_blk[None, :], anchors.gather(1, blk.clamp_min(0)[None, :].expand(B, T)), q[None, :]
-    )  # (B, T)
+    )
     kq = torch.arange(L)
     m_stream = (kq[None, None, :] <= horizon[:, :, None]) & valid[:, None, :]  # (B, T, L)
     m_blk = (blk[:, None] == blk[None, L:]) & is_blk[:, None]  # (T, nb*k)
@@ -289,9 +284,8 @@ def ar_draft_loss(
     half = cfg.draft_len // 2 if cfg.draft_spread is None else cfg.draft_spread
     k = cfg.draft_len - half + int(torch.randint(0, 2 * half + 1, (), generator=generator))
     nb = cfg.draft_blocks
-    lo = (
-        batch.prompt_len - 1
-    )  # (B,) the first anchor: the prompt's last token predicts the answer's first
+    # (B,) the first anchor: the prompt's last token predicts the answer's first
+    lo = batch.prompt_len - 1
     span = (batch.content_len - 2 - lo).clamp_min(1)  # (B,) anchors lo .. content_len - 3
     anchors = lo[:, None] + (torch.rand((B, nb), generator=generator) * span[:, None]).long()
     j = torch.arange(1, k + 1)  # (k,)

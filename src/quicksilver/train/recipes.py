@@ -27,24 +27,20 @@ V2_MIX = DEFAULT_MIX + ",tool_loop:0.6"
 
 @dataclass
 class TrainConfig:
-    out: str = (
-        "runs/default"  # run directory: checkpoints, metrics.jsonl, the final model in out/final
-    )
-    objective: str = (
-        "diffusion"  # diffusion | diffusion_single | ar (the equal-size causal baseline)
-    )
+    # run directory: checkpoints, metrics.jsonl, the final model in out/final
+    out: str = "runs/default"
+    # diffusion | diffusion_single | ar (the equal-size causal baseline)
+    objective: str = "diffusion"
     # model
     d_model: int = 192
     n_layers: int = 6
     n_heads: int = 4
     mlp_hidden: int = 512
     block_size: int = 32
-    logit_shift: bool = (
-        False  # position p predicted from p - 1 (Dream / Fast-dLLM v2; keeps an AR init's head)
-    )
-    init_from: str = (
-        ""  # start from this checkpoint's weights and tokenizer (e.g. adapt the AR baseline)
-    )
+    # position p predicted from p - 1 (Dream / Fast-dLLM v2; keeps an AR init's head)
+    logit_shift: bool = False
+    # start from this checkpoint's weights and tokenizer (e.g. adapt the AR baseline)
+    init_from: str = ""
     max_seq_len: int = 384
     vocab_size: int = 1024  # BPE vocabulary trained on generated text (individual digits)
     tokenizer_texts: int = 20000  # generated texts the BPE merges are learned from
@@ -66,9 +62,8 @@ class TrainConfig:
     # drafting (objective ar_draft: the verify decoder's network)
     draft_len: int = 8  # decode k the appended all-[MASK] blocks are sized around
     draft_blocks: int = 6  # mask blocks appended per sequence
-    draft_spread: int | None = (
-        None  # block sizes drawn from draft_len ± this (None: ± draft_len // 2)
-    )
+    # block sizes drawn from draft_len ± this (None: ± draft_len // 2)
+    draft_spread: int | None = None
     draft_weight: float = 1.0  # weight of the masked-token loss beside the AR loss
     draft_teacher: str = "data"  # the mask blocks' targets: data, or self (the stream's own logits)
     # optimisation
@@ -83,9 +78,8 @@ class TrainConfig:
     grad_clip: float = 1.0
     seed: int = 0
     threads: int = 0  # torch intra-op threads (0: leave the default)
-    cpu_bf16: bool = (
-        False  # bf16 autocast on CPU too (AMX / avx512_bf16 matmuls: ~1.5x tokens/s, docs/LOG.md)
-    )
+    # bf16 autocast on CPU too (AMX / avx512_bf16 matmuls: ~1.5x tokens/s, docs/LOG.md)
+    cpu_bf16: bool = False
     # bookkeeping
     eval_every: int = 300  # steps between held-out evaluations (0: never)
     eval_tasks: str = DEFAULT_EVAL
@@ -93,9 +87,8 @@ class TrainConfig:
     ckpt_every: int = 100  # steps between resumable checkpoints
     log_every: int = 10
     time_limit: float = 0.0  # stop (and save) after this many seconds (0: no limit)
-    stop_at: int = (
-        0  # stop (and save) at this step, schedule unchanged; resume later (0: run to the end)
-    )
+    # stop (and save) at this step, schedule unchanged; resume later (0: run to the end)
+    stop_at: int = 0
     save_dtype: str = "bfloat16"  # dtype of the exported model directory
     resume: bool = True  # continue from out/ckpt.pt when it exists
 

@@ -371,9 +371,8 @@ class Trainer:
                 }
                 self.log(rec)
                 print(json.dumps(rec), flush=True)
-                start += (
-                    time.perf_counter() - start - self.elapsed
-                )  # evaluation time is not training time
+                # evaluation time is not training time
+                start += time.perf_counter() - start - self.elapsed
                 t_last = time.perf_counter()
             if stopped:
                 break

@@ -19,8 +19,8 @@ weights) are refused.
 
 ``load_network(path)`` -> ``DiffusionGemmaLM`` (families/diffusion_gemma_net.py), registered as the
 family's own network (``models.checkpoint.NETWORK_LOADERS``: ``quicksilver.load`` decodes it with
-``sampling/noise_decoder.py``). Its decoding settings are the checkpoint's ``generation_config.json``
-(``sampling/noise_canvas.NoiseCanvasConfig``); the family default is temperature 1, the published
+``sampling/decoders/noise_decoder.py``). Its decoding settings are the checkpoint's ``generation_config.json``
+(``sampling/decoders/noise_canvas.NoiseCanvasConfig``); the family default is temperature 1, the published
 schedule.
 
 Tokenizer: ``tokenizer.json`` and ``tokenizer_config.json``; the chat template from

@@ -182,9 +182,10 @@ class GemmaAttention(nn.Module):
     ) -> torch.Tensor:
         """Attention of q (B, H, T, hd) over k, v (B, Hkv, S, hd) (scale 1: q and k are normed)."""
         B, _, T, _ = q.shape
+        # (B, H, T, hd)
         y = F.scaled_dot_product_attention(
             q, k, v, attn_mask=mask, scale=1.0, enable_gqa=self.n_kv != self.n_heads
-        )  # (B, H, T, hd)
+        )
         return self.o_proj(y.transpose(1, 2).reshape(B, T, self.n_heads * self.hd))  # (B, T, C)
 
 
@@ -410,9 +411,8 @@ class DiffusionGemmaLM(nn.Module):
         soft = None
         if self_conditioning_logits is not None:
             w = self.embed_tokens.weight
-            probs = self_conditioning_logits.softmax(-1, dtype=torch.float32).to(
-                w.dtype
-            )  # (B, Cl, V)
+            # (B, Cl, V)
+            probs = self_conditioning_logits.softmax(-1, dtype=torch.float32).to(w.dtype)
             soft = (probs @ w) * torch.tensor(cfg.d_model**0.5, dtype=w.dtype)  # (B, Cl, C)
             if self_conditioning_mask is not None:
                 soft = soft * self_conditioning_mask.to(soft.dtype)[:, None, None]

@@ -1,4 +1,4 @@
-"""I-DLM: causal diffusion LMs on a Qwen3 body, served by the verify decoder (sampling/verify.py).
+"""I-DLM: causal diffusion LMs on a Qwen3 body, served by the verify decoder (sampling/decoders/verify.py).
 
 I-DLM (Introspective Diffusion Language Models, arXiv 2604.11035; code github
 Introspective-Diffusion/I-DLM, read through the public copy thuEcstasy/I-DLM at commit 3342a17)

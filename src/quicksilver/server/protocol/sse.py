@@ -7,7 +7,6 @@ from __future__ import annotations
 import contextlib
 import json
 from collections.abc import AsyncGenerator
-from typing import Any
 
 import anyio
 from fastapi.responses import StreamingResponse
@@ -18,16 +17,16 @@ from .errors import REJECTED, APIError, error_response, internal_error
 from .messages import error_envelope
 
 
-def sse(obj: dict[str, Any]) -> str:
+def sse(obj: dict[str, object]) -> str:
     return f"data: {json.dumps(obj, ensure_ascii=False)}\n\n"
 
 
 def sse_chunk(
-    cid: str, kind: str, created: int, model: str, choice: dict[str, Any], include_usage: bool
+    cid: str, kind: str, created: int, model: str, choice: dict[str, object], include_usage: bool
 ) -> str:
     """One streamed chunk with a single choice; ``usage: null`` on every chunk when the client asked for
     a usage chunk at the end (the OpenAI convention)."""
-    obj: dict[str, Any] = {
+    obj: dict[str, object] = {
         "id": cid,
         "object": kind,
         "created": created,

@@ -18,6 +18,7 @@ from typing import Any
 import jsonschema
 from jsonschema.validators import validator_for
 
+from ...sampling.structured.grammar import Machine
 from ..protocol.errors import bad_request
 
 MAX_JSON_DEPTH = 64  # nesting of any JSON a request carries (schemas, tool-call arguments)
@@ -43,14 +44,14 @@ class SchemaCost:
     canvas: int = 0  # the canvas positions the compiled layout reserves at least
 
 
-def _children(node: Any) -> Iterator[Any]:
+def _children(node: object) -> Iterator[object]:
     if isinstance(node, dict):
         yield from node.values()
     elif isinstance(node, list):
         yield from node
 
 
-def check_depth(obj: Any, param: str, limit: int = MAX_JSON_DEPTH) -> None:
+def check_depth(obj: object, param: str, limit: int = MAX_JSON_DEPTH) -> None:
     """Iteratively bound how deep ``obj`` nests (a recursive walk could overflow the stack)."""
     stack = [(obj, 1)]
     while stack:
@@ -60,7 +61,7 @@ def check_depth(obj: Any, param: str, limit: int = MAX_JSON_DEPTH) -> None:
         stack.extend((c, d + 1) for c in _children(node) if isinstance(c, dict | list))
 
 
-def parse_json_bounded(text: str, param: str, limit: int = MAX_JSON_DEPTH) -> Any:
+def parse_json_bounded(text: str, param: str, limit: int = MAX_JSON_DEPTH) -> object:
     """``json.loads`` whose nesting is bounded (a 5,000-deep document is a 400, not a RecursionError)."""
     try:
         obj = json.loads(text)
@@ -70,7 +71,7 @@ def parse_json_bounded(text: str, param: str, limit: int = MAX_JSON_DEPTH) -> An
     return obj
 
 
-def _surrogate_path(obj: Any, path: str) -> str | None:
+def _surrogate_path(obj: object, path: str) -> str | None:
     stack = [(obj, path)]
     while stack:
         node, where = stack.pop()
@@ -88,7 +89,7 @@ def _surrogate_path(obj: Any, path: str) -> str | None:
     return None
 
 
-def check_strings(obj: Any, path: str = "") -> None:
+def check_strings(obj: object, path: str = "") -> None:
     """Every string must be encodable as UTF-8: JSON's ``\\ud800`` escapes can smuggle in lone UTF-16
     surrogates, which no tokenizer takes."""
     where = _surrogate_path(obj, path)
@@ -100,7 +101,7 @@ def check_strings(obj: Any, path: str = "") -> None:
         )
 
 
-def meta_validate(schema: Any, param: str) -> None:
+def meta_validate(schema: object, param: str) -> None:
     """The schema itself must be a valid JSON Schema (the keywords' own types: ``minLength: "x"``,
     ``enum: 5`` or ``properties: [1]`` are 400s here, not crashes in the compiler)."""
     if not isinstance(schema, dict | bool):
@@ -116,7 +117,7 @@ def meta_validate(schema: Any, param: str) -> None:
         )
 
 
-def _resolve_ref(root: Any, ref: Any) -> Any:
+def _resolve_ref(root: object, ref: object) -> object:
     parts = ref.split("/") if isinstance(ref, str) else []
     if len(parts) != 3 or parts[0] != "#" or not isinstance(root, dict):
         return None  # not a local $defs ref: the compiler refuses it with its own message
@@ -127,7 +128,7 @@ def _resolve_ref(root: Any, ref: Any) -> Any:
 class _Meter:
     """One walk over the schema with ``$ref`` inlined; raises as soon as a budget is exceeded."""
 
-    def __init__(self, root: Any, limits: SchemaLimits, max_canvas: int, param: str) -> None:
+    def __init__(self, root: object, limits: SchemaLimits, max_canvas: int, param: str) -> None:
         self.root, self.lim, self.max_canvas, self.param = root, limits, max_canvas, param
         self.cost = SchemaCost()
 
@@ -139,7 +140,7 @@ class _Meter:
                 "schema_too_complex",
             )
 
-    def walk(self, node: Any, depth: int, refs: tuple[str, ...]) -> int:
+    def walk(self, node: object, depth: int, refs: tuple[str, ...]) -> int:
         """The canvas positions ``node`` reserves at least (saturating just above the limit)."""
         c, lim = self.cost, self.lim
         c.nodes += 1
@@ -203,7 +204,7 @@ class _Meter:
 
 
 def check_schema(
-    schema: Any,
+    schema: object,
     param: str,
     max_canvas: int,
     canvas_param: str | None = None,
@@ -228,7 +229,7 @@ def check_schema(
     return meter.cost
 
 
-def check_states(machines: list[Any], param: str, limits: SchemaLimits | None = None) -> None:
+def check_states(machines: list[Machine], param: str, limits: SchemaLimits | None = None) -> None:
     """After compiling: each value slot's automaton must start in a bounded number of states (the
     engine thread walks every one of them at every step)."""
     lim = (limits or SchemaLimits()).max_states

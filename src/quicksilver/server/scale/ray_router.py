@@ -37,7 +37,7 @@ class PrefixAffinityRouter(RequestRouter):
     """The replica holding the request's prefix first, then the least loaded."""
 
     def initialize_state(self, imbalance: int = 4, **kwargs: Any) -> None:
-        self.table = PrefixTable()
+        self.table: PrefixTable[ReplicaID] = PrefixTable()
         self.imbalance = imbalance
 
     async def choose_replicas(

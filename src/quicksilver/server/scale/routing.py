@@ -27,7 +27,7 @@ import hashlib
 import json
 from collections import OrderedDict
 from collections.abc import Hashable, Mapping, Sequence
-from typing import Any, TypeVar
+from typing import Generic, TypeVar
 
 R = TypeVar("R", bound=Hashable)  # a replica id
 BLOCK_CHARS = 32  # characters per hashed block (about 8-16 tokens of English text)
@@ -36,9 +36,9 @@ TABLE_SIZE = 100_000  # keys the router remembers
 HEAD_ROLES = ("system", "developer")
 
 
-def _split(path: str, body: Mapping[str, Any]) -> tuple[list[Any], list[Any]]:
+def _split(path: str, body: Mapping[str, object]) -> tuple[list[object], list[object]]:
     """(head, conversation): the prompt-bearing fields of a request body, in rendering order."""
-    head: list[Any] = [body.get("model"), body.get("tools")]
+    head: list[object] = [body.get("model"), body.get("tools")]
     if path.endswith("/chat/completions"):
         messages = body.get("messages")
         msgs = messages if isinstance(messages, list) else []
@@ -54,7 +54,7 @@ def _split(path: str, body: Mapping[str, Any]) -> tuple[list[Any], list[Any]]:
     return head, []
 
 
-def _canon(parts: list[Any]) -> str:
+def _canon(parts: list[object]) -> str:
     return "".join(json.dumps(p, sort_keys=True, separators=(",", ":")) + "\x1e" for p in parts)
 
 
@@ -89,17 +89,17 @@ def route_key(path: str, body: bytes) -> list[str]:
     return block_hashes(conversation, seed=head) if conversation else []
 
 
-class PrefixTable:
+class PrefixTable(Generic[R]):
     """Which replica served each prefix key; the oldest keys are forgotten past ``capacity``."""
 
     def __init__(self, capacity: int = TABLE_SIZE) -> None:
         self.capacity = capacity
-        self._owner: OrderedDict[str, Any] = OrderedDict()
+        self._owner: OrderedDict[str, R] = OrderedDict()
 
     def __len__(self) -> int:
         return len(self._owner)
 
-    def longest(self, keys: Sequence[str], live: Mapping[Any, Any]) -> tuple[Any, int]:
+    def longest(self, keys: Sequence[str], live: Mapping[R, object]) -> tuple[R | None, int]:
         """The live replica that served the longest prefix of ``keys``, and how many blocks match."""
         for n in range(len(keys), 0, -1):
             owner = self._owner.get(keys[n - 1])
@@ -107,7 +107,7 @@ class PrefixTable:
                 return owner, n
         return None, 0
 
-    def record(self, keys: Sequence[str], replica: Hashable) -> None:
+    def record(self, keys: Sequence[str], replica: R) -> None:
         for k in keys:
             self._owner[k] = replica
             self._owner.move_to_end(k)
@@ -116,7 +116,7 @@ class PrefixTable:
 
 
 def prefer(
-    table: PrefixTable, keys: Sequence[str], loads: Mapping[R, int], imbalance: int = 4
+    table: PrefixTable[R], keys: Sequence[str], loads: Mapping[R, int], imbalance: int = 4
 ) -> R | None:
     """The replica to try first for ``keys`` (None: route to the least loaded). ``loads`` maps every
     live replica to its ongoing requests."""

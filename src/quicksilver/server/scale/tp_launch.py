@@ -15,7 +15,7 @@ import logging
 import os
 import signal
 import socket
-from typing import Any
+from typing import TYPE_CHECKING
 
 from ...engine.engine import Engine
 from ...engine.lockstep import LockstepEngine, follow
@@ -24,6 +24,10 @@ from ...models.tensor_parallel import parallelize
 from ..config import ServerConfig
 from ..launch import run_server
 from ..served import engine_config, load_pipeline, served_pipeline
+
+if TYPE_CHECKING:
+    from torch.distributed import ProcessGroup
+    from torch.distributed.device_mesh import DeviceMesh
 
 WAIT = datetime.timedelta(days=30)  # followers wait for rank 0's next step however long it idles
 
@@ -34,7 +38,7 @@ def _free_port() -> int:
         return int(s.getsockname()[1])
 
 
-def init_rank(rank: int, world: int, port: int, cuda: bool) -> tuple[Any, Any, str]:
+def init_rank(rank: int, world: int, port: int, cuda: bool) -> tuple[DeviceMesh, ProcessGroup, str]:
     """Join the group; returns (device mesh, gloo group for host objects, this rank's device)."""
     import torch
     import torch.distributed as dist
@@ -63,7 +67,7 @@ def _rank_main(rank: int, cfg: ServerConfig, port: int) -> None:
     parallelize(pipe.model, mesh)
     try:
         if rank == 0:
-            engine = LockstepEngine(pipe.decoder, engine_config(cfg), objects)
+            engine: LockstepEngine = LockstepEngine(pipe.decoder, engine_config(cfg), objects)
             try:
                 note = f" (tensor parallel over {cfg.tensor_parallel} ranks)"
                 run_server(cfg, served_pipeline(cfg, pipe, engine), [], note)

@@ -28,10 +28,10 @@ from ..protocol.errors import bad_request
 from ..protocol.sse import sse_chunk
 from ..reliability.limits import check_strings
 from .engine import GenerationServing, usage_chunk, usage_extras
-from .generation import ChoiceResult, Delta, Plan, ServedModel
+from .generation import ChoiceResult, ChoiceRunner, Delta, Plan, ServedModel
 from .logprobs import chat_logprobs
 from .planner import CHAT_FIELDS, FieldNames, TurnPlanner, TurnSpec
-from .tools import template_messages
+from .tools import ToolCall, template_messages
 
 
 class OpenAIServingChat(GenerationServing):
@@ -91,14 +91,14 @@ class OpenAIServingChat(GenerationServing):
         return self.planner.plan(self.spec(req, fields))
 
     # ---- responses -------------------------------------------------------------------------
-    def chat_logprobs(self, r: ChoiceResult) -> dict[str, Any] | None:
+    def chat_logprobs(self, r: ChoiceResult) -> dict[str, object] | None:
         return None if r.logprobs is None else chat_logprobs(self.served.tokenizer, r.logprobs)
 
     @staticmethod
-    def message(r: ChoiceResult) -> dict[str, Any]:
+    def message(r: ChoiceResult) -> dict[str, object]:
         """The assistant message of a finished choice (content is ``None`` beside tool calls when
         the turn wrote no text before them)."""
-        msg: dict[str, Any] = {"role": "assistant", "content": r.text}
+        msg: dict[str, object] = {"role": "assistant", "content": r.text}
         if r.tool_calls:
             msg["content"] = r.text.strip() or None
             msg["tool_calls"] = r.tool_calls
@@ -133,13 +133,13 @@ class OpenAIServingChat(GenerationServing):
         return self._stream(req, plan, runners)
 
     async def _stream(
-        self, req: ChatCompletionRequest, plan: Plan, runners: list[Any]
+        self, req: ChatCompletionRequest, plan: Plan, runners: list[ChoiceRunner]
     ) -> AsyncGenerator[str, None]:
         cid, created = f"chatcmpl-{uuid.uuid4().hex}", int(time.time())
         include_usage = bool(req.stream_options and req.stream_options.include_usage)
 
         def chunk(
-            index: int, delta: dict[str, Any], finish: str | None = None, **extra: Any
+            index: int, delta: dict[str, object], finish: str | None = None, **extra: object
         ) -> str:
             choice = {
                 "index": index,
@@ -189,7 +189,7 @@ class OpenAIServingChat(GenerationServing):
         yield "data: [DONE]\n\n"
 
 
-def chat_request(body: dict[str, Any], param: str) -> ChatCompletionRequest:
+def chat_request(body: dict[str, object], param: str) -> ChatCompletionRequest:
     """Another protocol's request as the chat completion it is planned as, validated (a 400
     naming ``param``, the field of that protocol it came from)."""
     try:
@@ -200,7 +200,7 @@ def chat_request(body: dict[str, Any], param: str) -> ChatCompletionRequest:
         raise bad_request(f"{loc}: {err.get('msg')}", param) from None
 
 
-def call_deltas(index: int, call: dict[str, Any]) -> list[dict[str, Any]]:
+def call_deltas(index: int, call: ToolCall) -> list[dict[str, object]]:
     """A finished call as OpenAI streams one: a head (id, type, name, empty arguments), then the
     arguments (clients concatenate ``arguments`` per ``index``)."""
     fn = call["function"]

@@ -12,7 +12,6 @@ import asyncio
 import time
 import uuid
 from collections.abc import AsyncGenerator
-from typing import Any
 
 from ..protocol.completion import CompletionRequest
 from ..protocol.errors import bad_request
@@ -20,7 +19,7 @@ from ..protocol.sse import sse_chunk
 from ..reliability.limits import check_strings
 from .budgets import check_explicit, split
 from .engine import GenerationServing, usage_chunk, usage_extras
-from .generation import EFFORTS, ChoiceResult, Delta, Plan
+from .generation import EFFORTS, ChoiceResult, ChoiceRunner, Delta, Plan
 from .logprobs import completion_logprobs
 
 FIM_TOKENS = ("<|fim_prefix|>", "<|fim_suffix|>", "<|fim_middle|>")
@@ -114,12 +113,12 @@ class OpenAIServingCompletion(GenerationServing):
     def _result(self, req: CompletionRequest, plans: list[Plan]) -> tuple[str, int, int]:
         return f"cmpl-{uuid.uuid4().hex}", int(time.time()), sum(len(p.prompt_ids) for p in plans)
 
-    def _logprobs(self, r: ChoiceResult) -> dict[str, Any] | None:
+    def _logprobs(self, r: ChoiceResult) -> dict[str, object] | None:
         return (
             None if r.logprobs is None else completion_logprobs(self.served.tokenizer, r.logprobs)
         )
 
-    async def create(self, req: CompletionRequest, arrival: float, fim: bool) -> dict[str, Any]:
+    async def create(self, req: CompletionRequest, arrival: float, fim: bool) -> dict[str, object]:
         plans = await asyncio.to_thread(self.plans, req, fim)  # off the event loop
         results = await self.collect(self.runners(plans, req.n or 1, req.seed, arrival))
         n = req.n or 1
@@ -154,12 +153,12 @@ class OpenAIServingCompletion(GenerationServing):
         return self._stream(req, plans, runners)
 
     async def _stream(
-        self, req: CompletionRequest, plans: list[Plan], runners: list[Any]
+        self, req: CompletionRequest, plans: list[Plan], runners: list[ChoiceRunner]
     ) -> AsyncGenerator[str, None]:
         cid, created, prompt_tokens = self._result(req, plans)
         include_usage = bool(req.stream_options and req.stream_options.include_usage)
 
-        def chunk(index: int, text: str, finish: str | None = None, **extra: Any) -> str:
+        def chunk(index: int, text: str, finish: str | None = None, **extra: object) -> str:
             choice = {"index": index, "text": text, "logprobs": None, "finish_reason": finish}
             return sse_chunk(
                 cid,

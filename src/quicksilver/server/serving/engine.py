@@ -7,7 +7,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 from collections.abc import AsyncGenerator, Awaitable
-from typing import Any, TypeVar
+from typing import TypeVar
 
 from fastapi import Request
 
@@ -47,8 +47,8 @@ class GenerationServing:
         self,
         n: int | None,
         stop: str | list[str] | None,
-        logit_bias: Any,
-        penalties: tuple[Any, ...],
+        logit_bias: dict[str, float] | None,
+        penalties: tuple[float | None, ...],
         top_logprobs: int | None = None,
     ) -> list[str]:
         if (n or 1) > self.cfg.max_n:
@@ -95,7 +95,7 @@ class GenerationServing:
         """Settings in order of precedence: the request's explicit fields, then the reasoning effort
         (when the request names one, asks for realtime, or the model has no published defaults),
         then the model family's / checkpoint's defaults, then ``SamplerConfig``'s."""
-        opts: dict[str, Any] = dict(self.served.defaults)
+        opts: dict[str, object] = dict(self.served.defaults)
         if effort_given or extras.realtime or not self.served.defaults:
             opts.update(
                 threshold=effort.threshold,
@@ -183,7 +183,7 @@ class GenerationServing:
         return [results[i] for i in sorted(results)]
 
 
-def usage_extras(prompt_tokens: int, results: list[ChoiceResult]) -> dict[str, Any]:
+def usage_extras(prompt_tokens: int, results: list[ChoiceResult]) -> dict[str, object]:
     """The response's ``usage`` and quicksilver's ``diffusion`` numbers, summed over its choices."""
     gen = sum(r.completion_tokens for r in results)
     nfe = sum(r.nfe for r in results)

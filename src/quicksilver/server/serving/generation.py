@@ -38,13 +38,14 @@ from typing import Any, Literal
 
 from ...engine import EngineEvent, EngineRequest, IncrementalDetokenizer
 from ...sampling import SamplerConfig
-from ...sampling.canvas import AllowTokens, BanTokens, StructuredCanvas
+from ...sampling.core.hooks import Constraint
+from ...sampling.structured.canvas import AllowTokens, BanTokens, StructuredCanvas
 from ...tokenizer import Tokenizer
 from ..async_engine import EngineClient
 from ..metrics import Metrics
 from ..protocol.errors import APIError
 from .logprobs import LogprobRecorder, TokenLogprob
-from .tools import OPEN_TAG, parse_tool_calls
+from .tools import OPEN_TAG, ToolCall, parse_tool_calls
 
 MASK_GLYPH = "░"
 
@@ -142,7 +143,7 @@ class Delta:
     kind: Literal["reasoning", "content", "canvas", "tool_call"]
     text: str = ""
     canvas: dict[str, Any] | None = None
-    call: dict[str, Any] | None = None  # an OpenAI tool call (kind tool_call)
+    call: ToolCall | None = None  # an OpenAI tool call (kind tool_call)
 
 
 @dataclass
@@ -158,7 +159,7 @@ class ChoiceResult:
     steps: int = 0
     structured: bool = False
     cached_tokens: int = 0  # prompt tokens the prefix cache served (first phase)
-    tool_calls: list[dict[str, Any]] = field(default_factory=list)
+    tool_calls: list[ToolCall] = field(default_factory=list)
     logprobs: list[TokenLogprob] | None = None  # the answer's tokens, when the request asked
     stop_string: str | None = None  # the client's stop string that ended the text, if one did
 
@@ -261,7 +262,7 @@ class ChoiceRunner:
         prompt: list[int],
         sampler: SamplerConfig,
         prefill: dict[int, int] | None = None,
-        constraint: Any = None,
+        constraint: Constraint | None = None,
         suffix: list[int] | None = None,
         stop_ids: list[int] | None = None,
     ) -> AsyncGenerator[EngineEvent, None]:
@@ -392,7 +393,7 @@ class ChoiceRunner:
         plan, res = self.plan, self.result
         calls = plan.calls
         prefill: dict[int, int] | None = None
-        constraint: Any = None
+        constraint: Constraint | None = None
         stop_ids: list[int] | None = None
         stops = [] if plan.canvas is not None else list(plan.stop)
         length = plan.answer_tokens

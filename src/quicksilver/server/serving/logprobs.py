@@ -16,10 +16,10 @@ commit as it happens (``allow``, asked with the token about to be committed).
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
 
 import torch
 
+from ...sampling.core.hooks import CanvasRow, Constraint
 from ...tokenizer import Tokenizer
 
 
@@ -33,20 +33,20 @@ class TokenLogprob:
 class LogprobRecorder:
     """A ``Constraint`` that records each committed token's log-probability at its commit step."""
 
-    def __init__(self, inner: Any, top: int) -> None:
+    def __init__(self, inner: Constraint | None, top: int) -> None:
         self.inner, self.top = inner, top
         self.values: dict[int, TokenLogprob] = {}  # canvas position -> at its commit
         self._fresh: list[int] = []  # positions recorded since the last ``take``
         self._lo = 0
         self._lp: torch.Tensor | None = None  # (n, V) log-softmax of this step's window
 
-    def mask_logits(self, row: Any, lo: int, logits: torch.Tensor) -> torch.Tensor:
+    def mask_logits(self, row: CanvasRow, lo: int, logits: torch.Tensor) -> torch.Tensor:
         if self.inner is not None:
             logits = self.inner.mask_logits(row, lo, logits)
         self._lo, self._lp = lo, logits.float().log_softmax(-1)  # (n, V)
         return logits
 
-    def allow(self, row: Any, pos: int, token: int) -> bool:
+    def allow(self, row: CanvasRow, pos: int, token: int) -> bool:
         if self.inner is not None and not self.inner.allow(row, pos, token):
             return False
         if self._lp is not None and 0 <= pos - self._lo < self._lp.shape[0]:
@@ -83,11 +83,11 @@ def _piece(tok: Tokenizer, t: int) -> str:
     return tok.decode([t], skip_special_tokens=False)
 
 
-def chat_logprobs(tok: Tokenizer, entries: list[TokenLogprob]) -> dict[str, Any]:
+def chat_logprobs(tok: Tokenizer, entries: list[TokenLogprob]) -> dict[str, object]:
     """``choices[].logprobs`` of a chat completion: ``{"content": [{token, logprob, bytes,
     top_logprobs}]}``."""
 
-    def one(t: int, lp: float) -> dict[str, Any]:
+    def one(t: int, lp: float) -> dict[str, object]:
         s = _piece(tok, t)
         return {"token": s, "logprob": lp, "bytes": list(s.encode())}
 
@@ -100,7 +100,7 @@ def chat_logprobs(tok: Tokenizer, entries: list[TokenLogprob]) -> dict[str, Any]
     }
 
 
-def completion_logprobs(tok: Tokenizer, entries: list[TokenLogprob]) -> dict[str, Any]:
+def completion_logprobs(tok: Tokenizer, entries: list[TokenLogprob]) -> dict[str, object]:
     """``choices[].logprobs`` of a text completion: parallel lists and character offsets."""
     tokens = [_piece(tok, e.token) for e in entries]
     offsets, at = [], 0

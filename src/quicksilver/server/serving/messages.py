@@ -26,8 +26,9 @@ from ..protocol.chat import ChatCompletionRequest
 from ..protocol.errors import bad_request
 from ..protocol.messages import Block, CountTokensRequest, MessagesRequest
 from .chat import OpenAIServingChat, chat_request
-from .generation import ChoiceResult, Delta, Plan
+from .generation import ChoiceResult, ChoiceRunner, Delta, Plan
 from .planner import MESSAGES_FIELDS, TurnSpec
+from .tools import ToolCall
 
 TOOL_CHOICES = {"auto": "auto", "any": "required", "none": "none"}
 
@@ -44,10 +45,10 @@ def _text(blocks: str | list[Block], where: str) -> str:
     return "".join(b.text or "" for b in blocks)
 
 
-def _turns(role: str, blocks: list[Block], where: str) -> list[dict[str, Any]]:
+def _turns(role: str, blocks: list[Block], where: str) -> list[dict[str, object]]:
     """One Messages API message as chat messages: tool results first (one tool message each),
     then the text and, for the assistant, its tool calls."""
-    out: list[dict[str, Any]] = []
+    out: list[dict[str, object]] = []
     text, calls = "", []
     for j, b in enumerate(blocks):
         at = f"{where}.content[{j}]"
@@ -73,8 +74,8 @@ def _turns(role: str, blocks: list[Block], where: str) -> list[dict[str, Any]]:
     return out
 
 
-def to_messages(req: CountTokensRequest) -> list[dict[str, Any]]:
-    out: list[dict[str, Any]] = []
+def to_messages(req: CountTokensRequest) -> list[dict[str, object]]:
+    out: list[dict[str, object]] = []
     if req.system:
         out.append({"role": "system", "content": _text(req.system, "system")})
     for i, m in enumerate(req.messages):
@@ -87,7 +88,7 @@ def to_messages(req: CountTokensRequest) -> list[dict[str, Any]]:
 
 def to_chat(req: CountTokensRequest) -> ChatCompletionRequest:
     """The request as the chat completion it is planned as (a 400 for what it cannot carry)."""
-    body: dict[str, Any] = {"messages": to_messages(req), "model": req.model}
+    body: dict[str, object] = {"messages": to_messages(req), "model": req.model}
     if isinstance(req, MessagesRequest):
         if req.diffusing:
             raise bad_request("diffusing is not supported on /v1/messages", "diffusing")
@@ -134,7 +135,7 @@ def stop_reason(r: ChoiceResult) -> str:
     return "stop_sequence" if r.stop_string is not None else "end_turn"
 
 
-def tool_use(call: dict[str, Any]) -> dict[str, Any]:
+def tool_use(call: ToolCall) -> dict[str, object]:
     fn = call["function"]
     return {
         "type": "tool_use",
@@ -144,9 +145,9 @@ def tool_use(call: dict[str, Any]) -> dict[str, Any]:
     }
 
 
-def content_blocks(r: ChoiceResult) -> list[dict[str, Any]]:
+def content_blocks(r: ChoiceResult) -> list[dict[str, object]]:
     """A finished choice as content blocks: thinking, text (unless only calls), tool uses."""
-    out: list[dict[str, Any]] = []
+    out: list[dict[str, object]] = []
     if r.reasoning:
         out.append({"type": "thinking", "thinking": r.reasoning, "signature": ""})
     text = r.text.strip() if r.tool_calls else r.text
@@ -175,12 +176,12 @@ class AnthropicServingMessages:
     def plan(self, req: MessagesRequest) -> Plan:
         return self.chat.planner.plan(self.spec(req))
 
-    def count_tokens(self, req: CountTokensRequest) -> dict[str, Any]:
+    def count_tokens(self, req: CountTokensRequest) -> dict[str, object]:
         """The prompt's tokens as the model would read it (tools and template included)."""
         spec = self.spec(req)
         return {"input_tokens": len(self.chat.planner.prompt(spec, spec.effort.reasoning > 0))}
 
-    def message(self, plan: Plan, r: ChoiceResult, mid: str | None = None) -> dict[str, Any]:
+    def message(self, plan: Plan, r: ChoiceResult, mid: str | None = None) -> dict[str, object]:
         return {
             "id": mid or f"msg_{uuid.uuid4().hex}",
             "type": "message",
@@ -192,7 +193,7 @@ class AnthropicServingMessages:
             "usage": {"input_tokens": len(plan.prompt_ids), "output_tokens": r.completion_tokens},
         }
 
-    async def create(self, req: MessagesRequest, arrival: float) -> dict[str, Any]:
+    async def create(self, req: MessagesRequest, arrival: float) -> dict[str, object]:
         plan = self.plan(req)
         (r,) = await self.chat.collect(self.chat.runners([plan], 1, None, arrival))
         return self.message(plan, r)
@@ -201,7 +202,7 @@ class AnthropicServingMessages:
         plan = self.plan(req)  # errors here are plain HTTP errors, before the stream starts
         return self._stream(plan, self.chat.runners([plan], 1, None, arrival))
 
-    async def _stream(self, plan: Plan, runners: list[Any]) -> AsyncGenerator[str, None]:
+    async def _stream(self, plan: Plan, runners: list[ChoiceRunner]) -> AsyncGenerator[str, None]:
         mid = f"msg_{uuid.uuid4().hex}"
         ev = BlockEvents()
         result: ChoiceResult | None = None
@@ -229,7 +230,7 @@ class AnthropicServingMessages:
         yield event("message_stop")
 
 
-def event(kind: str, **fields: Any) -> str:
+def event(kind: str, **fields: object) -> str:
     return f"event: {kind}\ndata: {json.dumps({'type': kind, **fields}, ensure_ascii=False)}\n\n"
 
 

@@ -20,8 +20,15 @@ from typing import Any
 
 from ...errors import ConfigError
 from ...sampling import SamplerConfig
-from ...sampling.canvas import StructuredCanvas, build_canvas
-from ...sampling.constrained import Budgets, Piece, SchemaError, Slot, compile_cached, schema_pieces
+from ...sampling.structured.canvas import StructuredCanvas, build_canvas
+from ...sampling.structured.constrained import (
+    Budgets,
+    Piece,
+    SchemaError,
+    Slot,
+    compile_cached,
+    schema_pieces,
+)
 from ..config import ServerConfig
 from ..metrics import Metrics
 from ..protocol.chat import Tool

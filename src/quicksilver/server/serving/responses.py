@@ -26,13 +26,14 @@ from ..protocol.chat import ChatCompletionRequest
 from ..protocol.errors import bad_request
 from ..protocol.responses import ResponseNamedTool, ResponsesRequest
 from .chat import OpenAIServingChat, chat_request
-from .generation import ChoiceResult
+from .generation import ChoiceResult, ChoiceRunner
 from .planner import RESPONSES_FIELDS
+from .tools import ToolCall
 
 ROLES = ("user", "system", "developer", "assistant")
 
 
-def _text(content: Any, where: str) -> str:
+def _text(content: object, where: str) -> str:
     if isinstance(content, str):
         return content
     if isinstance(content, list):
@@ -101,7 +102,7 @@ def to_chat(req: ResponsesRequest) -> ChatCompletionRequest:
             "conversation as input items",
             "previous_response_id",
         )
-    body: dict[str, Any] = {
+    body: dict[str, object] = {
         "messages": to_messages(req),
         "model": req.model,
         "max_completion_tokens": req.max_output_tokens,
@@ -133,10 +134,10 @@ def to_chat(req: ResponsesRequest) -> ChatCompletionRequest:
     return chat_request(body, "input")
 
 
-def new_item(kind: str) -> dict[str, Any]:
+def new_item(kind: str) -> dict[str, object]:
     """An output item being streamed (reasoning or message), with a fresh id."""
     prefix = {"reasoning": "rs", "message": "msg"}[kind]
-    item: dict[str, Any] = {"id": f"{prefix}_{uuid.uuid4().hex}", "type": kind}
+    item: dict[str, object] = {"id": f"{prefix}_{uuid.uuid4().hex}", "type": kind}
     if kind == "reasoning":
         item.update(summary=[], content=[])
     else:
@@ -144,7 +145,7 @@ def new_item(kind: str) -> dict[str, Any]:
     return item
 
 
-def function_item(call: dict[str, Any]) -> dict[str, Any]:
+def function_item(call: ToolCall) -> dict[str, object]:
     """A decoded chat tool call as a Responses ``function_call`` item."""
     return {
         "id": f"fc_{uuid.uuid4().hex}",
@@ -156,7 +157,7 @@ def function_item(call: dict[str, Any]) -> dict[str, Any]:
     }
 
 
-def output_text(text: str) -> dict[str, Any]:
+def output_text(text: str) -> dict[str, object]:
     return {"type": "output_text", "text": text, "annotations": [], "logprobs": []}
 
 
@@ -172,10 +173,10 @@ class OpenAIServingResponses:
         rid: str,
         created: int,
         status: str,
-        output: list[dict[str, Any]],
+        output: list[dict[str, object]],
         r: ChoiceResult | None,
         prompt_tokens: int,
-    ) -> dict[str, Any]:
+    ) -> dict[str, object]:
         usage = None
         if r is not None:
             usage = {
@@ -219,9 +220,9 @@ class OpenAIServingResponses:
             "user": req.user,
         }
 
-    def output(self, r: ChoiceResult) -> list[dict[str, Any]]:
+    def output(self, r: ChoiceResult) -> list[dict[str, object]]:
         """A finished choice as output items: reasoning, the message (unless only calls), calls."""
-        out: list[dict[str, Any]] = []
+        out: list[dict[str, object]] = []
         if r.reasoning:
             out.append(
                 {
@@ -245,7 +246,7 @@ class OpenAIServingResponses:
         out += [function_item(c) for c in r.tool_calls]
         return out
 
-    async def create(self, req: ResponsesRequest, arrival: float) -> dict[str, Any]:
+    async def create(self, req: ResponsesRequest, arrival: float) -> dict[str, object]:
         plan = self.chat.plan(to_chat(req), RESPONSES_FIELDS)
         (r,) = await self.chat.collect(self.chat.runners([plan], 1, req.seed, arrival))
         rid, created = f"resp_{uuid.uuid4().hex}", int(time.time())
@@ -259,7 +260,7 @@ class OpenAIServingResponses:
         return self._stream(req, runners, len(plan.prompt_ids))
 
     async def _stream(
-        self, req: ResponsesRequest, runners: list[Any], prompt_tokens: int
+        self, req: ResponsesRequest, runners: list[ChoiceRunner], prompt_tokens: int
     ) -> AsyncGenerator[str, None]:
         rid, created = f"resp_{uuid.uuid4().hex}", int(time.time())
         ev = StreamEvents()
@@ -294,16 +295,16 @@ class StreamEvents:
 
     def __init__(self) -> None:
         self.seq = 0
-        self.out: list[dict[str, Any]] = []
-        self.cur: dict[str, Any] | None = None
+        self.out: list[dict[str, object]] = []
+        self.cur: dict[str, object] | None = None
         self.text_so_far = ""
 
-    def event(self, kind: str, **fields: Any) -> str:
+    def event(self, kind: str, **fields: object) -> str:
         data = {"type": kind, "sequence_number": self.seq, **fields}
         self.seq += 1
         return f"event: {kind}\ndata: {json.dumps(data, ensure_ascii=False)}\n\n"
 
-    def _part_event(self, kind: str, **fields: Any) -> str:
+    def _part_event(self, kind: str, **fields: object) -> str:
         assert self.cur is not None
         i = len(self.out) - 1
         return self.event(kind, item_id=self.cur["id"], output_index=i, content_index=0, **fields)
@@ -351,7 +352,7 @@ class StreamEvents:
             evs.append(self._part_event("response.output_text.delta", delta=text, logprobs=[]))
         return evs
 
-    def call(self, call: dict[str, Any]) -> list[str]:
+    def call(self, call: ToolCall) -> list[str]:
         """A decoded tool call as a ``function_call`` item: added, its arguments, done."""
         evs = self.close()
         done = function_item(call)

@@ -6,9 +6,15 @@ from __future__ import annotations
 import json
 import re
 import uuid
-from typing import Any
+from typing import TypedDict
 
-from ...sampling.constrained import Budgets, Piece, SchemaError, compile_cached, schema_pieces
+from ...sampling.structured.constrained import (
+    Budgets,
+    Piece,
+    SchemaError,
+    compile_cached,
+    schema_pieces,
+)
 from ...tokenizer import Tokenizer
 from ..protocol.chat import ChatMessage, Tool
 from ..protocol.errors import bad_request
@@ -16,6 +22,19 @@ from ..reliability.limits import parse_json_bounded
 
 CALL_RE = re.compile(r"<tool_call>(.*?)</tool_call>", re.S)
 OPEN_TAG, CLOSE_TAG = "<tool_call>", "</tool_call>"
+
+
+class FunctionCall(TypedDict):
+    name: str
+    arguments: str  # a JSON object, as text
+
+
+class ToolCall(TypedDict):
+    """An OpenAI tool call, as a chat completion's message carries it."""
+
+    id: str
+    type: str  # "function"
+    function: FunctionCall
 
 
 def message_text(m: ChatMessage) -> str:
@@ -35,11 +54,11 @@ def message_text(m: ChatMessage) -> str:
     return "".join(parts)
 
 
-def template_messages(messages: list[ChatMessage]) -> list[dict[str, Any]]:
+def template_messages(messages: list[ChatMessage]) -> list[dict[str, object]]:
     """OpenAI messages -> the chat template's input (tool-call arguments parsed into objects)."""
-    out: list[dict[str, Any]] = []
+    out: list[dict[str, object]] = []
     for i, m in enumerate(messages):
-        d: dict[str, Any] = {"role": m.role, "content": message_text(m)}
+        d: dict[str, object] = {"role": m.role, "content": message_text(m)}
         if m.role == "assistant":
             if m.reasoning_content or m.reasoning:
                 d["reasoning_content"] = m.reasoning_content or m.reasoning
@@ -67,7 +86,7 @@ def template_messages(messages: list[ChatMessage]) -> list[dict[str, Any]]:
     return out
 
 
-def tool_dicts(tools: list[Tool]) -> list[dict[str, Any]]:
+def tool_dicts(tools: list[Tool]) -> list[dict[str, object]]:
     return [t.model_dump(exclude_none=True, by_alias=True) for t in tools]
 
 
@@ -75,13 +94,14 @@ def new_call_id() -> str:
     return f"call_{uuid.uuid4().hex[:24]}"
 
 
-def parse_tool_calls(text: str) -> tuple[str | None, list[dict[str, Any]]]:
+def parse_tool_calls(text: str) -> tuple[str | None, list[ToolCall]]:
     """(content or None, OpenAI tool_calls) from a reply; with no parsable call, the text unchanged.
 
     As vLLM's Hermes-style parser does, the content of a reply with calls is the text before the
     first call: what a model writes between or after its calls (a small model sometimes trails junk
     such as ``": "`` after ``</tool_call>``) is not an answer, since the turn ends in tool calls."""
-    calls, first = [], None
+    calls: list[ToolCall] = []
+    first = None
     for m in CALL_RE.finditer(text):
         try:
             obj = json.loads(m.group(1))
@@ -121,7 +141,7 @@ def forced_call_pieces(
     if not chosen:
         raise bad_request(f"tool_choice names {name!r}, which is not in tools", "tool_choice")
 
-    def params(t: Tool) -> dict[str, Any]:
+    def params(t: Tool) -> dict[str, object]:
         return t.function.parameters or {"type": "object", "properties": {}}
 
     def build() -> list[Piece]:

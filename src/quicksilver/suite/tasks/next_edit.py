@@ -184,6 +184,28 @@ def with_second_call(rng: random.Random, prog: Program) -> None:
     )
 
 
+def region_bounds(
+    rng: random.Random, plan: Plan, current: list[str], rest: list[int]
+) -> tuple[int, int]:
+    """The region ``[lo, hi)``: every remaining line, a little context, none to avoid, 3-10 lines
+    where the file allows (the caller rejects the rest)."""
+
+    def ok(i: int) -> bool:
+        return 0 <= i < len(plan.lines) and i not in plan.avoid and bool(current[i].strip())
+
+    span = rest[-1] + 1 - rest[0]
+    pad = rng.randint(max(0, 3 - span), max(0, min(4, 10 - span)))
+    before = rng.randint(0, pad)
+    lo, hi = rest[0], rest[-1] + 1
+    for _ in range(before):
+        lo -= ok(lo - 1)
+    for _ in range(pad - before):
+        hi += ok(hi)
+    while hi - lo < 3 and (ok(lo - 1) or ok(hi)):
+        lo, hi = (lo - 1, hi) if ok(lo - 1) else (lo, hi + 1)
+    return lo, hi
+
+
 class NextEdit(Task):
     strata = KINDS
     max_answer_tokens = 192
@@ -253,20 +275,7 @@ class NextEdit(Task):
         ctx = 1 if done == 1 else 0  # two diffs come without context lines (the budget)
         history = "\n".join(diff(path, a, b, ctx) for a, b in zip(states, states[1:]))
 
-        # the region: every remaining line, a little context, none to avoid, 3-10 lines
-        def ok(i: int) -> bool:
-            return 0 <= i < len(lines) and i not in plan.avoid and bool(current[i].strip())
-
-        span = rest[-1] + 1 - rest[0]
-        pad = rng.randint(max(0, 3 - span), max(0, min(4, 10 - span)))
-        before = rng.randint(0, pad)
-        lo, hi = rest[0], rest[-1] + 1
-        for _ in range(before):
-            lo -= ok(lo - 1)
-        for _ in range(pad - before):
-            hi += ok(hi)
-        while hi - lo < 3 and (ok(lo - 1) or ok(hi)):
-            lo, hi = (lo - 1, hi) if ok(lo - 1) else (lo, hi + 1)
+        lo, hi = region_bounds(rng, plan, current, rest)
         region_idx = range(lo, hi)
         if any(i in plan.avoid for i in region_idx) or not 3 <= len(region_idx) <= 10:
             return None

@@ -227,9 +227,8 @@ class SlotConstraint:
         m = torch.maximum(logits[src].max(), logits[dst].max())
         if not torch.isfinite(m):
             return
-        mass = torch.zeros(V, dtype=logits.dtype).index_add_(
-            0, dst, (logits[src] - m).exp()
-        )  # (V,)
+        # (V,)
+        mass = torch.zeros(V, dtype=logits.dtype).index_add_(0, dst, (logits[src] - m).exp())
         tgt = dst.unique()
         logits[tgt] = torch.log((logits[tgt] - m).exp() + mass[tgt]) + m
 

@@ -1,6 +1,6 @@
 """Autoregressive decoding with a KV cache: the baseline every speed claim is measured against.
 
-Plain AR decoding is verify decoding without drafts (``draft = 0``, sampling/verify.py): one
+Plain AR decoding is verify decoding without drafts (``draft = 0``, sampling/decoders/verify.py): one
 cached pass per token, the causal argmax (or a draw at the request's temperature and top_p), the
 same packed forward pass and picks as every other row. These helpers stream one prompt through it
 token by token; there is no second AR loop.
@@ -10,10 +10,10 @@ from __future__ import annotations
 
 from collections.abc import Generator, Sequence
 
-from ..models.transformer import Transformer
-from ..runtime import Runtime
-from .config import SamplerConfig
-from .state import DecodeResult
+from ...models.transformer import Transformer
+from ...runtime import Runtime
+from ..core.config import SamplerConfig
+from ..core.state import DecodeResult
 from .verify import VerifyDecoder
 
 

@@ -63,11 +63,12 @@ def revision_inputs(row: Row, cur: torch.Tensor) -> tuple[torch.Tensor, float]:
     if not row.revising:
         return torch.zeros_like(cur, dtype=torch.bool), 0.0
     assert row.cfg.revise_threshold is not None
+    # (n,)
     eligible = (
         (row.revisions[lo:hi] < row.cfg.max_revisions)
         & ~torch.isin(cur, row.stop_tensor)
         & ~row.fixed[lo:hi]
-    )  # (n,)
+    )
     return eligible, float(row.cfg.revise_threshold)
 
 

@@ -15,7 +15,7 @@ from __future__ import annotations
 from collections import deque
 from dataclasses import dataclass, field
 
-from ..errors import ConfigError
+from ...errors import ConfigError
 from .grammar import ESCAPES, Machine, State, _utf8_lead
 
 MAX_REPEAT = 32  # the largest count of a {n,m} quantifier

@@ -44,22 +44,21 @@ from dataclasses import dataclass, field
 
 import torch
 
-from ..errors import ConfigError
-from ..models.host import to_device
-from ..models.kvcache import KVCache
-from ..models.transformer import Transformer
-from ..runtime import Runtime, as_runtime
-from ..runtime.pass_plan import PassPlanner
-from ..runtime.segment import Segment
-from .config import SamplerConfig
+from ...errors import ConfigError
+from ...models.host import to_device
+from ...models.kvcache import KVCache
+from ...models.transformer import Transformer
+from ...runtime import Runtime, as_runtime
+from ...runtime.pass_plan import PassPlanner
+from ...runtime.segment import Segment
+from ..core.config import SamplerConfig
+from ..core.hooks import Constraint
+from ..core.noise import filtered, request_generator, sample_with_distribution
+from ..core.policies import POLICIES
+from ..core.select import forbid_host, greedy_ids, top_probabilities
+from ..core.state import DecodeResult, RowEvent
 from .copy_drafts import NgramIndex, acceptance, agreement, expected_kept, extends, mean_kept
-from .decoder import Decoder
-from .hooks import Constraint
-from .noise import filtered, request_generator, sample_with_distribution
-from .policies import POLICIES
 from .row_decoder import RowDecoder, row_stops
-from .select import forbid_host, greedy_ids, top_probabilities
-from .state import DecodeResult, RowEvent
 
 
 @dataclass
@@ -79,13 +78,11 @@ class VerifyRow:
     constraint: Constraint | None = None
     host_tokens: list[int] = field(default_factory=list)  # final output tokens
     drafts: list[int] = field(default_factory=list)  # unverified, after host_tokens
-    conf: list[float] = field(
-        default_factory=list
-    )  # the drafts' own probabilities (p, or q sampled)
+    # the drafts' own probabilities (p, or q sampled)
+    conf: list[float] = field(default_factory=list)
     q: torch.Tensor | None = None  # (n, V) the drafts' distributions (sampling only)
-    accepted: list[int] = field(
-        default_factory=list
-    )  # per pass that verified drafts: how many kept
+    # per pass that verified drafts: how many kept
+    accepted: list[int] = field(default_factory=list)
     wide: int = 0  # passes that fed more than k positions after the final tokens
     copied: int = 0  # how many of ``drafts`` were copied from the context (copy_drafts.py)
     copy_kept: int = 0  # copied tokens kept, and tried (each up to the first rejected one)
@@ -502,25 +499,3 @@ class VerifyDecoder(RowDecoder[VerifyRow]):
             r.finish(new, kept, drafts, q, conf[i] if greedy[i] and drafts else dconf)
             for i, (r, (new, kept, drafts, q, dconf)) in enumerate(zip(rows, picks))
         ]
-
-
-def decoder_for(
-    model: Runtime | Transformer,
-    stop_ids: Sequence[int],
-    pad_id: int = 0,
-    vocab_limit: int | None = None,
-    cache_mode: str = "auto",
-    refresh_every: int = 0,
-) -> Decoder | VerifyDecoder:
-    """The decoder a model runs under: ``VerifyDecoder`` for causal models, else ``Decoder``."""
-    if model.config.attention == "causal" and not model.config.logit_shift:
-        return VerifyDecoder(model, stop_ids, vocab_limit)
-    return Decoder(
-        model,
-        model.config.mask_token_id,
-        stop_ids,
-        pad_id=pad_id,
-        vocab_limit=vocab_limit,
-        cache_mode=cache_mode,
-        refresh_every=refresh_every,
-    )

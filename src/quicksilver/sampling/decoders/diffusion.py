@@ -1,10 +1,12 @@
-"""The fast parallel-refinement decoder: only the loop.
+"""``Decoder``: parallel refinement of masked canvases (bidirectional and block-causal models); only
+the loop, built from the shared primitives of ``sampling/core/``.
 
-One step: gather every live row's window (``caches``) -> one forward pass over all of them ->
-pure batched selection on the device (``select``, with the revision and editing hooks) -> write
-the commits and edits into the device canvases -> one device-to-host transfer of the step's events -> host bookkeeping per row
-(``state``: stops, blocks, finish). Constrained rows (structured output) add their own reads
-(``hooks.commit_constrained``); nothing else in a step reads the device.
+One step: gather every live row's window (``core/caches``) -> one forward pass over all of them ->
+pure batched selection on the device (``core/select``, with the revision and editing hooks of
+``core/hooks``) -> write the commits and edits into the device canvases -> one device-to-host
+transfer of the step's events -> host bookkeeping per row (``core/state``: stops, blocks, finish).
+Constrained rows (structured output) add their own reads (``hooks.commit_constrained``); nothing
+else in a step reads the device.
 
 Rows are independent: their own sampler settings, seeded generator, canvas length and block
 position, and the packed forward pass keeps them apart, so a row's output does not depend on what
@@ -18,14 +20,14 @@ from dataclasses import dataclass
 
 import torch
 
-from ..errors import ConfigError
-from ..models.host import to_device
-from ..models.kvcache import KVCache
-from ..models.transformer import Transformer
-from ..runtime import Runtime, as_runtime
-from .caches import CACHE_CHOICES, resolve_cache_mode, resolve_window
-from .config import SamplerConfig
-from .hooks import (
+from ...errors import ConfigError
+from ...models.host import to_device
+from ...models.kvcache import KVCache
+from ...models.transformer import Transformer
+from ...runtime import Runtime, as_runtime
+from ..core.caches import CACHE_CHOICES, resolve_cache_mode, resolve_window
+from ..core.config import SamplerConfig
+from ..core.hooks import (
     Constraint,
     apply_stop,
     commit_constrained,
@@ -34,11 +36,11 @@ from .hooks import (
     revision_inputs,
     rewrite,
 )
-from .noise import request_generator
-from .policies import POLICIES
+from ..core.noise import request_generator
+from ..core.policies import POLICIES
+from ..core.select import choose, draw_noise, draw_tokens, forbid, pad_windows, policy_scores
+from ..core.state import DecodeResult, Row, RowEvent
 from .row_decoder import RowDecoder, row_stops
-from .select import choose, draw_noise, draw_tokens, forbid, pad_windows, policy_scores
-from .state import DecodeResult, Row, RowEvent
 
 NOTHING, REMASKED = -1, -2  # event codes besides committed tokens; an edit to token t: EDITED - t
 EDITED = -3

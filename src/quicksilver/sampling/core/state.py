@@ -17,15 +17,15 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from ..models.kvcache import KVCache
-from ..runtime.segment import Segment
+from ...models.kvcache import KVCache
+from ...runtime.segment import Segment
 from .caches import CACHE_MODES
 from .config import SamplerConfig
 from .policies import POLICIES
 
 if TYPE_CHECKING:
+    from ..decoders.row_decoder import RowLike
     from .hooks import Constraint
-    from .row_decoder import RowLike
 
 
 @dataclass
@@ -41,9 +41,8 @@ class RowEvent:
     done: bool
     finish_reason: str | None = None  # "stop" (stop token) | "length" (canvas full)
     canvas: list[int] | None = None  # canvas[:end] (mask id where masked) when record_canvas
-    edited: list[int] = field(
-        default_factory=list
-    )  # positions rewritten by editing (also in committed)
+    # positions rewritten by editing (also in committed)
+    edited: list[int] = field(default_factory=list)
 
 
 @dataclass
@@ -77,7 +76,7 @@ class Row:
     model_block: int | None  # the model's attention block size if block_causal, else None
     vocab_limit: int | None = None
     cache: KVCache | None = None
-    cache_mode: str = "none"  # a name from sampling.caches.CACHE_MODES
+    cache_mode: str = "none"  # a name from sampling.core.caches.CACHE_MODES
     refresh_every: int = 0  # approximate caches: full recompute every k steps in a block (0: off)
     exact: int = 0  # window cache: the cached prefix whose keys/values are final
     shift: bool = False  # the model's logit shift (token j predicted from position j - 1)

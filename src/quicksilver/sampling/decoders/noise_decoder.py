@@ -55,16 +55,16 @@ from dataclasses import dataclass, field, replace
 
 import torch
 
-from ..errors import ConfigError
-from ..models.families.diffusion_gemma_net import DiffusionGemmaLM, GemmaKVCache
-from ..models.kvcache import KVCache
-from .config import SamplerConfig
-from .hooks import Constraint, commit_constrained
-from .noise import request_generator
+from ...errors import ConfigError
+from ...models.families.diffusion_gemma_net import DiffusionGemmaLM, GemmaKVCache
+from ...models.kvcache import KVCache
+from ..core.config import SamplerConfig
+from ..core.hooks import Constraint, commit_constrained
+from ..core.noise import request_generator
+from ..core.policies import POLICIES
+from ..core.state import DecodeResult, RowEvent
 from .noise_canvas import Denoised, GeneratorNoise, NoiseCanvasConfig, StabilityConfidence, denoise
-from .policies import POLICIES
 from .row_decoder import RowDecoder, row_stops
-from .state import DecodeResult, RowEvent
 
 
 @dataclass

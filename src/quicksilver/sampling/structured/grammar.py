@@ -580,6 +580,5 @@ class SlotGrammar:
 
 
 MANY: State = ("<many>",)
-MAX_MASK_STATES = (
-    24  # mask_logits skips positions whose reachable-state set is larger (allow() still checks)
-)
+# mask_logits skips positions whose reachable-state set is larger (allow() still checks)
+MAX_MASK_STATES = 24

@@ -16,13 +16,13 @@ import abc
 from collections.abc import Generator, Sequence
 from typing import TYPE_CHECKING, Generic, Protocol, TypeVar
 
-from ..errors import ConfigError
-from .config import SamplerConfig
-from .hooks import Constraint
-from .state import DecodeResult, RowEvent
+from ...errors import ConfigError
+from ..core.config import SamplerConfig
+from ..core.hooks import Constraint
+from ..core.state import DecodeResult, RowEvent
 
 if TYPE_CHECKING:
-    from ..models.kvcache import KVCache
+    from ...models.kvcache import KVCache
 
 
 def row_stops(
@@ -39,7 +39,7 @@ class RowLike(Protocol):
     nfe: int  # forward passes this row took part in
     done: bool
     cfg: SamplerConfig
-    cache_mode: str  # a name from sampling.caches.CACHE_MODES, or "verify"
+    cache_mode: str  # a name from sampling.core.caches.CACHE_MODES, or "verify"
     prompt_ids: list[int]
     host_tokens: list[int]  # the canvas as the host knows it (final tokens first)
 
@@ -114,7 +114,7 @@ class RowDecoder(abc.ABC, Generic[R]):
         """One forward pass over the live rows of ``rows``; one event per live row."""
 
     def resolve_cache_mode(self) -> str:
-        """The cache mode this decoder's rows use (sampling.caches.CACHE_MODES, or "verify")."""
+        """The cache mode this decoder's rows use (sampling.core.caches.CACHE_MODES, or "verify")."""
         return "none"
 
     def check_request(

@@ -21,8 +21,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Protocol
 
-from ..errors import ConfigError
-from ..runtime.segment import Segment
+from ...errors import ConfigError
+from ...runtime.segment import Segment
 
 if TYPE_CHECKING:
     from .state import Row

@@ -14,8 +14,8 @@ from dataclasses import dataclass
 
 import torch
 
-from ..errors import ConfigError
-from ..models.transformer import Transformer
+from ...errors import ConfigError
+from ...models.transformer import Transformer
 
 
 @dataclass

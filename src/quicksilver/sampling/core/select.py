@@ -16,7 +16,7 @@ from collections.abc import Sequence
 import numpy as np
 import torch
 
-from ..models.host import to_device
+from ...models.host import to_device
 from .noise import sample_tokens
 from .policies import POLICIES
 
@@ -130,9 +130,8 @@ def policy_scores(
     ends = itertools.accumulate(len(g) for g in groups)
     for name, end, g in zip(names, ends, groups):
         idx = order[end - len(g) : end]  # this policy's rows
-        part = POLICIES[name].score(
-            probs[idx], x0[idx], None if noise is None else noise[idx]
-        )  # (r, W)
+        # (r, W)
+        part = POLICIES[name].score(probs[idx], x0[idx], None if noise is None else noise[idx])
         score[idx] = part.float()
     return score
 

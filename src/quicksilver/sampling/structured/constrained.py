@@ -43,7 +43,7 @@ from dataclasses import dataclass, field
 from fractions import Fraction
 from typing import Any
 
-from ..errors import ConfigError
+from ...errors import ConfigError
 from .grammar import (
     SEP_COLON,
     SEP_COMMA,

@@ -4,7 +4,7 @@ A policy scores the masked positions of the current block (higher = commit soone
 count rule: ``schedule`` commits a fixed number per step from a linear schedule (LLaDA's
 low-confidence remasking), ``threshold`` commits every position whose score reaches the bound, at
 least one per step (Fast-dLLM's parallel decoding). ``verify`` is not an unmasking policy: causal
-models draft and verify (sampling/verify.py), so the output is the model's own AR output.
+models draft and verify (sampling/decoders/verify.py), so the output is the model's own AR output.
 """
 
 from __future__ import annotations

@@ -6,14 +6,14 @@ import dataclasses
 from dataclasses import dataclass
 from typing import Any
 
-from ..errors import ConfigError
+from ...errors import ConfigError
 from .policies import POLICIES
 
 
 @dataclass
 class SamplerConfig:
     max_new_tokens: int = 128  # canvas length (CLI --max-tokens)
-    policy: str = "threshold"  # a name from sampling.policies.POLICIES
+    policy: str = "threshold"  # a name from sampling.core.policies.POLICIES
     threshold: float = 0.9  # confidence bound of the `threshold` policy, in (0, 1]
     steps: int | None = None  # total refinement steps (schedule policies; a cap for `threshold`)
     block_length: int | None = None  # semi-AR block; default: the model's block size or 32
@@ -27,7 +27,7 @@ class SamplerConfig:
     # verify policy (causal models): masks drafted per pass; None: the model's draft_length; 0: AR
     draft: int | None = None
     # verify policy: drafts may also be copied from the row's own context where its last tokens
-    # recur (sampling/copy_drafts.py); lossless either way. Off with draft = 0 (plain AR).
+    # recur (sampling/decoders/copy_drafts.py); lossless either way. Off with draft = 0 (plain AR).
     copy_drafts: bool = True
     revise_threshold: float | None = None  # re-mask committed tokens whose confidence falls below
     max_revisions: int = 1  # per position: bounds revision so decoding always terminates
@@ -36,9 +36,8 @@ class SamplerConfig:
     # (0.0: wherever it differs); None: off. See state.Row.advance for when a block ends.
     editing_threshold: float | None = None
     max_post_steps: int = 16  # editing: extra passes over a filled block while they still edit
-    stop_at_eos: bool = (
-        True  # honest length: stop once a stop token and all before it are committed
-    )
+    # honest length: stop once a stop token and all before it are committed
+    stop_at_eos: bool = True
     record_canvas: bool = False  # put the whole canvas in every step event (live views)
 
     def validate(self, max_context: int | None = None, prompt_len: int = 0) -> SamplerConfig:

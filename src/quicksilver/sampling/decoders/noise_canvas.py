@@ -46,8 +46,8 @@ from typing import Any, Protocol
 
 import torch
 
-from ..errors import ConfigError
-from ..models.families.diffusion_gemma_net import GemmaKVCache
+from ...errors import ConfigError
+from ...models.families.diffusion_gemma_net import GemmaKVCache
 
 
 class NoiseCanvasNet(Protocol):
