@@ -362,6 +362,7 @@ def decode_row(
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
+    """The shapes and the timed forwards, then the decoder runs' flags."""
     p.add_argument(
         "--tiny",
         action="store_true",
@@ -399,6 +400,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         default=[1.0, 2.0, 3.0],
         help="tokens per forward to project tok/s at (1 = one token per step)",
     )
+    add_decoder_arguments(p)
+
+
+def add_decoder_arguments(p: argparse.ArgumentParser) -> None:
+    """The flags of the real decoder's runs: tokens per step, canvas, cache, layouts, graphs,
+    weights, device."""
     p.add_argument(
         "--tokens-per-step",
         dest="tokens_per_step",
