@@ -318,7 +318,10 @@ def plot(results: list[dict[str, Any]], windows: list[int], path: Path) -> Path:
         xlabel="tokens committed per step (k)", ylabel="tok/s (dotted: AR; dashed: llama.cpp AR)"
     )
     axes[0].legend(fontsize=6)
-    fig.suptitle("random weights, one CPU step: quicksilver (solid) and llama.cpp (dashed)")
+    fig.suptitle(
+        "random weights, one CPU step: quicksilver (solid), llama.cpp (dashed; stars: "
+        "llama-diffusion-cli's whole-canvas step)"
+    )
     return save_figure(fig, path)
 
 
