@@ -502,7 +502,13 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         "slice (its whole canvas a step; ours the largest window on the cache); make "
         "llama-server builds them",
     )
-    p.add_argument("--llama-reps", type=int, default=3, dest="llama_reps", help="llama-bench -r")
+    p.add_argument(
+        "--llama-reps",
+        type=int,
+        default=3,
+        dest="llama_reps",
+        help="llama-bench -r; llama-diffusion-cli runs",
+    )
     p.add_argument("--tiny", action="store_true", help="toy sizes (tests; seconds)")
     p.add_argument("--out", default="runs/bench_shapes", help="directory for the PNG plot")
     p.add_argument("--json", action="store_true", help="(the JSON line is always printed last)")
