@@ -21,12 +21,11 @@ import time
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import torch
 
 from ..errors import QuicksilverError
 from ..models.config import ModelConfig
-from ..models.gguf_export import LAYER_NAMES, TOP_NAMES, add_body
+from ..models.gguf_export import LAYER_NAMES, TOP_NAMES, add_body, neox_to_interleaved
 from ..models.transformer import Transformer
 from ..runtime.ov_graph import Weights
 
@@ -42,8 +41,16 @@ LAYER = {
 
 
 def llama_tool(name: str) -> Path:
-    """A llama.cpp program built by ``make llama-server`` (or on PATH)."""
-    for path in (LLAMA_BIN / name, *(Path(p) / name for p in os.get_exec_path())):
+    """A llama.cpp program: from ``$QUICKSILVER_LLAMA_BIN`` (a folder) where set, else built by
+    ``make llama-server``, else on PATH."""
+    own = (
+        [Path(os.environ["QUICKSILVER_LLAMA_BIN"])] if "QUICKSILVER_LLAMA_BIN" in os.environ else []
+    )
+    for path in (
+        *(d / name for d in own),
+        LLAMA_BIN / name,
+        *(Path(p) / name for p in os.get_exec_path()),
+    ):
         if path.is_file() and os.access(path, os.X_OK):
             return path
     raise QuicksilverError(f"--vs-llama-cpp needs llama.cpp's {name}: run `make llama-server`")
@@ -67,32 +74,49 @@ def write_gguf(cfg: ModelConfig, weights: Weights, path: Path) -> Path:
     """The network ``weights`` reads as a bf16 GGUF of its llama.cpp architecture."""
     import gguf  # lazy: only this bench writes shapes
 
-    arch = gguf_arch(cfg)
-    w = gguf.GGUFWriter(str(path), arch)
+    w = gguf.GGUFWriter(str(path), gguf_arch(cfg), use_temp_file=True)
     add_body(w, cfg)
     tokens = byte_alphabet() + [f"<unused{i}>" for i in range(256, cfg.vocab_size)]
     w.add_token_list(tokens)
     w.add_token_types([1] * 256 + [5] * (cfg.vocab_size - 256))
     w.add_token_merges([f"{tokens[71]} {tokens[72]}"])
     w.add_eos_token_id(cfg.vocab_size - 2)
+    add_weights(w, cfg, weights, LAYER)
+    return finish(w, path)
+
+
+def add_weights(
+    w: Any, cfg: ModelConfig, weights: Weights, layer: dict[str, str], pairs: bool = False
+) -> None:
+    """The network's tensors under their GGUF names (``layer``: ours inside model.layers.{i} ->
+    theirs inside blk.{i}): matrices in bf16 as drawn, norms and biases in f32 (as llama.cpp's
+    converter). ``pairs``: the architecture rotates adjacent pairs (llama's RoPE), so q/k rows are
+    reordered per head from our halves. One tensor in memory at a time (the writer spools them)."""
+    import gguf
+
     names = dict(TOP_NAMES)
     for i in range(cfg.n_layers):
-        names |= {f"model.layers.{i}.{k}": f"blk.{i}.{v}" for k, v in LAYER.items()}
+        names |= {f"model.layers.{i}.{k}": f"blk.{i}.{v}" for k, v in layer.items()}
     if cfg.tie_embeddings:
         names.pop("lm_head.weight", None)
     present = _present(cfg)
+    heads = {"attn_q": cfg.n_heads, "attn_k": cfg.n_kv_heads}
     for ours, theirs in names.items():
         if ours not in present:
             continue
-        t = weights(ours).float().numpy()
-        if t.ndim == 2:  # matrices in bf16, norms and biases in f32 (as llama.cpp's converter)
-            w.add_tensor(
-                theirs,
-                gguf.quants.quantize(t, gguf.GGMLQuantizationType.BF16),
-                raw_dtype=gguf.GGMLQuantizationType.BF16,
-            )
+        t = weights(ours)
+        kind = theirs.split(".")[-2]
+        if pairs and kind in heads:
+            t = neox_to_interleaved(t, heads[kind])
+        if t.ndim == 2:  # the raw bf16 bytes, (rows, 2 * cols) uint8
+            raw = t.to(torch.bfloat16).contiguous().view(torch.uint8).numpy()
+            w.add_tensor(theirs, raw, raw_dtype=gguf.GGMLQuantizationType.BF16)
         else:
-            w.add_tensor(theirs, t.astype(np.float32))
+            w.add_tensor(theirs, t.float().numpy())
+
+
+def finish(w: Any, path: Path) -> Path:
+    """Write a ``gguf.GGUFWriter``'s header, metadata and spooled tensors to ``path``."""
     w.write_header_to_file()
     w.write_kv_data_to_file()
     w.write_tensors_to_file()
@@ -120,7 +144,10 @@ def quantize_gguf(src: Path, kind: str, out: Path) -> Path:
 def run_watched(cmd: list[str]) -> tuple[int, str, str, int]:
     """Run ``cmd``: its exit code, stdout, stderr and peak resident memory (VmHWM, read every 20 ms
     from /proc; rusage would count this process's memory, which a forked child starts with)."""
-    with tempfile.TemporaryFile("w+") as out, tempfile.TemporaryFile("w+") as err:
+    with (
+        tempfile.TemporaryFile("w+", errors="replace") as out,
+        tempfile.TemporaryFile("w+", errors="replace") as err,
+    ):
         proc = subprocess.Popen(cmd, stdout=out, stderr=err, text=True)
         peak = 0
         status = Path(f"/proc/{proc.pid}/status")

@@ -58,6 +58,7 @@ from ..runtime import Runtime, Segment
 from ..runtime.ov_graph import Weights, attach_graph
 from .common import emit_json, hardware, median, print_table
 from .gpu_families import LLADA_8B, TINY_OVERRIDES, random_model
+from .llama_diffusion import DIFFUSION_SHAPES, LlamaDiffusionPeer, diffusion_thesis, plot_peer
 from .llama_shapes import PEER_TYPES, llama_bench, quantize_gguf, write_gguf
 
 QWEN25_1_5B = {
@@ -309,13 +310,18 @@ def plot(results: list[dict[str, Any]], windows: list[int], path: Path) -> Path:
                 ms = [peer["ar_token_ms"], *peer["step_ms"].values()]
                 axes[0].plot(ws, ms, "s--", color=color, label=f"llama.cpp {peer['type']}")
                 axes[1].axhline(1e3 / peer["ar_token_ms"], color=color, ls="--", lw=1)
+            if "llama_diffusion" in r:
+                plot_peer(axes[0], r["llama_diffusion"], color)
     axes[0].set(xlabel="positions per step", ylabel="ms per step", xscale="log", yscale="log")
     axes[0].set_xticks(windows, [str(w) for w in windows])
     axes[1].set(
         xlabel="tokens committed per step (k)", ylabel="tok/s (dotted: AR; dashed: llama.cpp AR)"
     )
     axes[0].legend(fontsize=6)
-    fig.suptitle("random weights, one CPU step: quicksilver (solid) and llama.cpp (dashed)")
+    fig.suptitle(
+        "random weights, one CPU step: quicksilver (solid), llama.cpp (dashed; stars: "
+        "llama-diffusion-cli's whole-canvas step)"
+    )
     return save_figure(fig, path)
 
 
@@ -325,6 +331,8 @@ PEER_SHAPES = ("fast-dllm-v2-1.5b", "sdar-1.7b")  # the AR bodies llama.cpp runs
 class LlamaPeer:
     """llama.cpp on the same shape: one bf16 GGUF of the same random weights, quantized per
     format on first use, timed by llama-bench at the same depth, windows and threads."""
+
+    key = "llama_cpp"  # where a format's row keeps its figures
 
     def __init__(self, cfg: ModelConfig, args: argparse.Namespace) -> None:
         self.dir = tempfile.TemporaryDirectory(prefix="qs-shape-gguf-")
@@ -350,6 +358,20 @@ class LlamaPeer:
 
     def close(self) -> None:
         self.dir.cleanup()
+
+
+def llama_peer(
+    name: str, cfg: ModelConfig, args: argparse.Namespace
+) -> LlamaPeer | LlamaDiffusionPeer | None:
+    """llama.cpp beside this shape under --vs-llama-cpp: llama-bench for the AR bodies,
+    llama-diffusion-cli for LLaDA (None: not asked, or no peer for the shape)."""
+    if not args.vs_llama_cpp:
+        return None
+    if name in PEER_SHAPES:
+        return LlamaPeer(cfg, args)
+    if name in DIFFUSION_SHAPES:
+        return LlamaDiffusionPeer(cfg, random_weights(cfg), args)
+    return None
 
 
 def thesis(results: list[dict[str, Any]], window: int) -> dict[str, Any]:
@@ -387,13 +409,13 @@ def run(args: argparse.Namespace) -> int:
     results = []
     for name in shapes:
         cfg = shape_config(name, args.tiny)
-        peer = LlamaPeer(cfg, args) if args.vs_llama_cpp and name in PEER_SHAPES else None
+        peer = llama_peer(name, cfg, args)
         rows = []
         for fmt in formats:  # ours, then llama.cpp's same format: interleaved format by format
             rows.append(bench_format(cfg, fmt, args))
             gc.collect()  # the last format's weights go before the next are built
             if peer is not None and fmt in PEER_TYPES:
-                rows[-1]["llama_cpp"] = peer.bench(PEER_TYPES[fmt], rows[-1])
+                rows[-1][peer.key] = peer.bench(PEER_TYPES[fmt], rows[-1])
         if peer is not None:
             peer.close()
         for r in rows:
@@ -421,7 +443,11 @@ def run(args: argparse.Namespace) -> int:
     emit_json(
         {
             "bench": "shapes",
-            "vs_llama_cpp": thesis(results, args.window) if args.vs_llama_cpp else None,
+            "vs_llama_cpp": (
+                thesis(results, args.window) | diffusion_thesis(results)
+                if args.vs_llama_cpp
+                else None
+            ),
             "random_weights": True,
             "step_vs_ar_token": headline,
             "verify_vs_ar_token": (headline_row(results) or {}).get("verify_vs_ar_token"),
@@ -471,10 +497,18 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         "--vs-llama-cpp",
         action="store_true",
         dest="vs_llama_cpp",
-        help="llama.cpp beside each format on the Qwen-shaped bodies: the same random weights "
-        "as GGUF, llama-quantize (Q8_0, Q4_0) and llama-bench (make llama-server builds them)",
+        help="llama.cpp beside each format: the same random weights as GGUF, llama-quantize "
+        "(Q8_0, Q4_0), llama-bench on the Qwen-shaped bodies, llama-diffusion-cli on the LLaDA "
+        "slice (its whole canvas a step; ours the largest window on the cache); make "
+        "llama-server builds them",
     )
-    p.add_argument("--llama-reps", type=int, default=3, dest="llama_reps", help="llama-bench -r")
+    p.add_argument(
+        "--llama-reps",
+        type=int,
+        default=3,
+        dest="llama_reps",
+        help="llama-bench -r; llama-diffusion-cli runs",
+    )
     p.add_argument("--tiny", action="store_true", help="toy sizes (tests; seconds)")
     p.add_argument("--out", default="runs/bench_shapes", help="directory for the PNG plot")
     p.add_argument("--json", action="store_true", help="(the JSON line is always printed last)")
