@@ -59,7 +59,8 @@ test-llama-cpp: $(STAMP)
 # `bench shapes --vs-llama-cpp`. Built from the llama.cpp source vendored in the registry's llama-cpp-python sdist
 # (nothing downloaded beyond the package index), ~6 minutes on 2 idle cores. llama-diffusion-cli
 # builds its model parameters by hand and drops --no-repack; one line passes it through (repacked
-# Q4_0 / Q8_0 weights crash on AMX CPUs: docs/LOG.md, 2026-12-07).
+# Q4_0 / Q8_0 weights crash on AMX CPUs: docs/LOG.md, 2026-12-07), another flushes its log before
+# exit (its logger is leaked by design and loses the timing line now and then: llama.cpp #22142).
 LLAMA_SERVER := $(VENV)/llama.cpp/bin/llama-server
 LLAMA_SDIST  := llama-cpp-python==0.3.36
 LLAMA_TOOLS  := llama-server llama-bench llama-quantize llama-diffusion-cli
@@ -67,7 +68,8 @@ $(LLAMA_SERVER): | $(STAMP)
 	rm -rf $(VENV)/llama.cpp/src && mkdir -p $(VENV)/llama.cpp/src
 	$(BIN)/python -m pip download -q --no-deps --no-binary :all: -d $(VENV)/llama.cpp/src "$(LLAMA_SDIST)"
 	tar -xzf $(VENV)/llama.cpp/src/llama_cpp_python-*.tar.gz -C $(VENV)/llama.cpp/src
-	sed -i 's/^\(\s*\)model_params.check_tensors *= params.check_tensors;/&\n\1model_params.use_extra_bufts = !params.no_extra_bufts;/' \
+	sed -i -e 's/^\(\s*\)model_params.check_tensors *= params.check_tensors;/&\n\1model_params.use_extra_bufts = !params.no_extra_bufts;/' \
+	  -e 's/^\(\s*\)llama_backend_free();/\1common_log_flush(common_log_main());\n&/' \
 	  $(VENV)/llama.cpp/src/llama_cpp_python-*/vendor/llama.cpp/examples/diffusion/diffusion-cli.cpp
 	cmake -S $(VENV)/llama.cpp/src/llama_cpp_python-*/vendor/llama.cpp -B $(VENV)/llama.cpp/build \
 	  -DCMAKE_BUILD_TYPE=Release -DGGML_NATIVE=ON -DLLAMA_CURL=OFF -DLLAMA_BUILD_SERVER=ON \
