@@ -67,3 +67,19 @@ def test_edit_model_accuracy_through_the_routes(phrasing: str) -> None:
     # e1 measured 0.305 / 0.125 (docs/MODEL.md)
     floor = {"templated": 0.25, "held-out": 0.09}[phrasing]
     assert rep["apply_edit"]["accuracy"] >= floor
+
+
+def test_eval_routes_cli(capsys: pytest.CaptureFixture[str]) -> None:
+    """``quicksilver eval --routes``: the edit tasks through their routes, one JSON line; a task
+    with no route is a one-line error."""
+    import json
+
+    from quicksilver.cli import main
+
+    assert main(["eval", "--routes", "--tasks", "apply_edit", "--limit", "1", "--json"]) == 0
+    rep = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert rep["routes"]["apply_edit"]["model"] == "quicksilver-edit"
+    assert rep["routes"]["apply_edit"]["n"] == 1
+    with pytest.raises(SystemExit) as exit_:
+        main(["eval", "--routes", "--tasks", "multiply", "--limit", "1"])
+    assert exit_.value.code != 0 and "--routes scores" in capsys.readouterr().err

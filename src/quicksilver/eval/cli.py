@@ -20,7 +20,7 @@ from ..suite.tasks.phrasing import PHRASINGS
 from ..train.likelihood import heldout_loss
 from .gsm8k import PRESETS
 from .gsm8k import run as run_gsm8k
-from .served import served_tool_calls
+from .served import served_edits, served_tool_calls
 
 DEFAULT_TASKS = "path_star,sudoku4,countdown3,multiply,tool_call,chat,fim"
 
@@ -138,6 +138,13 @@ def add_output_args(e: argparse.ArgumentParser) -> None:
         help="also score tool_call's call turns through the server's own path with this tool_choice "
         "(required: schema-constrained canvas); reported under tasks.tool_call.served",
     )
+    e.add_argument(
+        "--routes",
+        action="store_true",
+        help="score the edit tasks (--tasks among apply_edit, next_edit and their _made_up twins) "
+        "through /v1/apply/completions and /v1/edit/completions on the app `make run` serves "
+        "(the edit model answers; --model replaces the default's checkpoint); greedy",
+    )
 
 
 def print_table(rep: dict[str, Any]) -> None:
@@ -201,6 +208,8 @@ def handle(args: argparse.Namespace) -> int:
     tasks = [t.strip() for t in args.tasks.split(",") if t.strip()]
     if args.limit <= 0:
         raise ConfigError("--limit must be positive")
+    if args.routes:
+        return routes(args, tasks)
     lcfg = dataclass_from_args(LoadConfig, args)
     pipe = load(resolve_model(args.model, revision=args.revision), lcfg)
     names = set(SamplerConfig.__dataclass_fields__)
@@ -212,6 +221,19 @@ def handle(args: argparse.Namespace) -> int:
             "--sweep varies diffusion decoding settings; an AR model has none to sweep"
         )
     return sweep(args, pipe, lcfg, base, tasks)
+
+
+def routes(args: argparse.Namespace, tasks: list[str]) -> int:
+    """The edit tasks through their routes (eval/served.py): one JSON line."""
+    rep = served_edits(tasks, args.limit, args.seed, args.phrasing, checkpoint=args.model)
+    for name, r in rep.items():
+        if not args.json:
+            print(
+                f"{name:<20} exact {r['accuracy']:.3f}  TPF {r['tpf']:.2f}  "
+                f"{r['tok_s_median']:.0f} tok/s  ({r['model']}, {r['n']} items)"
+            )
+    print(json.dumps({"routes": rep, "phrasing": args.phrasing, "limit": args.limit}))
+    return 0
 
 
 def plot_curves(args: argparse.Namespace) -> int:
