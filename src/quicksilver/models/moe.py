@@ -208,8 +208,9 @@ class MoE(nn.Module):
         """The routed experts' sum for flat (N, C) -> (N, C) in its dtype."""
         if not isinstance(self.experts, nn.ModuleList):  # stacked or a runtime's own
             return self.experts(flat, experts, weights)
+        bank = self.experts
         slots = sort_by_expert(experts, weights, self.cfg.n_experts)
-        return expert_loop(flat, slots, lambda e, h: self.experts[e](h)).to(flat.dtype)
+        return expert_loop(flat, slots, lambda e, h: bank[e](h)).to(flat.dtype)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         B, T, C = x.shape  # (B, T, C)
@@ -225,14 +226,10 @@ class MoE(nn.Module):
         per-expert linears let go (inference: names no longer match the checkpoint's)."""
         if not isinstance(self.experts, nn.ModuleList):
             return
-        mods = list(self.experts)
+        mods = [m for m in self.experts if isinstance(m, ExpertMLP)]
+        down = mods[0].down_proj
         with torch.device("meta"):
-            stacked = StackedExperts(
-                len(mods),
-                mods[0].down_proj.out_features,
-                mods[0].down_proj.in_features,
-                mods[0].act,
-            )
+            stacked = StackedExperts(len(mods), down.out_features, down.in_features, mods[0].act)
         with torch.no_grad():
             gate_up = [torch.cat((m.gate_proj.weight, m.up_proj.weight)) for m in mods]  # (2F, C)
             stacked.gate_up_proj = nn.Parameter(torch.stack(gate_up), requires_grad=False)

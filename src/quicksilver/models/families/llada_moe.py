@@ -37,6 +37,7 @@ import torch
 from ...errors import CheckpointError
 from ..checkpoint import State, read_safetensors
 from ..config import ModelConfig, MoEConfig
+from ..lazy_state import LazyState
 from .common import Fields, fast_tokenizer_loader, make_config, rename, token_id
 from .registry import Family, register_family
 
@@ -139,10 +140,30 @@ LLADA2_RENAMES = [
 ]
 
 
-def split_fused_qkv(state: State, cfg: ModelConfig) -> dict[str, torch.Tensor]:
+def split_lazy_qkv(state: LazyState, sizes: list[int]) -> LazyState:
+    """``split_fused_qkv`` of a lazy state: each part a run of rows of the fused tensor, unread."""
+    for name in [n for n in state if ".attention.query_key_value." in n]:
+        rows = state.shape(name)[0]
+        if rows != sum(sizes):
+            raise CheckpointError(
+                f"{name}: {rows} rows, expected (n_heads + 2 n_kv_heads) * head_dim = {sum(sizes)}"
+            )
+        prefix, kind = name.split(".attention.query_key_value.")
+        bounds = [0, sizes[0], sizes[0] + sizes[1], rows]
+        parts = {
+            f"{prefix}.self_attn.{p}_proj.{kind}": (bounds[j], bounds[j + 1])
+            for j, p in enumerate("qkv")
+        }
+        state = state.split_rows(name, parts)
+    return state
+
+
+def split_fused_qkv(state: State, cfg: ModelConfig) -> State:
     """``attention.query_key_value`` ((nq + 2 nkv) * hd, C) -> q_proj, k_proj, v_proj (in that order)."""
     hd, nq, nkv = cfg.dim_head, cfg.n_heads, cfg.n_kv_heads
     sizes = [nq * hd, nkv * hd, nkv * hd]
+    if isinstance(state, LazyState):
+        return split_lazy_qkv(state, sizes)
     out: dict[str, torch.Tensor] = {}
     for name, t in state.items():
         if ".attention.query_key_value." not in name:
