@@ -63,6 +63,12 @@ LOADERS: dict[str, Loader] = {}
 # ``load_checkpoint`` refuses them
 NetworkLoader = Callable[[Path, torch.dtype, torch.device], Network]
 NETWORK_LOADERS: dict[str, NetworkLoader] = {}
+# architecture name -> function(path, fill, device) -> that network built on the meta device, its
+# weights set by ``fill(network, state)`` from its tensors in the network's names (unread until
+# fill reads them: a quantized load, runtime/quantize.py), then its own buffers made on ``device``
+Fill = Callable[[torch.nn.Module, "State"], None]
+NetworkReader = Callable[[Path, Fill, torch.device], Network]
+NETWORK_READERS: dict[str, NetworkReader] = {}
 # architecture name -> function(path, config.json dict) -> Tokenizer (default: Tokenizer.from_dir)
 TokenizerLoader = Callable[[Path, dict], Tokenizer]
 TOKENIZER_LOADERS: dict[str, TokenizerLoader] = {}

@@ -97,6 +97,9 @@ class LazyState(Mapping[str, torch.Tensor]):
         check_finite({name: t}, self.where)
         return t
 
+    def __contains__(self, name: object) -> bool:  # Mapping's default would read the tensor
+        return name in self.index
+
     def __iter__(self) -> Iterator[str]:
         return iter(self.index)
 

@@ -14,11 +14,12 @@ only, on the CPU.
 from __future__ import annotations
 
 from collections.abc import Mapping
+from pathlib import Path
 
 import torch
 
 from ..errors import ConfigError
-from ..models.checkpoint import check_state
+from ..models.checkpoint import NETWORK_READERS, Network, State, architecture, check_state
 from ..models.config import ModelConfig
 from ..models.transformer import Rotary, Transformer
 from .cpu_backends import installed, native_bf16
@@ -118,3 +119,17 @@ def quantize(runtime: Runtime, mode: str, backend: str = "auto") -> Runtime:
         p.data = p.data.to(COMPUTE)
     runtime.quantized = mode
     return runtime
+
+
+def quantized_network(path: Path, fmt: str) -> Network:
+    """A network of a family's own (DiffusionGemma) straight from its checkpoint's tensors with
+    weight-only ``fmt`` linears and experts, each tensor read, packed and let go in turn."""
+    check_mode(fmt, torch.device("cpu"), "torch", True)
+    arch = architecture(path)
+    if arch not in NETWORK_READERS:
+        raise ConfigError(f"{arch} has no quantized load")
+
+    def fill(net: torch.nn.Module, state: State) -> None:
+        load_quantized(net, state, fmt, {})
+
+    return NETWORK_READERS[arch](path, fill, torch.device("cpu"))

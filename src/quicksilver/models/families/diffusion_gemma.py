@@ -41,7 +41,7 @@ import torch
 
 from ...errors import CheckpointError, ConfigError
 from ...tokenizer import Tokenizer
-from ..checkpoint import State, read_config_json, read_json_object, read_safetensors
+from ..checkpoint import Fill, State, read_config_json, read_json_object, read_safetensors
 from ..lazy_state import LazyState, shape_of
 from .common import Fields, with_roles
 from .diffusion_gemma_net import (
@@ -258,6 +258,15 @@ def read_network(path: str | Path) -> tuple[DiffusionGemmaLM, State]:
     return net, state
 
 
+def build_network(path: str | Path, fill: Fill, device: torch.device) -> DiffusionGemmaLM:
+    """The network of ``read_network`` with its weights set by ``fill(network, state)`` and its
+    RoPE tables made on ``device``."""
+    net, state = read_network(path)
+    fill(net, state)
+    net.reset_rope(device)
+    return net.eval()
+
+
 def load_network(
     path: str | Path,
     dtype: torch.dtype | None = None,
@@ -265,12 +274,15 @@ def load_network(
 ) -> DiffusionGemmaLM:
     """The text network of a DiffusionGemma checkpoint directory, in ``dtype`` (default float32) on
     ``device`` (default CPU), built on the meta device first (no random init, no second copy)."""
-    net, state = read_network(path)
     dev = torch.device(device) if device is not None else torch.device("cpu")
     target = dtype or torch.float32
-    net.load_state_dict({k: v.to(device=dev, dtype=target) for k, v in state.items()}, assign=True)
-    net.reset_rope(dev)
-    return net.eval()
+
+    def fill(net: torch.nn.Module, state: State) -> None:
+        net.load_state_dict(
+            {k: v.to(device=dev, dtype=target) for k, v in state.items()}, assign=True
+        )
+
+    return build_network(path, fill, dev)
 
 
 def load_tokenizer(path: Path, cj: dict[str, Any]) -> Tokenizer:
@@ -298,6 +310,7 @@ DIFFUSION_GEMMA = register_family(
         name="diffusion_gemma",
         architectures=(ARCHITECTURE,),
         network=load_network,
+        reader=build_network,
         tokenizer=load_tokenizer,
         defaults={"temperature": 1.0},  # the checkpoint's schedule as published
         checkpoints=("google/diffusiongemma-26B-A4B-it",),
