@@ -29,10 +29,15 @@ from ..errors import ConfigError
 from ..models.families.diffusion_gemma_net import GemmaRouter
 from ..models.moe import ExpertMLP, ExpertSlots, Router, StackedExperts, expert_loop, sort_by_expert
 from ..models.transformer import MLP, Attention
+from .ov_graph import release_freed_memory
 
 FORMATS = ("int8", "int4")
 GROUPS = (128, 64, 32)  # int4 group sizes, the largest that divides a linear's inputs
 COMPUTE = torch.bfloat16  # the kernels' activation dtype
+SLAB = 1 << 22  # weights quantized at a time (16 MB of float32 temporaries)
+# tensors read between handing freed heap back to the system: the float tensors read and the
+# packed ones kept interleave on the heap, which grew to ~3x the packed experts without it
+TRIM_EVERY = 32
 Read = Callable[[str], torch.Tensor]  # our parameter name -> its tensor, read on demand
 
 
@@ -76,24 +81,48 @@ class QLinear(nn.Module):
         return y.reshape(*shape[:-1], self.out_features).to(x.dtype)  # (..., N)
 
 
+def _int8_rows(w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Rows w (n, K) -> int8 (n, K) and their scales (n,) bf16."""
+    wf = w.float()
+    s = (wf.abs().amax(1) / 127).clamp(min=1e-8)  # (n,)
+    return torch.round(wf / s[:, None]).clamp(-128, 127).to(torch.int8), s.to(COMPUTE)
+
+
+def _int4_rows(w: torch.Tensor, g: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Rows w (n, K) -> the kernel's packed int4 (n, K / 2) uint8 and (K / g, n, 2) bf16 scale and
+    zero per group (w = (q - 8) * scale + zero, q in [0, 15])."""
+    n, K = w.shape
+    wg = w.float().reshape(n, K // g, g)  # (n, G, g)
+    lo, hi = wg.amin(-1, keepdim=True), wg.amax(-1, keepdim=True)  # (n, G, 1)
+    s = ((hi - lo) / 15).clamp(min=1e-8)
+    q = torch.round((wg - lo) / s).clamp(0, 15).to(torch.int32).reshape(n, K)  # (n, K)
+    sz = torch.cat((s, lo + 8 * s), -1).transpose(0, 1)  # (G, n, 2)
+    return torch._convert_weight_to_int4pack_for_cpu(q, 1), sz.to(COMPUTE)
+
+
 def pack(w: torch.Tensor, fmt: str, bias: torch.Tensor | None = None) -> QLinear:
-    """A ``QLinear`` of the float weight w (N, K) (and bias (N,)) in ``fmt``."""
+    """A ``QLinear`` of the float weight w (N, K) (and bias (N,)) in ``fmt``, made a slab of rows
+    at a time (float temporaries of ``SLAB`` elements, beside the weight itself)."""
     if fmt not in FORMATS:
         raise ConfigError(f"weight format must be one of {FORMATS}, got {fmt!r}")
     N, K = w.shape
-    wf = w.detach().float()
+    if fmt == "int4" and N % 16:
+        raise ConfigError(f"int4 needs a linear's outputs to be a multiple of 16, got {N}")
+    rows = max(64, SLAB // K // 64 * 64)  # the int4 packing's blocks are 64 rows
+    g = group_size(K) if fmt == "int4" else K
     if fmt == "int8":
-        s = (wf.abs().amax(1) / 127).clamp(min=1e-8)  # (N,)
-        q = torch.round(wf / s[:, None]).clamp(-128, 127).to(torch.int8)  # (N, K)
-        lin = QLinear(fmt, q, s.to(COMPUTE), K)
+        packed = torch.empty(N, K, dtype=torch.int8)
+        scales = torch.empty(N, dtype=COMPUTE)
     else:
-        g = group_size(K)
-        wg = wf.reshape(N, K // g, g)  # (N, G, g)
-        lo, hi = wg.amin(-1, keepdim=True), wg.amax(-1, keepdim=True)  # (N, G, 1)
-        s = ((hi - lo) / 15).clamp(min=1e-8)
-        q = torch.round((wg - lo) / s).clamp(0, 15).to(torch.int32).reshape(N, K)  # (N, K)
-        sz = torch.cat((s, lo + 8 * s), -1).transpose(0, 1).contiguous()  # (G, N, 2): w = (q-8)s+z
-        lin = QLinear(fmt, torch._convert_weight_to_int4pack_for_cpu(q, 1), sz.to(COMPUTE), K)
+        packed = torch.empty(N, K // 2, dtype=torch.uint8)
+        scales = torch.empty(K // g, N, 2, dtype=COMPUTE)
+    for a in range(0, N, rows):  # written in place: no list of parts and no copy of them
+        b = min(N, a + rows)
+        if fmt == "int8":
+            packed[a:b], scales[a:b] = _int8_rows(w[a:b])
+        else:
+            packed[a:b], scales[:, a:b] = _int4_rows(w[a:b], g)
+    lin = QLinear(fmt, packed, scales, K)
     if bias is not None:
         lin.bias = bias.detach().to(COMPUTE)
     return lin
@@ -193,7 +222,12 @@ def load_quantized(
     set in bf16 (integers as they are), each read from ``state`` when needed (``aliases``: names a
     tied weight is read under, e.g. the head from the embeddings)."""
 
+    done = [0]
+
     def read(name: str) -> torch.Tensor:
+        done[0] += 1
+        if done[0] % TRIM_EVERY == 0:
+            release_freed_memory()
         return state[aliases.get(name, name)]
 
     quantize_tree(net, read, fmt)
@@ -211,4 +245,5 @@ def load_quantized(
             owner._parameters[attr] = nn.Parameter(value, requires_grad=False)
         else:
             owner._buffers[attr] = value
+    release_freed_memory()
     return net.eval()
