@@ -23,6 +23,7 @@ from ..tokenizer import Tokenizer
 from .config import NATIVE_ARCHITECTURE, ModelConfig
 from .integrity import check_safetensors, write_checksums
 from .lazy_state import LazyState, shape_of
+from .meta import meta_build
 from .transformer import Rotary, Transformer
 
 
@@ -186,7 +187,7 @@ def default_dtype(n_params: int, device: torch.device) -> torch.dtype:
 def check_state(cfg: ModelConfig, state: State) -> State:
     """``state`` without a tied head, after checking its names and shapes against the config
     (headers only where it is lazy); a CheckpointError naming what differs."""
-    with torch.device("meta"):
+    with meta_build():
         shapes = {k: tuple(t.shape) for k, t in Transformer(cfg).state_dict().items()}
     if cfg.tie_embeddings and "lm_head.weight" in state:
         keep = {k: k for k in state if k != "lm_head.weight"}
@@ -216,7 +217,7 @@ def build_model(
     target = dtype or torch.float32
     dev = torch.device(device) if device is not None else torch.device("cpu")
     state = check_state(cfg, state)
-    with torch.device("meta"):
+    with meta_build():
         model = Transformer(cfg)
     floating = {
         k: v.to(device=dev, dtype=target if v.is_floating_point() else v.dtype)
@@ -311,7 +312,7 @@ def device_of(device: str | torch.device | None) -> torch.device:
 
 def default_model_dtype(cfg: ModelConfig, device: torch.device) -> torch.dtype:
     """``default_dtype`` for a network of this config (its size from a meta network)."""
-    with torch.device("meta"):
+    with meta_build():
         return default_dtype(Transformer(cfg).num_params(), device)
 
 

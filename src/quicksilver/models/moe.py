@@ -30,6 +30,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from .config import MoEConfig
+from .meta import meta_build
 
 
 class ExpertMLP(nn.Module):
@@ -228,7 +229,7 @@ class MoE(nn.Module):
             return
         mods = [m for m in self.experts if isinstance(m, ExpertMLP)]
         down = mods[0].down_proj
-        with torch.device("meta"):
+        with meta_build():
             stacked = StackedExperts(len(mods), down.out_features, down.in_features, mods[0].act)
         with torch.no_grad():
             gate_up = [torch.cat((m.gate_proj.weight, m.up_proj.weight)) for m in mods]  # (2F, C)

@@ -21,6 +21,7 @@ import torch
 from ..errors import ConfigError
 from ..models.checkpoint import NETWORK_READERS, Network, State, architecture, check_state
 from ..models.config import ModelConfig
+from ..models.meta import meta_build
 from ..models.transformer import Rotary, Transformer
 from .cpu_backends import installed, native_bf16
 from .ov_graph import attach_graph
@@ -65,11 +66,11 @@ def quantized_runtime(
         check_mode(fmt, torch.device("cpu"), backend, moe)
     state = check_state(cfg, state)
     if not moe:
-        with torch.device("meta"):
+        with meta_build():
             runtime = Runtime(Transformer(cfg))
         attach_graph(runtime, fmt, weights=state.__getitem__)
         return runtime
-    with torch.device("meta"):
+    with meta_build():
         net = Transformer(cfg)
     tied = {"lm_head.weight": "model.embed_tokens.weight"} if cfg.tie_embeddings else {}
     load_quantized(net, state, fmt, tied)

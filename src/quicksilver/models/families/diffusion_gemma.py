@@ -43,6 +43,7 @@ from ...errors import CheckpointError, ConfigError
 from ...tokenizer import Tokenizer
 from ..checkpoint import Fill, State, read_config_json, read_json_object, read_safetensors
 from ..lazy_state import LazyState, shape_of
+from ..meta import meta_build
 from .common import Fields, with_roles
 from .diffusion_gemma_net import (
     FULL,
@@ -253,7 +254,7 @@ def read_network(path: str | Path) -> tuple[DiffusionGemmaLM, State]:
             raise CheckpointError(
                 f"{path}: {k}: shape {shape_of(state, k)} in the checkpoint, {shapes[k]} in the config"
             )
-    with torch.device("meta"):
+    with meta_build():
         net = DiffusionGemmaLM(cfg)
     return net, state
 

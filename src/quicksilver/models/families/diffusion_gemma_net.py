@@ -41,6 +41,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from ...errors import ConfigError
+from ..meta import meta_build
 from ..moe import ExpertMLP, StackedExperts
 from ..transformer import RMSNorm, Rotary, apply_rotary
 
@@ -405,6 +406,6 @@ class DiffusionGemmaLM(nn.Module):
 
 def expected_names(cfg: GemmaTextConfig) -> dict[str, tuple[int, ...]]:
     """Every tensor of the network by name with its shape (what a loaded state must provide)."""
-    with torch.device("meta"):
+    with meta_build():
         net = DiffusionGemmaLM(cfg)
     return {k: tuple(t.shape) for k, t in net.state_dict().items()}
