@@ -9,6 +9,7 @@ activations included). Grouped experts equal the loop to float32 rounding.
 from __future__ import annotations
 
 import copy
+import json
 from pathlib import Path
 
 import pytest
@@ -173,3 +174,31 @@ def test_grouped_experts_equal_the_loop() -> None:
         torch.testing.assert_close(
             moe.experts(flat, e, w, grouped=True), moe.experts(flat, e, w), rtol=1e-5, atol=1e-6
         )
+
+
+def test_bench_shapes_runs_the_llada2_mini_shape_quantized(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    from quicksilver.cli import main
+
+    argv = ["bench", "shapes", "--tiny", "--shapes", "llada2-mini", "--formats", "int4"]
+    assert main([*argv, "--windows", "1", "8", "--iters", "1", "--context", "16"]) == 0
+    line = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    row = line["shapes"][0]["formats"][0]
+    assert row["format"] == "int4" and row["step_ms"]["8"] > 0
+    with pytest.raises(SystemExit):
+        main([*argv[:-1], "bfloat16", "--iters", "1"])
+    assert "int8 or int4" in capsys.readouterr().err
+
+
+def test_moe_shape_checkpoint_layout_is_the_published_one(tmp_path: Path) -> None:
+    """The written LLaDA2-mini layout (2 layers) loads through the family loader, int8."""
+    from quicksilver.bench.moe_shapes import shape_checkpoint, shards
+
+    cj, layout = shape_checkpoint("llada2-mini", 20)
+    params = sum(torch.Size(s).numel() for _, s in layout)
+    assert 16.0e9 < params < 16.5e9  # 16B total
+    assert "model.layers.5.mlp.experts.255.down_proj.weight" in dict(layout)
+    assert len(list(shards(layout))) == 8
+    _, gemma = shape_checkpoint("diffusiongemma-26b-a4b", None)
+    assert 25e9 < sum(torch.Size(s).numel() for _, s in gemma) < 27e9

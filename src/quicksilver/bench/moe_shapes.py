@@ -23,7 +23,7 @@ import argparse
 import json
 import math
 import shutil
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -31,8 +31,10 @@ import torch
 
 from ..assets import embedded_diffusion_model_path
 from ..errors import ConfigError
+from ..models.config import ModelConfig
 from ..models.families.diffusion_gemma import DECODER, ENCODER, gemma_config
 from ..models.families.diffusion_gemma_net import expected_names
+from ..models.families.llada_moe import llada2_config
 from .gemma_shape import shape_config as gemma_shape_config
 
 LLADA2_MINI: dict[str, Any] = {
@@ -211,6 +213,37 @@ def write_checkpoint(name: str, out: Path, layers: int | None = None, seed: int 
     for f in ("tokenizer.json", "tokenizer_config.json"):
         shutil.copy(shipped / f, out / f)
     return out
+
+
+class DrawnState(Mapping[str, torch.Tensor]):
+    """A network's tensors drawn when asked for (bench/shapes.py's ``random_weights``): what a
+    lazily read checkpoint gives a quantized load, without the files."""
+
+    def __init__(self, names: list[str], draw: Callable[[str], torch.Tensor]) -> None:
+        self.names, self.draw = names, draw
+
+    def __getitem__(self, name: str) -> torch.Tensor:
+        if name not in self.names:
+            raise KeyError(name)
+        return self.draw(name)
+
+    def __contains__(self, name: object) -> bool:
+        return name in self.names
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self.names)
+
+    def __len__(self) -> int:
+        return len(self.names)
+
+
+def llada2_shape_config(tiny: bool) -> ModelConfig:
+    """The ModelConfig a LLaDA2-mini checkpoint gets (``tiny``: toy widths for tests)."""
+    small = {"hidden_size": 128, "num_hidden_layers": 2, "intermediate_size": 256, "head_dim": 32,
+             "moe_intermediate_size": 64, "num_experts": 16, "vocab_size": 512,
+             "mask_token_id": 511, "pad_token_id": 510, "eos_token_id": 510}  # fmt: skip
+    cj = {**LLADA2_MINI, **(small if tiny else {})}
+    return llada2_config(Path("<llada2-mini config.json>"), cj, ["mlp.gate.expert_bias"])
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -70,6 +70,12 @@ def quantized_runtime(
             runtime = Runtime(Transformer(cfg))
         attach_graph(runtime, fmt, weights=state.__getitem__)
         return runtime
+    return moe_runtime(cfg, state, fmt)
+
+
+def moe_runtime(cfg: ModelConfig, state: Mapping[str, torch.Tensor], fmt: str) -> Runtime:
+    """A mixture of experts' torch network from ``state`` (names and shapes already checked) with
+    weight-only ``fmt`` linears, each tensor read, packed and let go in turn."""
     with meta_build():
         net = Transformer(cfg)
     tied = {"lm_head.weight": "model.embed_tokens.weight"} if cfg.tie_embeddings else {}
