@@ -23,7 +23,9 @@ import argparse
 import json
 import math
 import shutil
+import time
 from collections.abc import Callable, Iterator, Mapping
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -33,8 +35,11 @@ from ..assets import embedded_diffusion_model_path
 from ..errors import ConfigError
 from ..models.config import ModelConfig
 from ..models.families.diffusion_gemma import DECODER, ENCODER, gemma_config
-from ..models.families.diffusion_gemma_net import expected_names
+from ..models.families.diffusion_gemma_net import DiffusionGemmaLM, GemmaKVCache, expected_names
 from ..models.families.llada_moe import llada2_config
+from ..models.meta import meta_build
+from ..runtime.weight_only import load_quantized
+from .common import hardware
 from .gemma_shape import shape_config as gemma_shape_config
 
 LLADA2_MINI: dict[str, Any] = {
@@ -246,13 +251,75 @@ def llada2_shape_config(tiny: bool) -> ModelConfig:
     return llada2_config(Path("<llada2-mini config.json>"), cj, ["mlp.gate.expert_bias"])
 
 
+def drawn(shapes: dict[str, tuple[int, ...]], seed: int = 0) -> DrawnState:
+    """Random tensors of these names and shapes, drawn when read (norm and router scales 1)."""
+
+    def draw(name: str) -> torch.Tensor:
+        value = fill_value(name)
+        if value is not None:
+            return torch.full(shapes[name], value)
+        gen = torch.Generator().manual_seed(seed + sum(map(ord, name)) * 7919 + len(name))
+        return torch.randn(shapes[name], generator=gen, dtype=torch.bfloat16) * 0.02
+
+    return DrawnState(list(shapes), draw)
+
+
+@torch.no_grad()
+def gemma_steps(
+    fmt: str, layers: int | None, context: int, canvases: list[int], iters: int
+) -> dict[str, Any]:
+    """DiffusionGemma-26B-A4B (or its first ``layers``) in weight-only ``fmt`` with random weights:
+    after a prompt of ``context`` tokens, the ms of one decoder pass over a canvas of each size in
+    ``canvases`` (with self-conditioning logits)."""
+    from .shapes import current_rss_bytes, peak_rss_bytes, time_ms  # shapes imports this module
+
+    cj = shape_checkpoint("diffusiongemma-26b-a4b", layers)[0]
+    cfg = gemma_config(Path("<config.json>"), cj)
+    with meta_build():
+        net = DiffusionGemmaLM(cfg)
+    t0 = time.perf_counter()
+    load_quantized(net, drawn(expected_names(cfg)), fmt, {})
+    net.reset_rope()
+    build_s = time.perf_counter() - t0
+    gen = torch.Generator().manual_seed(1)
+    cache = GemmaKVCache()
+    net.encode(torch.randint(3, cfg.vocab_size, (1, context), generator=gen), cache)
+    decode_ms: dict[str, float] = {}
+    for n in canvases:
+        canvas = torch.randint(0, cfg.vocab_size, (1, n), generator=gen)  # (1, n)
+        sc = net.decode(canvas, cache)  # (1, n, V)
+        step = partial(net.decode, canvas, cache, sc)
+        decode_ms[str(n)] = round(time_ms(step, iters), 1)
+    return {
+        "shape": "diffusiongemma-26b-a4b",
+        "format": fmt,
+        "layers": cfg.n_layers,
+        "build_seconds": round(build_s, 1),
+        "context": context,
+        "decode_ms": decode_ms,
+        "rss_bytes": current_rss_bytes(),
+        "peak_rss_bytes": peak_rss_bytes(),
+    }
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("action", choices=["write"])
+    p.add_argument("action", choices=["write", "steps"])
     p.add_argument("shape", choices=SHAPES)
-    p.add_argument("out", type=Path)
+    p.add_argument("out", type=Path, nargs="?", help="write: the checkpoint directory")
     p.add_argument("--layers", type=int, default=None, help="the first N layers only")
+    p.add_argument("--format", default="int4", help="steps: int4 or int8")
+    p.add_argument("--context", type=int, default=256)
+    p.add_argument("--canvas", type=int, nargs="+", default=[8, 256])
+    p.add_argument("--iters", type=int, default=3)
     args = p.parse_args(argv)
+    torch.set_num_threads(1)
+    if args.action == "steps":
+        if args.shape != "diffusiongemma-26b-a4b":
+            raise ConfigError("steps: DiffusionGemma only (LLaDA2-mini: bench shapes)")
+        res = gemma_steps(args.format, args.layers, args.context, args.canvas, args.iters)
+        print(json.dumps({**res, "hardware": hardware()}))
+        return 0
     path = write_checkpoint(args.shape, args.out, args.layers)
     size = sum(f.stat().st_size for f in path.glob("*.safetensors"))
     print(json.dumps({"shape": args.shape, "path": str(path), "bytes": size}))
