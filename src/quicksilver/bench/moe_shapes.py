@@ -242,12 +242,15 @@ class DrawnState(Mapping[str, torch.Tensor]):
         return len(self.names)
 
 
-def llada2_shape_config(tiny: bool) -> ModelConfig:
-    """The ModelConfig a LLaDA2-mini checkpoint gets (``tiny``: toy widths for tests)."""
+def llada2_shape_config(tiny: bool, layers: int | None = None) -> ModelConfig:
+    """The ModelConfig a LLaDA2-mini checkpoint gets (``tiny``: toy widths for tests; ``layers``:
+    the first N layers at the real widths)."""
     small = {"hidden_size": 128, "num_hidden_layers": 2, "intermediate_size": 256, "head_dim": 32,
              "moe_intermediate_size": 64, "num_experts": 16, "vocab_size": 512,
              "mask_token_id": 511, "pad_token_id": 510, "eos_token_id": 510}  # fmt: skip
     cj = {**LLADA2_MINI, **(small if tiny else {})}
+    if layers:
+        cj["num_hidden_layers"] = layers
     return llada2_config(Path("<llada2-mini config.json>"), cj, ["mlp.gate.expert_bias"])
 
 

@@ -7,11 +7,14 @@ loaders' config functions): Fast-dLLM v2 1.5B (Qwen2.5-1.5B body: hidden 1536, 2
 hidden 2048, 28 layers, 16 / 8 heads of 128, MLP 6144, QK-norm, tied) and a 4-layer slice of
 LLaDA-8B (hidden 4096, 32 heads, MLP 12288, vocabulary 126,464; the slice keeps the embedding and
 head, so per-layer cost x 32 + head gives the whole model); and LLaDA2-mini (16B total, 1.4B active:
-bench/moe_shapes.py), in int4 / int8 only (weight-only linears in torch, built tensor by tensor). Sources: the Qwen2.5-1.5B / Qwen3-1.7B
+bench/moe_shapes.py), in int4 / int8 only (weight-only linears in torch, built tensor by tensor),
+whole or as ``llada2-mini-slice`` (its first 4 layers: the dense one and 3 MoE layers; per MoE layer
+cost x 19 + the rest gives the whole model). Sources: the Qwen2.5-1.5B / Qwen3-1.7B
 configs as published (e.g. web-llm's qwen2 1.5B model_config; THUDM slime's qwen3-1.7B model
 arguments), LLaDA-8B from its published config.json (GSAI-ML/LLaDA-8B-Instruct).
 
-For each shape and weight format (float32, bfloat16, int8 dynamic) it prefills a realistic prompt
+For each shape and weight format (float32, bfloat16, the graph's bf16 / int8 / int4; int8 / int4
+weight-only linears for MoE shapes) it prefills a realistic prompt
 into an exact KV cache, then times, against that cache:
 
 - one AR token step: 1 position through the network (what an AR decoder pays per token);
@@ -97,7 +100,8 @@ QWEN3_1_7B = {
 }
 LLADA_SLICE_LAYERS = 4
 DENSE_SHAPES = ("fast-dllm-v2-1.5b", "sdar-1.7b", "llada-8b-slice")
-SHAPES = (*DENSE_SHAPES, "llada2-mini")
+SHAPES = (*DENSE_SHAPES, "llada2-mini", "llada2-mini-slice")
+MOE_SLICE_LAYERS = 4  # llada2-mini-slice: the dense layer and 3 MoE layers, embedding and head
 # torch eager in float32 / bfloat16; the step graph on OpenVINO with bf16, int8 or int4 weights
 FORMATS = ("float32", "bfloat16", "graph-bf16", "int8", "int4")
 GRAPH = {"graph-bf16": "bf16", "int8": "int8", "int4": "int4"}  # bench format -> graph format
@@ -109,8 +113,8 @@ def shape_config(name: str, tiny: bool) -> ModelConfig:
     """The ModelConfig a real checkpoint of ``name`` would get (``tiny``: toy sizes for tests)."""
     where = Path(f"<{name} config.json>")
     cj: dict[str, Any]
-    if name == "llada2-mini":
-        return llada2_shape_config(tiny)
+    if name in ("llada2-mini", "llada2-mini-slice"):
+        return llada2_shape_config(tiny, MOE_SLICE_LAYERS if name.endswith("slice") else None)
     if name == "llada-8b-slice":
         cj = {
             **LLADA_8B,
