@@ -12,10 +12,11 @@ built on the meta device goes from a lazily read checkpoint to its quantized for
 float tensor at a time (``load_quantized``).
 
 Why these kernels (docs/LOG.md, 2026-12-08): at the expert shapes of LLaDA2-mini (2048 -> 2x512)
-and DiffusionGemma-26B-A4B (2816 -> 2x704), one thread, one to eight tokens per expert, torch's
-int4 / int8 kernels take 0.33-0.40x / 0.42-0.45x the time of a bf16 matmul for one token; a
-compiled OpenVINO expert was faster still, but an 8-position step needs one compiled model per
-expert (4,864 at LLaDA2-mini). Routers and norms stay in float (bf16, routing in fp32).
+and DiffusionGemma-26B-A4B (2816 -> 2x704), one thread, torch's int4 / int8 kernels take 0.33-0.40x
+/ 0.42-0.43x the time of a bf16 matmul at one token per expert (what an 8-position step gives most
+active experts); their time grows with the tokens, past bf16's from about 8 per expert. A compiled
+OpenVINO expert was faster at every count, but needs one compiled model per expert (4,864 at
+LLaDA2-mini). Routers and norms stay in float (bf16, routing in fp32).
 """
 
 from __future__ import annotations
