@@ -196,7 +196,6 @@ def test_the_command_line(ckpt: Path, cli: Any) -> None:
     "args,msg",
     [
         (["--backend", "onnx"], "generic transformer only"),
-        (["--quantize", "int8"], "generic transformer only"),
         (["--cache", "prefix"], "generic transformer only"),
         (["--decoding-mode", "speed"], "decoding mode 'speed'"),
         (["--policy", "verify"], "policy verify"),

@@ -1,4 +1,4 @@
-"""--quantize int8|int4 (weight-only, on OpenVINO's kernels; torch.ao int8 for MoE networks) and
+"""--quantize int8|int4 (weight-only, on OpenVINO's kernels; MoE networks: tests/test_moe_quantize.py) and
 `quicksilver bench shapes` (random weights)."""
 
 from __future__ import annotations
@@ -16,7 +16,6 @@ from quicksilver.assets import (
 )
 from quicksilver.errors import ConfigError
 from quicksilver.models import Transformer, preset
-from quicksilver.models.config import MoEConfig
 from quicksilver.models.kvcache import KVCache
 from quicksilver.runtime import Runtime, Segment
 from quicksilver.runtime.ov_graph import graph_step, quantize_groups, state_weights
@@ -120,17 +119,6 @@ def test_quantize_refuses_unknown_modes_other_devices_and_other_backends() -> No
     model = quicksilver.load(path).model.to("meta")
     with pytest.raises(ConfigError, match="CPU only"):
         quantize(Runtime(model), "int8")
-
-
-def test_mixture_of_experts_networks_keep_torch_ao_int8() -> None:
-    moe = MoEConfig(n_experts=4, top_k=2, expert_hidden=32)
-    net = Transformer(preset("tiny", vocab_size=96, moe=moe)).eval()
-    with pytest.raises(ConfigError, match="int8 only"):
-        quantize(Runtime(net), "int4")
-    rt = quantize(Runtime(net), "int8")
-    assert rt.quantized == "int8" and rt.step_backend is None
-    kinds = {type(m) for m in net.modules() if isinstance(m, torch.ao.nn.quantized.dynamic.Linear)}
-    assert kinds  # the attention and head linears are int8; the experts stay float
 
 
 def test_bench_shapes_tiny(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:

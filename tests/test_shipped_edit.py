@@ -62,7 +62,7 @@ def test_held_out_merges_are_exact(make_run: TestClient) -> None:
 @pytest.mark.parametrize("phrasing", ["templated", "held-out"])
 def test_edit_model_accuracy_through_the_routes(phrasing: str) -> None:
     """The model card's figures, 200 items a task through the routes (greedy)."""
-    rep = served_edits(["apply_edit", "next_edit"], 200, 1234, phrasing)
+    rep = served_edits(["apply_edit"], 200, 1234, phrasing)
     assert all(r["model"] == "quicksilver-edit" and r["failed"] == 0 for r in rep.values())
     # e1 measured 0.305 / 0.125 (docs/MODEL.md)
     floor = {"templated": 0.25, "held-out": 0.09}[phrasing]

@@ -31,6 +31,7 @@ from .models.checkpoint import (
     device_of,
     dtype_name,
     load_family_network,
+    load_tokenizer,
     read_checkpoint,
 )
 from .models.config import ModelConfig
@@ -45,6 +46,7 @@ from .runtime.quantize import (
     check_mode,
     graph_format,
     quantize,
+    quantized_network,
     quantized_runtime,
 )
 from .sampling import SamplerConfig
@@ -320,10 +322,11 @@ LOAD_HELP = {
     "device": "torch device, e.g. cuda or cuda:1 (default: the CPU)",
     "dtype": "compute dtype; auto: bfloat16 on a GPU and for CPU models of 0.5B+ parameters, "
     "float32 below (faster there, and what the onnx/openvino backends run)",
-    "quantize": "weight-only int8 (per channel) or int4 (groups of 128) on OpenVINO's CPU kernels, "
-    "every pass through them (1/4 and 1/7 of float32 weight memory); MoE networks: "
-    "torch.ao dynamic int8; fp8: e4m3 weights with per-channel scales on GPUs with FP8 tensor "
-    "cores (compute capability 8.9+)",
+    "quantize": "weight-only int8 (per channel) or int4 (groups of 128) on the CPU, built while "
+    "loading (1/4 and 1/7 of float32 weight memory): dense networks on OpenVINO's kernels, every "
+    "pass through them; mixture-of-experts networks (LLaDA-MoE, LLaDA2.x, DiffusionGemma) on "
+    "torch's weight-only kernels, one call per active expert; fp8: e4m3 weights with per-channel "
+    "scales on GPUs with FP8 tensor cores (compute capability 8.9+)",
     "backend": "runtime of every row's pass, alone or batched (a row's tokens never depend on "
     "its neighbours): torch (eager, the exact reference), onnx (ONNX Runtime), openvino, "
     "openvino-bf16 (OpenVINO in bf16, CPUs with bf16 only), auto (the measured winner on a "
@@ -355,7 +358,6 @@ LOAD_CHOICES: dict[str, Sequence[str]] = {
 # LoadConfig fields the generic transformer alone has, with the value that leaves them off (backend
 # auto resolves to torch for a network of a family's own)
 TRANSFORMER_ONLY: dict[str, tuple[Any, ...]] = {
-    "quantize": ("none",),
     "backend": ("torch", "auto"),
     "cache": ("auto",),
     "refresh_every": (0,),
@@ -394,7 +396,11 @@ def load(path: str | Path, config: LoadConfig | None = None, **options: Any) -> 
     path = resolve_model(path, cfg.revision)
     if architecture(path) in NETWORK_LOADERS:
         check_own_network_options(cfg)
-        net, tokenizer = load_family_network(path, DTYPES.get(cfg.dtype), cfg.device)
+        if cfg.quantize != "none":
+            check_mode(cfg.quantize, device_of(cfg.device), "torch", True)
+            net, tokenizer = quantized_network(path, cfg.quantize), load_tokenizer(path)
+        else:
+            net, tokenizer = load_family_network(path, DTYPES.get(cfg.dtype), cfg.device)
         return Pipeline(net, tokenizer, path, decoding_mode=cfg.decoding_mode)
     mcfg, state, tok = read_checkpoint(path)
     runtime = transformer_runtime(mcfg, state, cfg)

@@ -6,11 +6,15 @@ loaders' config functions): Fast-dLLM v2 1.5B (Qwen2.5-1.5B body: hidden 1536, 2
 2 KV heads, MLP 8960, vocabulary 151,936, tied embeddings, q/k/v bias), SDAR 1.7B (Qwen3-1.7B body:
 hidden 2048, 28 layers, 16 / 8 heads of 128, MLP 6144, QK-norm, tied) and a 4-layer slice of
 LLaDA-8B (hidden 4096, 32 heads, MLP 12288, vocabulary 126,464; the slice keeps the embedding and
-head, so per-layer cost x 32 + head gives the whole model). Sources: the Qwen2.5-1.5B / Qwen3-1.7B
+head, so per-layer cost x 32 + head gives the whole model); and LLaDA2-mini (16B total, 1.4B active:
+bench/moe_shapes.py), in int4 / int8 only (weight-only linears in torch, built tensor by tensor),
+whole or as ``llada2-mini-slice`` (its first 4 layers: the dense one and 3 MoE layers; per MoE layer
+cost x 19 + the rest gives the whole model). Sources: the Qwen2.5-1.5B / Qwen3-1.7B
 configs as published (e.g. web-llm's qwen2 1.5B model_config; THUDM slime's qwen3-1.7B model
 arguments), LLaDA-8B from its published config.json (GSAI-ML/LLaDA-8B-Instruct).
 
-For each shape and weight format (float32, bfloat16, int8 dynamic) it prefills a realistic prompt
+For each shape and weight format (float32, bfloat16, the graph's bf16 / int8 / int4; int8 / int4
+weight-only linears for MoE shapes) it prefills a realistic prompt
 into an exact KV cache, then times, against that cache:
 
 - one AR token step: 1 position through the network (what an AR decoder pays per token);
@@ -53,13 +57,16 @@ from ..models.config import ModelConfig
 from ..models.families.common import qwen_config
 from ..models.families.llada import llada_config
 from ..models.kvcache import KVCache
+from ..models.meta import meta_build
 from ..models.transformer import Transformer
 from ..runtime import Runtime, Segment
 from ..runtime.ov_graph import Weights, attach_graph
+from ..runtime.quantize import moe_runtime
 from .common import emit_json, hardware, median, print_table
 from .gpu_families import LLADA_8B, TINY_OVERRIDES, random_model
 from .llama_diffusion import DIFFUSION_SHAPES, LlamaDiffusionPeer, diffusion_thesis, plot_peer
 from .llama_shapes import PEER_TYPES, llama_bench, quantize_gguf, write_gguf
+from .moe_shapes import DrawnState, llada2_shape_config
 
 QWEN25_1_5B = {
     "architectures": ["Fast_dLLM_QwenForCausalLM"],
@@ -93,7 +100,9 @@ QWEN3_1_7B = {
     "pad_token_id": 151645,
 }
 LLADA_SLICE_LAYERS = 4
-SHAPES = ("fast-dllm-v2-1.5b", "sdar-1.7b", "llada-8b-slice")
+DENSE_SHAPES = ("fast-dllm-v2-1.5b", "sdar-1.7b", "llada-8b-slice")
+SHAPES = (*DENSE_SHAPES, "llada2-mini", "llada2-mini-slice")
+MOE_SLICE_LAYERS = 4  # llada2-mini-slice: the dense layer and 3 MoE layers, embedding and head
 # torch eager in float32 / bfloat16; the step graph on OpenVINO with bf16, int8 or int4 weights
 FORMATS = ("float32", "bfloat16", "graph-bf16", "int8", "int4")
 GRAPH = {"graph-bf16": "bf16", "int8": "int8", "int4": "int4"}  # bench format -> graph format
@@ -105,6 +114,8 @@ def shape_config(name: str, tiny: bool) -> ModelConfig:
     """The ModelConfig a real checkpoint of ``name`` would get (``tiny``: toy sizes for tests)."""
     where = Path(f"<{name} config.json>")
     cj: dict[str, Any]
+    if name in ("llada2-mini", "llada2-mini-slice"):
+        return llada2_shape_config(tiny, MOE_SLICE_LAYERS if name.endswith("slice") else None)
     if name == "llada-8b-slice":
         cj = {
             **LLADA_8B,
@@ -145,9 +156,16 @@ def random_weights(cfg: ModelConfig, seed: int = 0) -> Weights:
 
 def build(cfg: ModelConfig, fmt: str) -> Runtime:
     """A random-weight network in one weight format on its runtime: torch eager (float32,
-    bfloat16), or the step graph alone (graph-bf16, int8, int4; no torch weights behind it)."""
+    bfloat16), or the step graph alone (graph-bf16, int8, int4; no torch weights behind it); a
+    mixture of experts in torch with weight-only int8 / int4 linears (no float copy either)."""
     if fmt not in FORMATS:
         raise ConfigError(f"unknown format {fmt!r}; choose from {', '.join(FORMATS)}")
+    if cfg.moe is not None:  # weight-only linears in torch (runtime/weight_only.py)
+        if fmt not in ("int8", "int4"):
+            raise ConfigError(f"mixture-of-experts shapes run int8 or int4, not {fmt!r}")
+        with meta_build():
+            names = list(Transformer(cfg).state_dict())
+        return moe_runtime(cfg, DrawnState(names, random_weights(cfg)), fmt)
     if fmt in GRAPH:
         with torch.device("meta"):
             runtime = Runtime(Transformer(cfg))
@@ -468,7 +486,9 @@ def run(args: argparse.Namespace) -> int:
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument(
-        "--shapes", default=",".join(SHAPES), help=f"comma-separated: {', '.join(SHAPES)}"
+        "--shapes",
+        default=",".join(DENSE_SHAPES),
+        help=f"comma-separated: {', '.join(SHAPES)} (llada2-mini: --formats int4,int8 only)",
     )
     p.add_argument("--formats", default=",".join(FORMATS), help="comma-separated weight formats")
     p.add_argument("--windows", type=int, nargs="+", default=[1, 4, 8, 16, 32])

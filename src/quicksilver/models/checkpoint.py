@@ -23,6 +23,7 @@ from ..tokenizer import Tokenizer
 from .config import NATIVE_ARCHITECTURE, ModelConfig
 from .integrity import check_safetensors, write_checksums
 from .lazy_state import LazyState, shape_of
+from .meta import meta_build
 from .transformer import Rotary, Transformer
 
 
@@ -63,6 +64,12 @@ LOADERS: dict[str, Loader] = {}
 # ``load_checkpoint`` refuses them
 NetworkLoader = Callable[[Path, torch.dtype, torch.device], Network]
 NETWORK_LOADERS: dict[str, NetworkLoader] = {}
+# architecture name -> function(path, fill, device) -> that network built on the meta device, its
+# weights set by ``fill(network, state)`` from its tensors in the network's names (unread until
+# fill reads them: a quantized load, runtime/quantize.py), then its own buffers made on ``device``
+Fill = Callable[[torch.nn.Module, "State"], None]
+NetworkReader = Callable[[Path, Fill, torch.device], Network]
+NETWORK_READERS: dict[str, NetworkReader] = {}
 # architecture name -> function(path, config.json dict) -> Tokenizer (default: Tokenizer.from_dir)
 TokenizerLoader = Callable[[Path, dict], Tokenizer]
 TOKENIZER_LOADERS: dict[str, TokenizerLoader] = {}
@@ -180,7 +187,7 @@ def default_dtype(n_params: int, device: torch.device) -> torch.dtype:
 def check_state(cfg: ModelConfig, state: State) -> State:
     """``state`` without a tied head, after checking its names and shapes against the config
     (headers only where it is lazy); a CheckpointError naming what differs."""
-    with torch.device("meta"):
+    with meta_build():
         shapes = {k: tuple(t.shape) for k, t in Transformer(cfg).state_dict().items()}
     if cfg.tie_embeddings and "lm_head.weight" in state:
         keep = {k: k for k in state if k != "lm_head.weight"}
@@ -210,7 +217,7 @@ def build_model(
     target = dtype or torch.float32
     dev = torch.device(device) if device is not None else torch.device("cpu")
     state = check_state(cfg, state)
-    with torch.device("meta"):
+    with meta_build():
         model = Transformer(cfg)
     floating = {
         k: v.to(device=dev, dtype=target if v.is_floating_point() else v.dtype)
@@ -304,7 +311,7 @@ def device_of(device: str | torch.device | None) -> torch.device:
 
 def default_model_dtype(cfg: ModelConfig, device: torch.device) -> torch.dtype:
     """``default_dtype`` for a network of this config (its size from a meta network)."""
-    with torch.device("meta"):
+    with meta_build():
         return default_dtype(Transformer(cfg).num_params(), device)
 
 

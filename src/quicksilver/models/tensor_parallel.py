@@ -48,7 +48,7 @@ def shard_plan(model: Transformer) -> dict[str, ParallelStyle]:
         plan[f"{p}.self_attn.o_proj"] = RowwiseParallel()
         mlp = layer.mlp
         if isinstance(mlp, MoE):
-            for e in range(len(mlp.experts)):
+            for e in range(mlp.cfg.n_experts):
                 plan.update(_swiglu(f"{p}.mlp.experts.{e}"))
             if mlp.shared_experts is not None:
                 plan.update(_swiglu(f"{p}.mlp.shared_experts"))

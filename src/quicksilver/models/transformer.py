@@ -126,15 +126,15 @@ class Attention(nn.Module):
         self.k_proj = nn.Linear(cfg.d_model, cfg.n_kv_heads * hd, bias=cfg.qkv_bias)
         self.v_proj = nn.Linear(cfg.d_model, cfg.n_kv_heads * hd, bias=cfg.qkv_bias)
         self.o_proj = nn.Linear(cfg.n_heads * hd, cfg.d_model, bias=cfg.o_bias)
-        self.qkv_int8: nn.Module | None = None  # q, k, v as one int8 linear (runtime/quantize.py)
+        self.qkv_quant: nn.Module | None = None  # q, k, v as one quantized linear (runtime)
         self.clip = cfg.clip_qkv
         self.q_norm = RMSNorm(hd, cfg.norm_eps) if cfg.qk_norm else None
         self.k_norm = RMSNorm(hd, cfg.norm_eps) if cfg.qk_norm else None
 
     def _qkv_fused(self, x: torch.Tensor) -> torch.Tensor:
         """q, k and v of ``x`` (B, T, C) in one matmul (inference): (B, T, (H + 2Hkv) hd)."""
-        if self.qkv_int8 is not None:
-            return self.qkv_int8(x)
+        if self.qkv_quant is not None:
+            return self.qkv_quant(x)
         w, b = _fused(self, (self.q_proj, self.k_proj, self.v_proj))
         return F.linear(x, w, b)
 
@@ -222,13 +222,13 @@ class MLP(nn.Module):
         self.gate_proj = nn.Linear(cfg.d_model, cfg.mlp_hidden, bias=False)
         self.up_proj = nn.Linear(cfg.d_model, cfg.mlp_hidden, bias=False)
         self.down_proj = nn.Linear(cfg.mlp_hidden, cfg.d_model, bias=False)
-        self.gate_up_int8: nn.Module | None = None  # gate and up as one int8 linear (quantize.py)
+        self.gate_up_quant: nn.Module | None = None  # gate and up as one quantized linear
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self.training or torch.is_grad_enabled() or not self.fused:
             return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))  # (B, T, C)
-        if self.gate_up_int8 is not None:
-            gate_up = self.gate_up_int8(x)
+        if self.gate_up_quant is not None:
+            gate_up = self.gate_up_quant(x)
         else:
             w, _ = _fused(self, (self.gate_proj, self.up_proj))
             gate_up = F.linear(x, w)

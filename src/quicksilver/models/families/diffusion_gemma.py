@@ -41,7 +41,9 @@ import torch
 
 from ...errors import CheckpointError, ConfigError
 from ...tokenizer import Tokenizer
-from ..checkpoint import read_config_json, read_json_object, read_safetensors
+from ..checkpoint import Fill, State, read_config_json, read_json_object, read_safetensors
+from ..lazy_state import LazyState, shape_of
+from ..meta import meta_build
 from .common import Fields, with_roles
 from .diffusion_gemma_net import (
     FULL,
@@ -195,39 +197,42 @@ def gemma_config(path: Path, cj: dict) -> GemmaTextConfig:
         raise CheckpointError(f"{path}/config.json: {e}") from None
 
 
-def text_state(state: Mapping[str, torch.Tensor], n_layers: int) -> dict[str, torch.Tensor]:
-    """The checkpoint's tensors in the network's names (see the module docstring)."""
-    out: dict[str, torch.Tensor] = {}
-    from_encoder: dict[str, torch.Tensor] = {}
-    for name, t in state.items():
+def text_names(names: list[str], n_layers: int) -> dict[str, str]:
+    """The network's names of a checkpoint's tensors: ours -> the file's (see the module
+    docstring; the decoder's copy of a tied weight wins over the encoder's)."""
+    out: dict[str, str] = {}
+    from_encoder: dict[str, str] = {}
+    for name in names:
         if name.startswith(DECODER):
-            out[name[len(DECODER) :]] = t
+            out[name[len(DECODER) :]] = name
         elif name.startswith(ENCODER):
             rest = name[len(ENCODER) :]
             m = ENCODER_SCALAR.fullmatch(rest)
             if m:
-                out[f"layers.{m[1]}.encoder_layer_scalar"] = t
+                out[f"layers.{m[1]}.encoder_layer_scalar"] = name
             else:
-                from_encoder[rest] = t  # a copy of a tied weight
-        elif name.startswith(VISION) or name == "lm_head.weight":  # vision tower; the tied head
-            continue
-        else:
-            out[name] = t  # reported as unexpected by the loader
-    for name, t in from_encoder.items():
-        out.setdefault(name, t)
+                from_encoder[rest] = name  # a copy of a tied weight
+        elif not (name.startswith(VISION) or name == "lm_head.weight"):  # vision; the tied head
+            out[name] = name  # reported as unexpected by the loader
+    for ours, name in from_encoder.items():
+        out.setdefault(ours, name)
     for i in range(n_layers):  # a checkpoint without the encoder's buffers: the decoder's value
         if f"layers.{i}.layer_scalar" in out:
             out.setdefault(f"layers.{i}.encoder_layer_scalar", out[f"layers.{i}.layer_scalar"])
     return out
 
 
-def load_network(
-    path: str | Path,
-    dtype: torch.dtype | None = None,
-    device: str | torch.device | None = None,
-) -> DiffusionGemmaLM:
-    """The text network of a DiffusionGemma checkpoint directory, in ``dtype`` (default float32) on
-    ``device`` (default CPU), built on the meta device first (no random init, no second copy)."""
+def text_state(state: Mapping[str, torch.Tensor], n_layers: int) -> State:
+    """The checkpoint's tensors in the network's names, unread where ``state`` is lazy."""
+    names = text_names(list(state), n_layers)
+    if isinstance(state, LazyState):
+        return state.renamed(names)
+    return {ours: state[name] for ours, name in names.items()}
+
+
+def read_network(path: str | Path) -> tuple[DiffusionGemmaLM, State]:
+    """The text network of a DiffusionGemma checkpoint directory on the meta device and its
+    tensors in the network's names (unread), names and shapes checked against the config."""
     path = Path(path)
     cj = read_config_json(path)
     archs = cj.get("architectures")
@@ -244,18 +249,41 @@ def load_network(
             f"{path}: weights do not match the config: missing {sorted(missing)[:4]}, "
             f"unexpected {sorted(unexpected)[:4]}"
         )
-    for k, v in state.items():
-        if tuple(v.shape) != shapes[k]:
+    for k in state:
+        if shape_of(state, k) != shapes[k]:
             raise CheckpointError(
-                f"{path}: {k}: shape {tuple(v.shape)} in the checkpoint, {shapes[k]} in the config"
+                f"{path}: {k}: shape {shape_of(state, k)} in the checkpoint, {shapes[k]} in the config"
             )
+    with meta_build():
+        net = DiffusionGemmaLM(cfg)
+    return net, state
+
+
+def build_network(path: str | Path, fill: Fill, device: torch.device) -> DiffusionGemmaLM:
+    """The network of ``read_network`` with its weights set by ``fill(network, state)`` and its
+    RoPE tables made on ``device``."""
+    net, state = read_network(path)
+    fill(net, state)
+    net.reset_rope(device)
+    return net.eval()
+
+
+def load_network(
+    path: str | Path,
+    dtype: torch.dtype | None = None,
+    device: str | torch.device | None = None,
+) -> DiffusionGemmaLM:
+    """The text network of a DiffusionGemma checkpoint directory, in ``dtype`` (default float32) on
+    ``device`` (default CPU), built on the meta device first (no random init, no second copy)."""
     dev = torch.device(device) if device is not None else torch.device("cpu")
     target = dtype or torch.float32
-    with torch.device("meta"):
-        net = DiffusionGemmaLM(cfg)
-    net.load_state_dict({k: v.to(device=dev, dtype=target) for k, v in state.items()}, assign=True)
-    net.reset_rope(dev)
-    return net.eval()
+
+    def fill(net: torch.nn.Module, state: State) -> None:
+        net.load_state_dict(
+            {k: v.to(device=dev, dtype=target) for k, v in state.items()}, assign=True
+        )
+
+    return build_network(path, fill, dev)
 
 
 def load_tokenizer(path: Path, cj: dict[str, Any]) -> Tokenizer:
@@ -283,6 +311,7 @@ DIFFUSION_GEMMA = register_family(
         name="diffusion_gemma",
         architectures=(ARCHITECTURE,),
         network=load_network,
+        reader=build_network,
         tokenizer=load_tokenizer,
         defaults={"temperature": 1.0},  # the checkpoint's schedule as published
         checkpoints=("google/diffusiongemma-26B-A4B-it",),

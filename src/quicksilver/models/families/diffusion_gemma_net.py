@@ -41,7 +41,8 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from ...errors import ConfigError
-from ..moe import ExpertMLP
+from ..meta import meta_build
+from ..moe import ExpertMLP, StackedExperts
 from ..transformer import RMSNorm, Rotary, apply_rotary
 
 SLIDING, FULL = "sliding_attention", "full_attention"
@@ -206,39 +207,11 @@ class GemmaRouter(nn.Module):
         return idx, w * self.per_expert_scale[idx].float()
 
 
-class GemmaExperts(nn.Module):
+class GemmaExperts(StackedExperts):
     """Routed GELU-tanh experts stored as 3-D tensors: gate_up_proj (E, 2F, C), down_proj (E, C, F)."""
 
     def __init__(self, cfg: GemmaTextConfig) -> None:
-        super().__init__()
-        E, C, Fh = cfg.n_experts, cfg.d_model, cfg.expert_hidden
-        self.n_experts, self.top_k = E, cfg.top_k
-        self.gate_up_proj = nn.Parameter(torch.empty(E, 2 * Fh, C))
-        self.down_proj = nn.Parameter(torch.empty(E, C, Fh))
-        nn.init.normal_(self.gate_up_proj, std=0.02)
-        nn.init.normal_(self.down_proj, std=0.02)
-
-    def forward(
-        self, x: torch.Tensor, experts: torch.Tensor, weights: torch.Tensor
-    ) -> torch.Tensor:
-        """x (N, C), experts and weights (N, k) -> (N, C); visits only experts that got tokens."""
-        N, C = x.shape
-        out = torch.zeros(N, C, dtype=torch.float32, device=x.device)  # (N, C) fp32 accumulator
-        flat = experts.reshape(-1)  # (N*k,)
-        order = flat.argsort(stable=True)
-        counts = torch.bincount(flat, minlength=self.n_experts).tolist()
-        tokens = order // self.top_k  # (N*k,) the token of each sorted slot
-        w_sorted = weights.reshape(-1)[order]  # (N*k,)
-        start = 0
-        for e, n in enumerate(counts):
-            if n == 0:
-                continue
-            tok, w = tokens[start : start + n], w_sorted[start : start + n]
-            gate, up = F.linear(x[tok], self.gate_up_proj[e]).chunk(2, dim=-1)  # (n, F) each
-            y = F.linear(gelu_tanh(gate) * up, self.down_proj[e])  # (n, C)
-            out.index_add_(0, tok, y.float() * w[:, None])
-            start += n
-        return out.to(x.dtype)
+        super().__init__(cfg.n_experts, cfg.d_model, cfg.expert_hidden, gelu_tanh)
 
 
 class GemmaLayer(nn.Module):
@@ -433,6 +406,6 @@ class DiffusionGemmaLM(nn.Module):
 
 def expected_names(cfg: GemmaTextConfig) -> dict[str, tuple[int, ...]]:
     """Every tensor of the network by name with its shape (what a loaded state must provide)."""
-    with torch.device("meta"):
+    with meta_build():
         net = DiffusionGemmaLM(cfg)
     return {k: tuple(t.shape) for k, t in net.state_dict().items()}

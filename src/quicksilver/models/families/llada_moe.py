@@ -37,6 +37,7 @@ import torch
 from ...errors import CheckpointError
 from ..checkpoint import State, read_safetensors
 from ..config import ModelConfig, MoEConfig
+from ..lazy_state import LazyState
 from .common import Fields, fast_tokenizer_loader, make_config, rename, token_id
 from .registry import Family, register_family
 
@@ -139,10 +140,30 @@ LLADA2_RENAMES = [
 ]
 
 
-def split_fused_qkv(state: State, cfg: ModelConfig) -> dict[str, torch.Tensor]:
+def split_lazy_qkv(state: LazyState, sizes: list[int]) -> LazyState:
+    """``split_fused_qkv`` of a lazy state: each part a run of rows of the fused tensor, unread."""
+    for name in [n for n in state if ".attention.query_key_value." in n]:
+        rows = state.shape(name)[0]
+        if rows != sum(sizes):
+            raise CheckpointError(
+                f"{name}: {rows} rows, expected (n_heads + 2 n_kv_heads) * head_dim = {sum(sizes)}"
+            )
+        prefix, kind = name.split(".attention.query_key_value.")
+        bounds = [0, sizes[0], sizes[0] + sizes[1], rows]
+        parts = {
+            f"{prefix}.self_attn.{p}_proj.{kind}": (bounds[j], bounds[j + 1])
+            for j, p in enumerate("qkv")
+        }
+        state = state.split_rows(name, parts)
+    return state
+
+
+def split_fused_qkv(state: State, cfg: ModelConfig) -> State:
     """``attention.query_key_value`` ((nq + 2 nkv) * hd, C) -> q_proj, k_proj, v_proj (in that order)."""
     hd, nq, nkv = cfg.dim_head, cfg.n_heads, cfg.n_kv_heads
     sizes = [nq * hd, nkv * hd, nkv * hd]
+    if isinstance(state, LazyState):
+        return split_lazy_qkv(state, sizes)
     out: dict[str, torch.Tensor] = {}
     for name, t in state.items():
         if ".attention.query_key_value." not in name:
@@ -159,6 +180,14 @@ def split_fused_qkv(state: State, cfg: ModelConfig) -> dict[str, torch.Tensor]:
 
 
 def load_llada2(path: Path, cj: dict) -> tuple[ModelConfig, State]:
+    state = rename(read_safetensors(path), LLADA2_RENAMES)
+    cfg = llada2_config(path, cj, list(state))
+    return cfg, split_fused_qkv(state, cfg)
+
+
+def llada2_config(path: Path, cj: dict, names: list[str]) -> ModelConfig:
+    """The ModelConfig of a LLaDA2.x ``config.json`` whose tensors (renamed) are ``names``: the
+    biases are as the checkpoint holds them (the config class defaults use_bias to True)."""
     f = Fields(path, cj, "LLaDA2")
     n_layers = f.int("num_hidden_layers")
     score = f.str("score_function", "sigmoid")
@@ -166,8 +195,6 @@ def load_llada2(path: Path, cj: dict) -> tuple[ModelConfig, State]:
         raise CheckpointError(
             f"{path}/config.json: score_function {score!r} is not supported (LLaDA2 uses sigmoid)"
         )
-    state = rename(read_safetensors(path), LLADA2_RENAMES)
-    has_bias = any(k.endswith("mlp.gate.expert_bias") for k in state)
     n_shared = f.int("num_shared_experts", 0) or 0
     moe = MoEConfig(
         n_experts=f.int("num_experts"),
@@ -180,22 +207,20 @@ def load_llada2(path: Path, cj: dict) -> tuple[ModelConfig, State]:
         scale=f.float("routed_scaling_factor", 1.0),
         n_group=f.int("n_group", 1) or 1,
         topk_group=f.int("topk_group", 1) or 1,
-        expert_bias="select" if has_bias else None,
+        expert_bias="select" if any(k.endswith("mlp.gate.expert_bias") for k in names) else None,
     )
-    cfg = make_config(
+    return make_config(
         path,
         **_common(path, cj, f),
         mlp_hidden=f.int("intermediate_size"),
-        # biases as the checkpoint holds them (the config class defaults use_bias to True)
-        qkv_bias=any(k.endswith("attention.query_key_value.bias") for k in state),
-        o_bias=any(k.endswith("self_attn.o_proj.bias") for k in state),
+        qkv_bias=any(k.endswith("attention.query_key_value.bias") for k in names),
+        o_bias=any(k.endswith("self_attn.o_proj.bias") for k in names),
         qk_norm=bool(f.bool("use_qk_norm", False)),
         attention="block_causal",
         block_size=f.int("block_size", LLADA2_BLOCK),
         logit_shift=False,
         moe=moe,
     )
-    return cfg, split_fused_qkv(state, cfg)
 
 
 # LLaDA2.1's published decoding modes (model card; diffusers' docs for LLaDA2Pipeline; SGLang's

@@ -12,9 +12,11 @@ from typing import Any
 from ..checkpoint import (
     LOADERS,
     NETWORK_LOADERS,
+    NETWORK_READERS,
     TOKENIZER_LOADERS,
     Loader,
     NetworkLoader,
+    NetworkReader,
     TokenizerLoader,
 )
 
@@ -25,6 +27,7 @@ class Family:
     architectures: tuple[str, ...]
     load: Loader | None = None  # config + weights for the generic transformer ...
     network: NetworkLoader | None = None  # ... or the family's own network
+    reader: NetworkReader | None = None  # ... that network with its weights set by the caller
     tokenizer: TokenizerLoader | None = None
     defaults: dict[str, Any] = field(default_factory=dict)  # SamplerConfig fields
     # named decoding modes, SamplerConfig fields over `defaults` (LLaDA2.1: "quality", "speed")
@@ -47,6 +50,8 @@ def register_family(fam: Family) -> Family:
             LOADERS[arch] = fam.load
         if fam.network is not None:
             NETWORK_LOADERS[arch] = fam.network
+        if fam.reader is not None:
+            NETWORK_READERS[arch] = fam.reader
         if fam.tokenizer is not None:
             TOKENIZER_LOADERS[arch] = fam.tokenizer
     return fam
