@@ -39,7 +39,7 @@ from ..models.families.diffusion_gemma_net import DiffusionGemmaLM, GemmaKVCache
 from ..models.families.llada_moe import llada2_config
 from ..models.meta import meta_build
 from ..runtime.weight_only import load_quantized
-from .common import hardware
+from .common import current_rss_bytes, hardware, peak_rss_bytes, time_ms
 from .gemma_shape import shape_config as gemma_shape_config
 
 LLADA2_MINI: dict[str, Any] = {
@@ -274,7 +274,6 @@ def gemma_steps(
     """DiffusionGemma-26B-A4B (or its first ``layers``) in weight-only ``fmt`` with random weights:
     after a prompt of ``context`` tokens, the ms of one decoder pass over a canvas of each size in
     ``canvases`` (with self-conditioning logits)."""
-    from .shapes import current_rss_bytes, peak_rss_bytes, time_ms  # shapes imports this module
 
     cj = shape_checkpoint("diffusiongemma-26b-a4b", layers)[0]
     cfg = gemma_config(Path("<config.json>"), cj)

@@ -62,7 +62,14 @@ from ..models.transformer import Transformer
 from ..runtime import Runtime, Segment
 from ..runtime.ov_graph import Weights, attach_graph
 from ..runtime.quantize import moe_runtime
-from .common import emit_json, hardware, median, print_table
+from .common import (
+    current_rss_bytes,
+    emit_json,
+    hardware,
+    peak_rss_bytes,
+    print_table,
+    time_ms,
+)
 from .gpu_families import LLADA_8B, TINY_OVERRIDES, random_model
 from .llama_diffusion import DIFFUSION_SHAPES, LlamaDiffusionPeer, diffusion_thesis, plot_peer
 from .llama_shapes import PEER_TYPES, llama_bench, quantize_gguf, write_gguf
@@ -199,17 +206,6 @@ def headline_ratio(results: list[dict[str, Any]], window: int) -> tuple[float | 
     return (None, None) if row is None else (row["step_vs_ar_token"][str(window)], row["format"])
 
 
-def time_ms(fn: Any, iters: int) -> float:
-    """Median wall time of ``fn()`` in ms over ``iters`` calls after one warm-up call."""
-    fn()
-    times = []
-    for _ in range(iters):
-        t0 = time.perf_counter()
-        fn()
-        times.append((time.perf_counter() - t0) * 1e3)
-    return median(times)
-
-
 @torch.no_grad()
 def bench_format(cfg: ModelConfig, fmt: str, args: argparse.Namespace) -> dict[str, Any]:
     """One shape in one format: prefill, then the AR token step and every window's step."""
@@ -289,19 +285,6 @@ def verify_tpf(text: str) -> dict[str, float]:
     if not all(t > 0 for t in out.values()):
         raise argparse.ArgumentTypeError("tokens per pass must be positive")
     return out
-
-
-def current_rss_bytes() -> int:
-    """This process's resident memory now (Linux: /proc/self/statm)."""
-    import os
-
-    return int(Path("/proc/self/statm").read_text().split()[1]) * os.sysconf("SC_PAGE_SIZE")
-
-
-def peak_rss_bytes() -> int:
-    import resource
-
-    return int(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss) * 1024  # Linux: KiB
 
 
 def plot(results: list[dict[str, Any]], windows: list[int], path: Path) -> Path:
