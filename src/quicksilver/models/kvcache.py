@@ -127,9 +127,8 @@ class KVCache:
         self.step_slots: dict[object, object] = {}
         self.length = 0  # committed positions
         self.cursor: int | None = None  # where the next pass writes (None: right after ``length``)
-        self.last_logits: torch.Tensor | None = (
-            None  # (B, V) raw output at the last committed position
-        )
+        # (B, V) raw output at the last committed position
+        self.last_logits: torch.Tensor | None = None
 
     # the allocation's memory, read through it (a paged pool may move it, runtime/paged.py)
     @property

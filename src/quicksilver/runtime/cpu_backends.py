@@ -143,9 +143,8 @@ class Slot:
     outs: list[np.ndarray]  # logits (1, Tb, V), new keys then values (2 * layers, 1, Hkv, Tb, hd)
     run: Callable[[], None]
     open: int = 0  # the mask's cache columns [0, open) are 0 (may attend) in every row
-    part: tuple[int, int, int] | None = (
-        None  # (T, start within the block, draft) of its new-token columns
-    )
+    # (T, start within the block, draft) of its new-token columns
+    part: tuple[int, int, int] | None = None
 
 
 RUNNERS: dict[str, tuple[str, Callable[[str, int], Runner]]] = {
@@ -366,6 +365,7 @@ class ExportedStep:
         head = sum(plan[:-1])
         if head:
             cfg, at = self.cfg, cache.length
+            # the whole segment's capacity at once: one cache shape for every chunk
             cache.reserve(
                 cfg.n_layers,
                 1,
@@ -374,7 +374,7 @@ class ExportedStep:
                 at + seg.length,
                 torch.float32,
                 seg.ids.device,
-            )  # the whole segment's capacity at once: one cache shape for every chunk
+            )
             s = 0
             for c in plan[:-1]:
                 part = Segment(

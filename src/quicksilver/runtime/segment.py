@@ -29,15 +29,13 @@ class Segment:
     hi: int
     cache: KVCache | None = None
     append: int = 0
-    overwrite: bool = (
-        False  # the tokens replace cached positions (dual cache) instead of following them
-    )
+    # the tokens replace cached positions (dual cache) instead of following them
+    overwrite: bool = False
     keep: int | None = None  # logit shift: which token's raw output becomes cache.last_logits
     # (default: the last appended one; negative: leave last_logits as it is)
-    draft: int = (
-        0  # the last ``draft`` tokens are a draft block (causal models, the verify layout):
-    )
-    # they see every token of the segment and the cache, the tokens before them never see them
+    # the last ``draft`` tokens are a draft block (causal models, the verify layout): they see
+    # every token of the segment and the cache, the tokens before them never see them
+    draft: int = 0
 
     @property
     def draft_from(self) -> int | None:

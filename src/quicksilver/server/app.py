@@ -197,9 +197,10 @@ def build_app(
             if exc.status_code in (404, 405)
             else str(exc.detail)
         )
+        # 405 keeps its Allow header
         return JSONResponse(
             error_body(msg, kind, None, None), status_code=exc.status_code, headers=exc.headers
-        )  # 405 keeps its Allow header
+        )
 
     app.include_router(router)
     return app

@@ -38,13 +38,11 @@ API_KEY_ENV = "QUICKSILVER_API_KEY"
 class ServerConfig(LoadConfig):
     """The server's options after the model's load options (``LoadConfig``)."""
 
-    backend: str = (
-        "auto"  # served rows and batches on the machine's fastest step (LoadConfig: torch)
-    )
+    # served rows and batches on the machine's fastest step (LoadConfig: torch)
+    backend: str = "auto"
     model: str | None = None  # checkpoint directory or Hub id (default: the embedded model)
-    served_model_name: str | None = (
-        None  # the id clients send as `model` (default: quicksilver or the dir name)
-    )
+    # the id clients send as `model` (default: quicksilver or the dir name)
+    served_model_name: str | None = None
     host: str = "127.0.0.1"
     port: int = 8000
     api_key: str | None = None  # protects every route but /health (also QUICKSILVER_API_KEY)

@@ -174,9 +174,8 @@ class ScriptedDecoder(RowDecoder[ScriptedRow]):
         logits = torch.zeros(hi - lo, self.vocab)  # (n, V)
         for i, pos in enumerate(range(lo, hi)):
             tok = target[pos] if pos < len(target) else target[-1]
-            logits[i, tok] = (
-                6.0 + 6.0 * ((pos * 7 + 3) % 4) / 3.0
-            )  # confident at some positions, not others
+            # confident at some positions, not others
+            logits[i, tok] = 6.0 + 6.0 * ((pos * 7 + 3) % 4) / 3.0
         return logits
 
     def step(self, rows: Sequence[ScriptedRow]) -> list[RowEvent]:

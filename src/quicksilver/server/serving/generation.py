@@ -61,9 +61,8 @@ class ServedModel:
     attention: str  # bidirectional | block_causal | causal
     stop_ids: list[int]
     mask_id: int
-    defaults: dict[str, Any] = field(
-        default_factory=dict
-    )  # the family's / checkpoint's sampler settings
+    # the family's / checkpoint's sampler settings
+    defaults: dict[str, Any] = field(default_factory=dict)
     runtime: str = "torch"  # what runs its single-sequence passes (Pipeline.runtime_name)
     # the apply and next-edit routes go to this model when a request names no served model
     edits: bool = False
@@ -133,9 +132,8 @@ class Plan:
     stop: list[str] = field(default_factory=list)
     diffusing: bool = False
     calls: CallPlan | None = None
-    logprobs: int | None = (
-        None  # record the answer's log-probabilities, with this many alternatives
-    )
+    # record the answer's log-probabilities, with this many alternatives
+    logprobs: int | None = None
 
 
 @dataclass
