@@ -485,7 +485,7 @@ def test_from_assets_places_what_ships_and_runs_only_the_edit_line(
     calls: list[str] = []
     fit, _ = _fake_run(calls)
     assert rp.reproduce(rp.EDIT_STAGES, fit=fit) == [s.name for s in rp.EDIT_STAGES]
-    assert calls[0] == "runs/edit-drill:800" and calls[-1] == "runs/edit:3000"
+    assert calls[0] == "runs/edit-drill:800" and calls[-1] == "runs/edit:600"
     capsys.readouterr()
     assert rp.main(["--from-assets", "--list"]) == 0
     out = capsys.readouterr().out

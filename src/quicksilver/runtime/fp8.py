@@ -102,7 +102,7 @@ def to_fp8(net: Transformer) -> int:
         if isinstance(m, Attention) and m.q_proj is not None:
             qkv = fused((m.q_proj, m.k_proj, m.v_proj))
             if fits(qkv):
-                m.qkv_int8 = FP8Linear(qkv)  # the slot of a quantized fused q/k/v (transformer.py)
+                m.qkv_quant = FP8Linear(qkv)  # the slot of a quantized fused q/k/v (transformer.py)
                 m.q_proj = m.k_proj = m.v_proj = None  # type: ignore[assignment]
                 n += 1
             if fits(m.o_proj):
@@ -111,7 +111,7 @@ def to_fp8(net: Transformer) -> int:
         elif isinstance(m, MLP) and m.gate_proj is not None:
             gate_up = fused((m.gate_proj, m.up_proj))
             if fits(gate_up):
-                m.gate_up_int8 = FP8Linear(gate_up)
+                m.gate_up_quant = FP8Linear(gate_up)
                 m.gate_proj = m.up_proj = None  # type: ignore[assignment]
                 n += 1
             if fits(m.down_proj):
